@@ -1,0 +1,3 @@
+from mbtune.cli import main
+
+main()

@@ -1,0 +1,151 @@
+"""Frozen, keyword-only configs that validate themselves and name the field, value and valid range."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from mbtune.errors import ConfigError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "sgd")
+DEFAULT_MARGIN = 0.15
+USUAL_MARGIN_RANGE = (0.10, 0.20)
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
+    "ti": 1024**4, "tib": 1024**4,
+}
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
+
+
+def parse_bytes(text: str, *, name: str = "memory size") -> int:
+    """Parse '3GiB', '512MiB', '1.5G' or a plain byte count into bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise ConfigError(
+            f"{name} {text!r} is not a size", hint="Write it like 3GiB, 512MiB, 2.5GB or a byte count."
+        )
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ConfigError(f"{name} {text!r} must be above zero", hint="Give a positive size such as 3GiB.")
+    return value
+
+
+def parse_device(text: str) -> str:
+    """Normalise a device string ('auto', 'cpu', 'cuda', 'cuda:N'); presence is checked by device/."""
+    match = _DEVICE_RE.fullmatch(str(text).strip().lower())
+    if not match or (match.group(2) is not None and match.group(1) != "cuda"):
+        raise ConfigError(
+            f"device {text!r} is not recognised", hint="Use --device auto, cpu, cuda or cuda:N."
+        )
+    kind, index = match.groups()
+    if kind == "cuda":
+        return f"cuda:{int(index or 0)}"
+    return kind
+
+
+def parse_options(pairs: list[str] | tuple[str, ...]) -> tuple[tuple[str, int | float | str], ...]:
+    """Parse KEY=VALUE workload options; numbers become int or float."""
+    parsed: dict[str, int | float | str] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"workload option {pair!r} is not KEY=VALUE", hint="Write it like --option layers=4.")
+        parsed[key.strip()] = _number_or_text(raw.strip())
+    return tuple(sorted(parsed.items()))
+
+
+def _number_or_text(raw: str) -> int | float | str:
+    for convert in (int, float):
+        try:
+            return convert(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def _require(condition: bool, field_name: str, value: object, valid: str) -> None:
+    if not condition:
+        raise ConfigError(f"{field_name}={value!r} is out of range: expected {valid}", hint=f"Fix --{field_name.replace('_', '-')}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """Everything one isolated trial process needs to build a workload and run training steps."""
+
+    workload: str
+    workload_options: tuple[tuple[str, int | float | str], ...] = ()
+    device: str = "cpu"
+    batch_size: int = 1
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    steps: int = 2
+    memory_budget_bytes: int | None = None
+    threads: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
+        _require(self.steps >= 2, "steps", self.steps, ">= 2 (optimizer state must exist)")
+        _require(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
+        _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
+        _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
+        if self.precision == "fp16" and not self.device.startswith("cuda"):
+            raise ConfigError("precision fp16 needs a CUDA device (its GradScaler is CUDA-only)",
+                              hint="Use --precision bf16 or fp32 on CPU.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeConfig:
+    """Settings of `mbtune probe`."""
+
+    workload: str = "gpt"
+    workload_options: tuple[tuple[str, int | float | str], ...] = ()
+    device: str = "auto"
+    memory_budget_bytes: int | None = None
+    margin: float = DEFAULT_MARGIN
+    granularity: int = 1
+    max_batch: int | None = None
+    confirm: int = 2
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    steps: int = 2
+    threads: int | None = None
+    trial_timeout_s: float = 600.0
+    seed: int = 0
+    command_line: str = ""
+    extra_warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device", parse_device(self.device))
+        _require(not math.isnan(self.margin) and 0.0 <= self.margin <= 0.5, "margin", self.margin, "0 to 0.5 (usual 0.10-0.20)")
+        _require(self.granularity >= 1, "granularity", self.granularity, "an integer >= 1")
+        _require(self.max_batch is None or self.max_batch >= self.granularity, "max_batch", self.max_batch,
+                 f">= granularity ({self.granularity})")
+        _require(self.confirm >= 1, "confirm", self.confirm, "an integer >= 1")
+        _require(self.trial_timeout_s > 0, "trial_timeout_s", self.trial_timeout_s, "seconds > 0")
+        _require(self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "memory_budget",
+                 self.memory_budget_bytes, "a size above zero")
+        # The remaining fields are validated by building a trial config from them.
+        self.trial(batch_size=self.granularity, device="cuda:0" if self.precision == "fp16" else self.device)
+
+    def warnings(self) -> tuple[str, ...]:
+        """Settings that are allowed but unusual."""
+        low, high = USUAL_MARGIN_RANGE
+        found = list(self.extra_warnings)
+        if not low <= self.margin <= high:
+            found.append(f"margin {self.margin:.0%} is outside the usual {low:.0%}-{high:.0%} policy")
+        return tuple(found)
+
+    def trial(self, *, batch_size: int, device: str) -> TrialConfig:
+        """The trial config for one batch size on a resolved device."""
+        return TrialConfig(
+            workload=self.workload, workload_options=self.workload_options, device=device,
+            batch_size=batch_size, precision=self.precision, optimizer=self.optimizer, steps=self.steps,
+            memory_budget_bytes=self.memory_budget_bytes, threads=self.threads, seed=self.seed,
+        )

@@ -1,0 +1,178 @@
+"""Typed, frozen result records: the handshake between modules. No torch import here."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+SCHEMA_VERSION = 1
+
+OK, OOM, ERROR, TIMEOUT, KILLED = "ok", "oom", "error", "timeout", "killed"
+STATUSES = (OK, OOM, ERROR, TIMEOUT, KILLED)
+
+
+class Record:
+    """Mixin: lossless to_dict/from_dict for frozen dataclasses of plain values, tuples and records."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _dump(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        kwargs = {k: _load(hints[k], v) for k, v in data.items() if k in names}
+        return cls(**kwargs)
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, tuple):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
+
+
+def _load(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _load(options[0], value) if len(options) == 1 else value
+    if origin is tuple:
+        args = typing.get_args(hint)
+        inner = args[0] if args else Any
+        return tuple(_load(inner, v) for v in value)
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint.from_dict(value)
+    if hint is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceInfo(Record):
+    """What a trial ran on, as reported from inside a trial process."""
+
+    backend: str
+    name: str
+    index: int | None = None
+    total_memory_bytes: int = 0
+    uuid: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    torch_version: str = ""
+    num_cpus: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}:{self.index}" if self.index is not None else self.backend
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialOutcome(Record):
+    """How one isolated trial ended. OOM is data, not an exception."""
+
+    status: str
+    batch_size: int
+    step_times_s: tuple[float, ...] = ()
+    peak_memory_bytes: int | None = None  # CUDA: peak allocated; CPU: peak resident set of the trial process
+    peak_reserved_bytes: int | None = None  # CUDA: peak reserved by the caching allocator
+    budget_used_bytes: int | None = None  # what the budget caps (CUDA reserved; CPU address space over start-up)
+    loss: float | None = None
+    wall_s: float = 0.0
+    error: str = ""
+    device: DeviceInfo | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def step_time_s(self) -> float | None:
+        """Median step time over the steps after the first (the first builds optimizer state)."""
+        measured = sorted(self.step_times_s[1:] or self.step_times_s)
+        if not measured:
+            return None
+        mid = len(measured) // 2
+        return measured[mid] if len(measured) % 2 else (measured[mid - 1] + measured[mid]) / 2
+
+    @property
+    def samples_per_s(self) -> float | None:
+        step = self.step_time_s
+        return self.batch_size / step if self.ok and step else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryModel(Record):
+    """bytes = fixed_bytes + per_sample_bytes x batch, fitted to the peaks of the trials that ran."""
+
+    fixed_bytes: float
+    per_sample_bytes: float
+    fit_error_pct: float
+    num_points: int
+
+    def predict_bytes(self, batch_size: int) -> float:
+        return self.fixed_bytes + self.per_sample_bytes * batch_size
+
+    def batch_for(self, budget_bytes: float) -> float | None:
+        """The batch size at which the model reaches the budget (None when it does not grow)."""
+        if self.per_sample_bytes <= 0:
+            return None
+        return (budget_bytes - self.fixed_bytes) / self.per_sample_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeResult(Record):
+    """Everything a probe found, trial by trial."""
+
+    workload: str
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    device: DeviceInfo
+    trials: tuple[TrialOutcome, ...]
+    ceiling: int
+    first_failing: int | None  # None when the probe stopped at max_batch
+    margin: float
+    granularity: int
+    safe_batch: int
+    safe_batch_verified: bool
+    memory_budget_bytes: int | None
+    memory_model: MemoryModel | None
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def stopped_at_max_batch(self) -> bool:
+        return self.first_failing is None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metadata(Record):
+    """The environment a profile was measured in."""
+
+    mbtune_version: str
+    torch_version: str
+    python_version: str
+    host: str
+    platform: str
+    command_line: str
+    created_at: str
+    allocator_settings: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile(Record):
+    """The versioned file saved under profiles/<device>/<workload>.json."""
+
+    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
+
+    schema_version: int
+    metadata: Metadata
+    probe: ProbeResult | None = None

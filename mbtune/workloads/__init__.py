@@ -1,0 +1,112 @@
+"""Workloads: plain models described by the workload contract, with no knowledge of pipelines or timing.
+
+A workload factory takes keyword options and returns a `Workload`:
+
+- ``blocks``: ordered builders, one per block, each returning an ``nn.Module``; block i's output is block
+  i+1's input. Pipeline stages own contiguous runs of blocks and build only their own.
+- ``make_batch(batch_size, generator)``: a synthetic (inputs, targets) pair on the CPU.
+- ``loss(outputs, targets)``: a scalar loss, mean-reduced over the batch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mbtune.errors import WorkloadError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+BUILTINS = {"gpt": "mbtune.workloads.gpt:gpt", "mlp": "mbtune.workloads.mlp:mlp"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """The workload contract (see the module docstring)."""
+
+    name: str
+    blocks: Sequence[Callable[[], nn.Module]]
+    make_batch: Callable[[int, torch.Generator | None], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    flops_per_sample: float | None = None  # training FLOPs (forward + backward) per sample
+    tokens_per_sample: int | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.blocks:
+            raise WorkloadError(f"workload {self.name!r} has no blocks", hint="Return at least one block builder.")
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def build(self, indices: Sequence[int] | None = None, *, seed: int = 0) -> nn.Sequential:
+        """Build the given blocks (all by default) with weights that depend only on (seed, block index),
+        so a pipeline stage builds exactly the weights the whole model would have."""
+        import torch
+        from torch import nn
+
+        chosen = range(self.num_blocks) if indices is None else indices
+        modules = []
+        for i in chosen:
+            torch.manual_seed(seed * 100_003 + i)
+            modules.append(self.blocks[i]())
+        return nn.Sequential(*modules)
+
+    def num_parameters(self) -> int:
+        """Parameter count, computed on the meta device without allocating weights."""
+        import torch
+
+        with torch.device("meta"):
+            return sum(p.numel() for build in self.blocks for p in build().parameters())
+
+
+def load_workload(name: str, options: Sequence[tuple[str, Any]] = ()) -> Workload:
+    """Resolve a built-in name or ``package.module:factory`` and call the factory with the options."""
+    target = BUILTINS.get(name, name)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise WorkloadError(f"unknown workload {name!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import failure of user code is bad input
+        raise WorkloadError(f"cannot import workload module {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise WorkloadError(f"module {module_name!r} has no callable {attr!r}")
+    kwargs = dict(options)
+    _check_options(name, factory, kwargs)
+    try:
+        workload = factory(**kwargs)
+    except WorkloadError:
+        raise
+    except Exception as exc:
+        raise WorkloadError(f"workload factory {target!r} failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(workload, Workload):
+        raise WorkloadError(f"workload factory {target!r} returned {type(workload).__name__}, not a Workload",
+                            hint="Return mbtune.workloads.Workload(blocks=..., make_batch=..., loss=...).")
+    return workload
+
+
+def _check_options(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    params = inspect.signature(factory).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        accepted = ", ".join(params) or "none"
+        raise WorkloadError(f"workload {name!r} has no option {', '.join(unknown)}",
+                            hint=f"Options it accepts: {accepted}.")
+
+
+def describe_options(name: str) -> dict[str, Any]:
+    """Defaults of a workload factory's options, for reports."""
+    target = BUILTINS.get(name, name)
+    module_name, _, attr = target.partition(":")
+    factory = getattr(importlib.import_module(module_name), attr)
+    return {k: p.default for k, p in inspect.signature(factory).parameters.items() if p.default is not p.empty}
