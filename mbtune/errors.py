@@ -65,3 +65,9 @@ class ProfileError(MbtuneError):
     """A profile file is missing, corrupt, of an unknown schema, or cannot be written."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class Interrupted(MbtuneError):
+    """The user pressed Ctrl-C (SIGINT); what finished is kept."""
+
+    exit_code = EXIT_INTERRUPTED

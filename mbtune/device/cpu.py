@@ -1,0 +1,84 @@
+"""CPU backend: a real OOM by capping the trial process's address space; peaks from /proc."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+
+from mbtune.records import DeviceInfo
+
+
+def read_status_bytes(*keys: str) -> dict[str, int]:
+    """Values of /proc/self/status memory lines (VmSize, VmPeak, VmHWM, VmRSS...) in bytes."""
+    found: dict[str, int] = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key in keys:
+                found[key] = int(rest.split()[0]) * 1024
+    return found
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def total_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (falls back to total memory)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return total_memory_bytes()
+
+
+class CpuBackend:
+    """The trial process's own view of the CPU as a training device."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self._start_vm_bytes = 0
+
+    @property
+    def torch_device(self) -> str:
+        return "cpu"
+
+    def limit_memory(self, budget_bytes: int | None) -> None:
+        """Cap the address space at its start-up size plus the budget, so the allocator raises a real OOM."""
+        self._start_vm_bytes = read_status_bytes("VmSize")["VmSize"]
+        if budget_bytes is not None:
+            limit = self._start_vm_bytes + budget_bytes
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: CPU kernels finish before they return."""
+
+    def peaks(self) -> dict[str, int | None]:
+        status = read_status_bytes("VmHWM", "VmPeak")
+        return {
+            "peak_memory_bytes": status["VmHWM"],
+            "peak_reserved_bytes": None,
+            "budget_used_bytes": status["VmPeak"] - self._start_vm_bytes,
+        }
+
+    def info(self) -> DeviceInfo:
+        import torch
+
+        return DeviceInfo(backend="cpu", name=cpu_name(), total_memory_bytes=total_memory_bytes(),
+                          torch_version=torch.__version__, num_cpus=os.cpu_count() or 1)

@@ -1,0 +1,71 @@
+"""CUDA backend: the per-process memory fraction as the budget; caching-allocator peaks."""
+
+from __future__ import annotations
+
+import os
+
+from mbtune.records import DeviceInfo
+
+
+class CudaBackend:
+    """The trial process's own view of one CUDA device."""
+
+    name = "cuda"
+
+    def __init__(self, index: int) -> None:
+        import torch
+
+        self.index = index
+        self._torch = torch
+        torch.cuda.set_device(index)
+
+    @property
+    def torch_device(self) -> str:
+        return f"cuda:{self.index}"
+
+    def limit_memory(self, budget_bytes: int | None) -> None:
+        """Lower the allocator's ceiling to the budget; never RLIMIT_AS (CUDA reserves huge virtual ranges)."""
+        cuda = self._torch.cuda
+        if budget_bytes is not None:
+            total = cuda.get_device_properties(self.index).total_memory
+            cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), self.index)
+        cuda.reset_peak_memory_stats(self.index)
+
+    def synchronize(self) -> None:
+        self._torch.cuda.synchronize(self.index)
+
+    def peaks(self) -> dict[str, int | None]:
+        cuda = self._torch.cuda
+        reserved = cuda.max_memory_reserved(self.index)
+        return {
+            "peak_memory_bytes": cuda.max_memory_allocated(self.index),
+            "peak_reserved_bytes": reserved,
+            "budget_used_bytes": reserved,
+        }
+
+    def info(self) -> DeviceInfo:
+        torch = self._torch
+        props = torch.cuda.get_device_properties(self.index)
+        uuid = str(getattr(props, "uuid", "") or "") or None
+        if uuid and not uuid.startswith("GPU-"):
+            uuid = f"GPU-{uuid}"
+        return DeviceInfo(
+            backend="cuda", name=props.name, index=self.index, total_memory_bytes=props.total_memory,
+            uuid=uuid, driver_version=nvml_driver_version(), cuda_version=torch.version.cuda,
+            torch_version=torch.__version__, num_cpus=os.cpu_count() or 1,
+        )
+
+
+def nvml_driver_version() -> str | None:
+    """The NVIDIA driver version via NVML, or None where NVML is missing or refuses."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else str(version)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML absent, no driver, container restrictions: report unknown
+        return None

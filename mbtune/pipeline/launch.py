@@ -1,0 +1,184 @@
+"""Start one process per rank for one pipelined point, collect their reports, and enforce a deadline.
+
+No torch import here: the parent can plan and launch without it. Rank processes come from a forkserver
+that has torch and the runner preloaded (a clean parent: no device touched, no threads started), so a rank
+starts in a fraction of a second instead of importing torch afresh. Ranks stay in the caller's process
+group, so whoever kills the caller's group kills them too; each also dies with its parent (Linux
+PR_SET_PDEATHSIG) so nothing outlives a killed launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import pickle
+import queue as queue_module
+import signal
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.timeline import PipelineOutcome, StageReport
+from mbtune.records import ERROR, KILLED, OK, OOM, TIMEOUT
+
+# Test-only: the rank named here sleeps before its first step, so tests can watch the deadline kill it.
+HANG_RANK_ENV = "MBTUNE_PIPELINE_TEST_HANG_RANK"
+START_METHODS = ("forkserver", "spawn")
+_POLL_S = 0.2
+_EXIT_WAIT_S = 10.0  # how long finished ranks get to exit on their own after reporting
+_PR_SET_PDEATHSIG = 1
+
+
+def run_pipeline_point(
+    spec: PipelineSpec, *, timeout_s: float = 300.0, start_method: str = "forkserver", grace_s: float = 3.0
+) -> PipelineOutcome:
+    """Run one point on `spec.num_ranks` fresh processes and return every rank's report, or why not.
+
+    Status: ok, oom (a rank ran out of memory), error (a rank raised; the first report wins), killed (a rank
+    died by SIGKILL without a word, e.g. the kernel's OOM killer), timeout (the deadline passed). Whatever
+    happens, every rank is gone on return: SIGTERM, then SIGKILL after `grace_s`.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    context = _context(start_method)
+    hang_rank = _hang_rank_from_env()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mbtune-pp-") as tmp:
+        messages = context.Queue()
+        procs = [
+            context.Process(target=_rank_main, name=f"mbtune-pp-rank{rank}", daemon=True,
+                            args=(spec, rank, os.path.join(tmp, "store"), messages, hang_rank))
+            for rank in range(spec.num_ranks)
+        ]
+        outcome = PipelineOutcome(status=ERROR, error="the launcher failed before collecting results")
+        try:
+            for proc in procs:
+                proc.start()
+            outcome = _collect(procs, messages, deadline=started + timeout_s, timeout_s=timeout_s)
+        finally:
+            _stop(procs, wait_s=_EXIT_WAIT_S if outcome.ok else 0.0, grace_s=grace_s)
+            messages.close()
+            messages.cancel_join_thread()
+    codes = tuple(proc.exitcode for proc in procs)
+    return PipelineOutcome(status=outcome.status, reports=outcome.reports, error=outcome.error,
+                           error_detail=outcome.error_detail, wall_s=time.monotonic() - started, exit_codes=codes)
+
+
+def _context(start_method: str) -> Any:
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
+    context = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        # Only takes effect when this call starts the forkserver; otherwise ranks import the runner themselves.
+        context.set_forkserver_preload(["mbtune.pipeline.runner"])
+    return context
+
+
+def _hang_rank_from_env() -> int | None:
+    value = os.environ.get(HANG_RANK_ENV, "").strip()
+    return int(value) if value else None
+
+
+def _collect(procs: Sequence[BaseProcess], messages: Any, *, deadline: float, timeout_s: float) -> PipelineOutcome:
+    reports: dict[int, StageReport] = {}
+    while len(reports) < len(procs):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            missing = sorted(set(range(len(procs))) - set(reports))
+            return PipelineOutcome(status=TIMEOUT, error=f"rank(s) {missing} still running after {timeout_s:g} s")
+        try:
+            message = messages.get(timeout=min(remaining, _POLL_S))
+        except queue_module.Empty:
+            message = _message_from_the_dead(procs, messages, reports)
+            if message is None:
+                continue
+        status, rank, payload, detail = message
+        if status != OK:
+            return PipelineOutcome(status=status, error=f"rank {rank}: {payload}", error_detail=detail)
+        reports[rank] = pickle.loads(payload)
+    return PipelineOutcome(status=OK, reports=tuple(reports[r] for r in range(len(procs))))
+
+
+def _message_from_the_dead(procs: Sequence[BaseProcess], messages: Any, reports: dict[int, StageReport]) -> tuple | None:
+    """A failure message for a rank that exited without reporting, or None while all are alive."""
+    dead = [(rank, proc.exitcode) for rank, proc in enumerate(procs) if rank not in reports and proc.exitcode is not None]
+    if not dead:
+        return None
+    try:
+        return messages.get(timeout=1.0)  # it may have reported just before exiting
+    except queue_module.Empty:
+        pass
+    rank, code = dead[0]
+    if code == -signal.SIGKILL:
+        return (KILLED, rank, "killed by SIGKILL (the kernel's OOM killer, or someone else)", "")
+    return (ERROR, rank, f"exited with code {code} without a report", "")
+
+
+def _stop(procs: Sequence[BaseProcess], *, wait_s: float, grace_s: float) -> None:
+    """Let ranks exit by themselves for wait_s, then SIGTERM, then SIGKILL; reap them all."""
+    started = [proc for proc in procs if proc.pid is not None]
+    _join_all(started, wait_s)
+    for proc in started:
+        if proc.is_alive():
+            proc.terminate()
+    _join_all(started, grace_s)
+    for proc in started:
+        if proc.is_alive():
+            proc.kill()
+    _join_all(started, None)
+
+
+def _join_all(procs: Sequence[BaseProcess], within_s: float | None) -> None:
+    end = None if within_s is None else time.monotonic() + within_s
+    for proc in procs:
+        proc.join(None if end is None else max(0.0, end - time.monotonic()))
+
+
+def _rank_main(spec: PipelineSpec, rank: int, store_path: str, messages: Any, hang_rank: int | None) -> None:
+    """Entry point of a rank process: run, then send (status, rank, payload, traceback) and flush."""
+    _die_with_parent()
+    try:
+        from mbtune.pipeline.runner import run_rank
+
+        report = run_rank(spec, rank=rank, store_path=store_path, hang_rank=hang_rank)
+        # Pickled here with plain pickle: tensors then travel by value, not as shared memory that would
+        # need this process alive when the parent unpickles.
+        message = (OK, rank, pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL), "")
+    except BaseException as exc:  # every failure becomes a message; the parent decides what it means
+        status = OOM if _is_oom(exc) else ERROR
+        message = (status, rank, _one_line(exc), traceback.format_exc())
+    messages.put(message)
+    messages.close()
+    messages.join_thread()
+
+
+def _one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, plus the cause's, since torch wraps stage failures."""
+    parts = []
+    for item in (exc, exc.__cause__):
+        if item is not None:
+            lines = [line.strip() for line in str(item).splitlines() if line.strip()]
+            parts.append(f"{type(item).__name__}: {lines[0] if lines else ''}".rstrip(": "))
+    return " (caused by ".join(parts)[:500] + (")" if len(parts) > 1 else "")
+
+
+def _is_oom(exc: BaseException) -> bool:
+    try:
+        from mbtune.pipeline.runner import is_out_of_memory
+    except Exception:
+        return False
+    return is_out_of_memory(exc)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (best effort elsewhere)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass

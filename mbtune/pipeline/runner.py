@@ -1,0 +1,242 @@
+"""The code one stage process runs: join the group, build this rank's stages, run timed pipelined steps.
+
+Every optimizer step is `grad_accum_steps` schedule steps whose gradients add up, then one update. The loss
+of each micro-batch is divided by (micro-batches x accumulation steps), so the summed gradients equal those
+of the unpipelined model on one batch of micro_batch_size x num_microbatches x grad_accum_steps samples
+(the workload's loss is a mean over the batch).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mbtune.errors import DeviceError
+from mbtune.pipeline.schedules import ActionTimer, build_schedule, build_stage, run_schedule_step
+from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.split import StageBlocks, split_blocks
+from mbtune.pipeline.theory import stages_of_rank
+from mbtune.pipeline.timeline import StageReport
+from mbtune.workloads import Workload, load_workload
+
+# A rank asked to hang (tests only) sleeps this long; the launcher's deadline must end it.
+HANG_S = 3600.0
+_OOM_MESSAGES = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory")
+
+
+def step_batch(
+    workload: Workload, batch_size: int, *, seed: int, step_index: int, accum_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (inputs, targets) of one pipeline step, the same on every rank and in reference runs."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + step_index * 10_007 + accum_index)
+    return workload.make_batch(batch_size, generator)
+
+
+def block_parameter_counts(workload: Workload) -> list[int]:
+    """Parameters per block, counted on the meta device without allocating weights."""
+    with torch.device("meta"):
+        return [sum(p.numel() for p in build().parameters()) for build in workload.blocks]
+
+
+def stage_blocks(spec: PipelineSpec, workload: Workload) -> StageBlocks:
+    """The global block indices of every stage (all ranks), split as the spec's balance says."""
+    weights = block_parameter_counts(workload) if spec.balance == "parameters" else None
+    return split_blocks(workload.num_blocks, spec.num_stages, weights)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """OOM by type first, then by the allocators' known messages."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
+
+
+def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int | None = None) -> StageReport:
+    """Run this rank's share of the point and report what it measured.
+
+    `store_path` names a torch FileStore file that is fresh for this point (no ports, no races);
+    `hang_rank` makes that rank sleep before its first step, to test deadlines.
+    """
+    if spec.threads is not None:
+        _set_threads(spec.threads)
+    device = _rank_device(spec, rank)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        store=dist.FileStore(store_path, spec.num_ranks),
+        rank=rank,
+        world_size=spec.num_ranks,
+        timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
+    )
+    try:
+        return _RankRun(spec, rank, device).run(hang=hang_rank == rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def _set_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:
+        pass  # already fixed once parallel work has run; intra-op threads are what matter here
+
+
+def _rank_device(spec: PipelineSpec, rank: int) -> torch.device:
+    if spec.device == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.device_count()
+    if rank >= available:
+        raise DeviceError(f"rank {rank} needs cuda:{rank} but {available} CUDA device(s) are visible",
+                          hint="Use at most one rank per visible GPU.")
+    torch.cuda.set_device(rank)
+    return torch.device("cuda", rank)
+
+
+@dataclass
+class _StepTimes:
+    step_s: list[float]
+    pipeline_s: list[float]
+    losses: list[float]
+
+
+class _RankRun:
+    """One rank's stages, schedule, optimizer and timers."""
+
+    def __init__(self, spec: PipelineSpec, rank: int, device: torch.device) -> None:
+        self.spec, self.rank, self.device = spec, rank, device
+        self.workload = load_workload(spec.workload, spec.workload_options)
+        all_blocks = stage_blocks(spec, self.workload)
+        self.stage_indices = stages_of_rank(spec.schedule, spec.num_ranks, spec.num_stages, rank)
+        self.blocks = tuple(all_blocks[s] for s in self.stage_indices)
+        self.modules = [self.workload.build(b, seed=spec.seed).to(device) for b in self.blocks]
+        self.has_first = 0 in self.stage_indices
+        self.has_last = spec.num_stages - 1 in self.stage_indices
+        self.timer = ActionTimer(synchronize=self._synchronize)
+        stages = [build_stage(m, stage_index=s, num_stages=spec.num_stages, device=device)
+                  for m, s in zip(self.modules, self.stage_indices)]
+        for stage in stages:
+            self.timer.instrument(stage)
+        self.schedule = build_schedule(spec.schedule, stages, num_microbatches=spec.num_microbatches,
+                                       loss_fn=self.timer.wrap_loss(self._scaled_loss))
+        self.optimizer = _make_optimizer(spec, [p for m in self.modules for p in m.parameters()])
+
+    def _scaled_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.workload.loss(output, target) / (self.spec.num_microbatches * self.spec.grad_accum_steps)
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _barrier(self) -> None:
+        self._synchronize()
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def run(self, *, hang: bool) -> StageReport:
+        spec = self.spec
+        if hang:
+            time.sleep(HANG_S)
+        warmup = _StepTimes([], [], [])
+        measured = _StepTimes([], [], [])
+        grads = None
+        for step in range(spec.total_steps):
+            is_measured = step >= spec.warmup_steps
+            capture = spec.capture_grads and step == spec.total_steps - 1
+            step_grads = self._optimizer_step(step, measured if is_measured else warmup,
+                                              timed_step=step - spec.warmup_steps if is_measured else None,
+                                              capture=capture)
+            grads = step_grads if capture else grads
+        return self._report(warmup, measured, grads)
+
+    def _optimizer_step(self, step: int, times: _StepTimes, *, timed_step: int | None,
+                        capture: bool) -> dict[str, torch.Tensor] | None:
+        self._barrier()
+        start = time.perf_counter()
+        losses: list[torch.Tensor] = []
+        for accum in range(self.spec.grad_accum_steps):
+            if timed_step is not None:
+                self.timer.start(step=timed_step, accum=accum, origin_s=start)
+            losses += self._pipeline_step(step, accum)
+            self.timer.stop()
+        self._barrier()
+        pipeline_end = time.perf_counter()
+        grads = self._gradients() if capture else None
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self._barrier()
+        end = time.perf_counter()
+        times.step_s.append(end - start)
+        times.pipeline_s.append(pipeline_end - start)
+        if losses:
+            times.losses.append(float(torch.stack([loss.detach().float() for loss in losses]).sum()))
+        return grads
+
+    def _pipeline_step(self, step: int, accum: int) -> list[torch.Tensor]:
+        spec = self.spec
+        args: tuple[torch.Tensor, ...] = ()
+        target = None
+        if self.has_first or self.has_last:
+            inputs, targets = step_batch(self.workload, spec.pipeline_batch_size, seed=spec.seed,
+                                         step_index=step, accum_index=accum)
+            args = (inputs.to(self.device),) if self.has_first else ()
+            target = targets.to(self.device) if self.has_last else None
+        losses: list[torch.Tensor] | None = [] if self.has_last else None
+        run_schedule_step(self.schedule, args, target=target, losses=losses)
+        return losses or []
+
+    def _gradients(self) -> dict[str, torch.Tensor]:
+        """This rank's gradients on the CPU, named as in the whole model (`<block>.<param>`)."""
+        grads: dict[str, torch.Tensor] = {}
+        for module, blocks in zip(self.modules, self.blocks):
+            for name, param in module.named_parameters():
+                local, _, rest = name.partition(".")
+                if param.grad is not None:
+                    grads[f"{blocks[int(local)]}.{rest}"] = param.grad.detach().to("cpu", copy=True)
+        return grads
+
+    def _report(self, warmup: _StepTimes, measured: _StepTimes, grads: dict[str, torch.Tensor] | None) -> StageReport:
+        peak, source = _peak_memory(self.device)
+        return StageReport(
+            rank=self.rank, num_ranks=self.spec.num_ranks, device=str(self.device),
+            stage_indices=self.stage_indices, block_indices=self.blocks,
+            num_parameters=sum(p.numel() for m in self.modules for p in m.parameters()),
+            step_times_s=tuple(measured.step_s), pipeline_times_s=tuple(measured.pipeline_s),
+            warmup_step_times_s=tuple(warmup.step_s), actions=tuple(self.timer.records),
+            losses=tuple(measured.losses), peak_memory_bytes=peak, memory_source=source, grads=grads,
+        )
+
+
+def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer | None:
+    if not params:
+        return None
+    factories: dict[str, Callable[..., torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+    return factories[spec.optimizer](params, lr=spec.learning_rate)
+
+
+def _peak_memory(device: torch.device) -> tuple[int | None, str]:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    return _vm_hwm_bytes(), "cpu_vmhwm"
+
+
+def _vm_hwm_bytes() -> int | None:
+    """Peak resident set of this process (Linux /proc), in bytes."""
+    try:
+        with open(f"/proc/{os.getpid()}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+

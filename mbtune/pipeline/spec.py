@@ -1,0 +1,94 @@
+"""What one pipelined point runs: a frozen, self-validating spec every rank receives. No torch import."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mbtune.errors import ConfigError
+from mbtune.pipeline.theory import check_point, stages_per_rank
+
+OPTIMIZERS = ("adamw", "sgd")
+BALANCES = ("parameters", "blocks")
+
+
+def _require(condition: bool, field_name: str, value: object, valid: str) -> None:
+    if not condition:
+        raise ConfigError(f"{field_name}={value!r} is out of range: expected {valid}",
+                          hint=f"Fix --{field_name.replace('_', '-')}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineSpec:
+    """One pipelined point: workload, schedule, batch shape, how many steps to time, and where to run.
+
+    Each optimizer step runs `grad_accum_steps` pipeline steps of `num_microbatches` micro-batches of
+    `micro_batch_size` samples; gradients add up to those of one batch of `global_batch_size` samples.
+    """
+
+    workload: str
+    workload_options: tuple[tuple[str, Any], ...] = ()
+    schedule: str = "1f1b"
+    num_ranks: int = 2
+    virtual_stages: int | None = None  # stages per rank for the looped schedules (default 2)
+    num_microbatches: int = 4
+    micro_batch_size: int = 1
+    grad_accum_steps: int = 1
+    warmup_steps: int = 1
+    measured_steps: int = 2
+    seed: int = 0
+    device: str = "cpu"  # "cpu" (gloo) or "cuda" (nccl, rank r on cuda:r)
+    optimizer: str = "adamw"
+    learning_rate: float = 1e-4
+    threads: int | None = 1  # torch threads per rank process
+    balance: str = "parameters"  # split blocks by parameter count, or by block count
+    pg_timeout_s: float = 60.0
+    capture_grads: bool = False  # return the last step's gradients (for equivalence tests)
+
+    def __post_init__(self) -> None:
+        _require(self.num_ranks >= 1, "num_ranks", self.num_ranks, "an integer >= 1")
+        _require(self.num_microbatches >= 1, "num_microbatches", self.num_microbatches, "an integer >= 1")
+        _require(self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size, "an integer >= 1")
+        _require(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "an integer >= 1")
+        _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
+        _require(self.measured_steps >= 1, "measured_steps", self.measured_steps, "an integer >= 1")
+        _require(self.device in ("cpu", "cuda"), "device", self.device, "cpu | cuda")
+        _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
+        _require(self.balance in BALANCES, "balance", self.balance, " | ".join(BALANCES))
+        _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
+        _require(math.isfinite(self.pg_timeout_s) and self.pg_timeout_s > 0, "pg_timeout_s", self.pg_timeout_s,
+                 "seconds > 0")
+        _require(math.isfinite(self.learning_rate) and self.learning_rate >= 0, "learning_rate",
+                 self.learning_rate, "a finite number >= 0")
+        try:
+            per_rank = stages_per_rank(self.schedule, self.virtual_stages)
+        except ValueError as exc:
+            raise ConfigError(str(exc), hint="Fix --schedule.") from None
+        reason = check_point(self.schedule, per_rank * self.num_ranks, self.num_ranks, self.num_microbatches)
+        if reason:
+            raise ConfigError(f"this pipeline point cannot run: {reason}",
+                              hint="Change --schedule, --stages or --micro-batches.")
+
+    @property
+    def stages_per_rank(self) -> int:
+        return stages_per_rank(self.schedule, self.virtual_stages)
+
+    @property
+    def num_stages(self) -> int:
+        """All stages, virtual ones included."""
+        return self.stages_per_rank * self.num_ranks
+
+    @property
+    def pipeline_batch_size(self) -> int:
+        """Samples one pipeline step (one schedule.step call) pushes through."""
+        return self.micro_batch_size * self.num_microbatches
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step."""
+        return self.pipeline_batch_size * self.grad_accum_steps
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup_steps + self.measured_steps

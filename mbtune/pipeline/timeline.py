@@ -1,0 +1,115 @@
+"""What a pipelined run returns: per-rank reports, the action timeline, and the measured bubble. No torch import.
+
+Times are time.perf_counter seconds relative to the start of the optimizer step they belong to; every rank
+starts a step right after the same barrier, so the ranks' clocks agree to within the barrier's skew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mbtune.records import OK, Record
+
+FORWARD = "forward"
+BACKWARD = "backward"  # full backward: input and weight gradients together
+BACKWARD_INPUT = "backward_input"
+BACKWARD_WEIGHT = "backward_weight"
+LOSS = "loss"
+ACTION_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionRecord(Record):
+    """One compute action of one stage on one micro-batch."""
+
+    step: int  # measured optimizer step, from 0
+    accum: int  # pipeline step inside the optimizer step, from 0
+    stage: int
+    kind: str
+    microbatch: int
+    start_s: float
+    end_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageReport(Record):
+    """Everything one rank measured. Step lists cover the measured steps only, unless named warmup."""
+
+    rank: int
+    num_ranks: int
+    device: str
+    stage_indices: tuple[int, ...]
+    block_indices: tuple[tuple[int, ...], ...]  # per local stage, global block indices
+    num_parameters: int
+    step_times_s: tuple[float, ...]  # whole optimizer step, barrier to barrier
+    pipeline_times_s: tuple[float, ...]  # the grad_accum_steps schedule steps only, barrier to barrier
+    warmup_step_times_s: tuple[float, ...] = ()
+    actions: tuple[ActionRecord, ...] = ()
+    losses: tuple[float, ...] = ()  # per measured step; only on the rank that holds the last stage
+    peak_memory_bytes: int | None = None
+    memory_source: str = ""  # cuda_max_allocated | cpu_vmhwm
+    grads: dict[str, Any] | None = None  # "<block>.<param>" -> CPU tensor, the last step's before the update
+
+    @property
+    def loss(self) -> float | None:
+        return self.losses[-1] if self.losses else None
+
+    def busy_s(self, step: int | None = None) -> float:
+        """Compute time of this rank's actions, in one measured step or all of them."""
+        return sum(a.duration_s for a in self.actions if step is None or a.step == step)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineOutcome(Record):
+    """How one pipelined point ended: ok with every rank's report, or error / timeout / killed with why."""
+
+    status: str
+    reports: tuple[StageReport, ...] = ()
+    error: str = ""  # one line
+    error_detail: str = ""  # the failing rank's traceback, when there is one
+    wall_s: float = 0.0
+    exit_codes: tuple[int | None, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def step_times_s(self) -> tuple[float, ...]:
+        """Per measured step, the slowest rank's view (they differ only by barrier skew)."""
+        if not self.reports:
+            return ()
+        return tuple(max(times) for times in zip(*(r.step_times_s for r in self.reports)))
+
+    @property
+    def loss(self) -> float | None:
+        return next((r.loss for r in self.reports if r.loss is not None), None)
+
+    @property
+    def measured_bubble(self) -> float | None:
+        return bubble_from_reports(self.reports)
+
+
+def measured_bubble(busy_s_by_rank: Sequence[float], wall_s: float) -> float:
+    """1 - (sum of busy compute time over ranks) / (ranks x wall time), clipped to [0, 1]."""
+    if not busy_s_by_rank or wall_s <= 0:
+        raise ValueError("need at least one rank and a positive wall time")
+    fraction = 1.0 - sum(busy_s_by_rank) / (len(busy_s_by_rank) * wall_s)
+    return min(1.0, max(0.0, fraction))
+
+
+def bubble_from_reports(reports: Sequence[StageReport]) -> float | None:
+    """Measured bubble over all measured steps: busy action time against the pipeline part of each step
+    (the optimizer update is outside it); None without reports or timeline."""
+    if not reports or not any(r.actions for r in reports):
+        return None
+    wall_s = sum(max(times) for times in zip(*(r.pipeline_times_s for r in reports)))
+    if wall_s <= 0:
+        return None
+    return measured_bubble([r.busy_s() for r in reports], wall_s)

@@ -1,0 +1,52 @@
+"""The only place that prints: rich tables, progress, JSON and CSV. Units are converted here alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+
+FORMATS = ("table", "json", "csv")
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console; COLUMNS pins the width (tests do), otherwise rich detects the terminal."""
+    width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else None
+    return Console(stderr=stderr, width=width, highlight=False, soft_wrap=False)
+
+
+def fmt_bytes(value: float | None) -> str:
+    """Bytes as GiB or MiB with three significant figures, or 'n/a'."""
+    if value is None:
+        return "n/a"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {unit}" if abs(value) / size < 100 else f"{value / size:.0f} {unit}"
+    return f"{value:.0f} B"
+
+
+def fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def fmt_rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.1f}"
+
+
+def print_json(data: Any) -> None:
+    """Machine output goes to stdout untouched by rich."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def print_error(message: str) -> None:
+    make_console(stderr=True).print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+
+
+def print_warnings(console: Console, warnings: tuple[str, ...] | list[str]) -> None:
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {warning}")

@@ -1,0 +1,87 @@
+"""Probe results for people (rich) and machines (JSON, CSV)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from mbtune.records import ProbeResult, TrialOutcome
+from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, print_json, print_warnings
+
+_STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red", "killed": "red"}
+
+
+def trials_table(trials: tuple[TrialOutcome, ...] | list[TrialOutcome], *, title: str = "Trials") -> Table:
+    """Every trial in the order it ran."""
+    table = Table(title=title, title_justify="left")
+    for name in ("#", "batch", "status", "peak memory", "budget used", "step time", "samples/s"):
+        table.add_column(name, justify="left" if name == "status" else "right")
+    for number, trial in enumerate(trials, 1):
+        style = _STATUS_STYLE.get(trial.status, "")
+        table.add_row(
+            str(number), str(trial.batch_size), f"[{style}]{trial.status}[/]",
+            fmt_bytes(trial.peak_memory_bytes), fmt_bytes(trial.budget_used_bytes),
+            fmt_seconds(trial.step_time_s) if trial.ok else "", fmt_rate(trial.samples_per_s) if trial.ok else "",
+        )
+    return table
+
+
+def summary_panel(result: ProbeResult) -> Panel:
+    """Ceiling, first failing size, margin, safe batch, memory model and device."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    device = result.device
+    grid.add_row("device", f"{device.label} {device.name} ({fmt_bytes(device.total_memory_bytes)})")
+    grid.add_row("workload", _workload_label(result))
+    grid.add_row("memory budget", fmt_bytes(result.memory_budget_bytes) if result.memory_budget_bytes else "whole device")
+    grid.add_row("ceiling", f"[bold]{result.ceiling}[/]" + (" (stopped at --max-batch)" if result.stopped_at_max_batch else ""))
+    grid.add_row("first failing", "none (max batch reached)" if result.first_failing is None else str(result.first_failing))
+    grid.add_row("margin", f"{result.margin:.0%}")
+    verified = "verified" if result.safe_batch_verified else "[red]FAILED its verification run[/]"
+    grid.add_row("safe batch", f"[bold green]{result.safe_batch}[/] ({verified})")
+    model = result.memory_model
+    grid.add_row("memory model", "n/a (fewer than two sizes ran)" if model is None else
+                 f"{fmt_bytes(model.fixed_bytes)} + {fmt_bytes(model.per_sample_bytes)} x batch "
+                 f"(fit error {model.fit_error_pct:.1f}% over {model.num_points} trials)")
+    grid.add_row("trials", str(len(result.trials)))
+    return Panel(grid, title="Probe result", title_align="left", expand=False)
+
+
+def _workload_label(result: ProbeResult) -> str:
+    options = ", ".join(f"{k}={v}" for k, v in result.workload_options.items())
+    settings = f"{result.precision}, {result.optimizer}"
+    return f"{result.workload} ({options}; {settings})" if options else f"{result.workload} ({settings})"
+
+
+def print_probe(console: Console, result: ProbeResult, fmt: str, *, saved_to: str | None = None) -> None:
+    """Print a probe result in the chosen format."""
+    if fmt == "json":
+        print_json(result.to_dict())
+        return
+    if fmt == "csv":
+        trials_frame(result.trials).to_csv(sys.stdout, index=False)
+        return
+    console.print(trials_table(result.trials))
+    console.print(summary_panel(result))
+    print_warnings(console, result.warnings)
+    if saved_to:
+        console.print(f"profile saved to {saved_to}")
+
+
+def trials_frame(trials: tuple[TrialOutcome, ...]):
+    """The trials as a pandas DataFrame (one row per trial, SI units)."""
+    import pandas as pd
+
+    return pd.DataFrame([{
+        "batch_size": t.batch_size, "status": t.status, "peak_memory_bytes": t.peak_memory_bytes,
+        "peak_reserved_bytes": t.peak_reserved_bytes, "budget_used_bytes": t.budget_used_bytes,
+        "step_time_s": t.step_time_s, "samples_per_s": t.samples_per_s, "wall_s": t.wall_s, "error": t.error,
+    } for t in trials])
+
+
+def render(result: ProbeResult) -> Group:
+    return Group(trials_table(result.trials), summary_panel(result))

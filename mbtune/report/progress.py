@@ -1,0 +1,36 @@
+"""A progress bar for long jobs: trial k (of n where known), the current config, elapsed and ETA."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from mbtune.records import TrialOutcome
+
+
+class TrialProgressBar:
+    """Implements jobs.TrialProgress on a rich progress bar (on stderr, so stdout stays parseable)."""
+
+    def __init__(self, console: Console, *, label: str, total: int | None = None) -> None:
+        self._progress = Progress(
+            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[current]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=console, transient=True,
+        )
+        self._task = self._progress.add_task(label, total=total, current="starting")
+        self._count = 0
+
+    def __enter__(self) -> TrialProgressBar:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def start_trial(self, description: str) -> None:
+        self._count += 1
+        self._progress.update(self._task, current=f"trial {self._count}: {description}")
+
+    def end_trial(self, outcome: TrialOutcome) -> None:
+        self._progress.advance(self._task)
+        self._progress.console.print(f"  trial {self._count}: batch {outcome.batch_size} -> {outcome.status}", highlight=False)

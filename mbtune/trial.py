@@ -1,0 +1,96 @@
+"""The body of one training trial, run inside a fresh trial process (see worker.py).
+
+Imported by the trial forkserver at start-up so each trial begins with torch already loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from mbtune.config import TrialConfig
+from mbtune.device import classify_error, get_backend
+from mbtune.records import OK, TrialOutcome
+from mbtune.workloads import Workload, load_workload
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def run_training_trial(config: TrialConfig) -> TrialOutcome:
+    """Build the workload, run `config.steps` full training steps, and report how it went.
+
+    Never raises for a failure of the trial itself: OOM and other errors come back as the outcome's
+    status, classified by type at the device boundary.
+    """
+    started = time.perf_counter()
+    backend = get_backend(config.device)
+    backend.limit_memory(config.memory_budget_bytes)
+    torch.set_num_threads(config.threads or os.cpu_count() or 1)
+    step_times_s: list[float] = []
+    loss_value: float | None = None
+    try:
+        workload = load_workload(config.workload, config.workload_options)
+        for step_s, loss_value in _train(workload, config, backend):
+            step_times_s.append(step_s)
+        status, error = OK, ""
+    except Exception as exc:  # noqa: BLE001 - every failure becomes data
+        status = classify_error(exc)
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        if os.environ.get("MBTUNE_DEBUG"):
+            error += "\n" + traceback.format_exc()
+    # The exception and its frames are gone here, so the peaks are read with the memory released.
+    return TrialOutcome(
+        status=status, batch_size=config.batch_size, step_times_s=tuple(step_times_s), loss=loss_value,
+        wall_s=time.perf_counter() - started, error=error, device=backend.info(), **backend.peaks(),
+    )
+
+
+def _train(workload: Workload, config: TrialConfig, backend: Any):
+    """Yield (step seconds, loss) for each full training step: forward, backward, optimizer step."""
+    device = torch.device(backend.torch_device)
+    model = workload.build(seed=config.seed).to(device)
+    model.train()
+    optimizer = _optimizer(config.optimizer, model.parameters())
+    use_scaler = config.precision == "fp16"
+    scaler = torch.amp.GradScaler("cuda") if use_scaler else None
+    generator = torch.Generator().manual_seed(config.seed)
+    for _ in range(config.steps):
+        inputs, targets = (t.to(device) for t in workload.make_batch(config.batch_size, generator))
+        backend.synchronize()
+        start = time.perf_counter()
+        with _autocast(config.precision, device):
+            loss = workload.loss(model(inputs), targets)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        backend.synchronize()
+        step_s = time.perf_counter() - start
+        yield step_s, float(loss.detach())
+        del inputs, targets, loss
+
+
+def _optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    return torch.optim.AdamW(params, lr=1e-4)
+
+
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if precision in _AUTOCAST_DTYPES:
+        return torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[precision])
+    return contextlib.nullcontext()
+
+
+def describe_device(device: str) -> Any:
+    """DeviceInfo of a resolved device, read inside a child so the parent never initialises CUDA."""
+    return get_backend(device).info()
