@@ -54,6 +54,13 @@ class BudgetTooSmallError(MbtuneError):
     hint = "Raise --memory-budget or choose a smaller workload."
 
 
+class WorkloadBrokenError(MbtuneError):
+    """The workload fails at the smallest batch for a reason other than memory (bad input)."""
+
+    exit_code = EXIT_BAD_INPUT
+    hint = "Fix the workload; MBTUNE_DEBUG=1 shows the trial's traceback."
+
+
 class TrialFailedError(MbtuneError):
     """A trial failed for a reason other than memory, so the run cannot complete."""
 

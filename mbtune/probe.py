@@ -12,8 +12,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mbtune.errors import BudgetTooSmallError, TrialFailedError
-from mbtune.records import OK, OOM, MemoryModel, TrialOutcome
+from mbtune.errors import BudgetTooSmallError, TrialFailedError, WorkloadBrokenError
+from mbtune.records import ERROR, OK, OOM, MemoryModel, TrialOutcome
 
 RunTrial = Callable[[int], TrialOutcome]
 
@@ -146,9 +146,10 @@ def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
     outcome = run_trial(size)
     if outcome.status not in (OK, OOM):
         state.trials.append(outcome)
-        raise TrialFailedError(
-            f"trial at batch {size} ended as {outcome.status}, not out of memory: "
-            f"{(outcome.error or 'no error text').strip().splitlines()[-1]}")
+        why = f"{(outcome.error or 'no error text').strip().splitlines()[-1]}"
+        if outcome.status == ERROR and not state.passes:
+            raise WorkloadBrokenError(f"the workload fails at batch {size} for a reason other than memory: {why}")
+        raise TrialFailedError(f"trial at batch {size} ended as {outcome.status}, not out of memory: {why}")
     return outcome
 
 

@@ -1,0 +1,29 @@
+# Quick start: `make demo` (set up, then probe the built-in gpt workload) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch; a machine that already has torch (a GPU runner) keeps its own.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.mbtune-installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mbtune probe --workload gpt --device auto --memory-budget 1GiB
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/probe.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,48 @@
+"""`mbtune probe` and `mbtune show` end to end, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.unit.test_cli import mbtune
+
+pytestmark = pytest.mark.integration
+
+QUICK = ["-w", "mlp", "-O", "layers=1", "-O", "width=64", "-d", "cpu", "--threads", "1", "--max-batch", "64"]
+
+
+def test_probe_json_parses_and_profile_is_shown(tmp_path):
+    result = mbtune("probe", *QUICK, "--format", "json", "--profiles-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["ceiling"] == 64 and data["first_failing"] is None
+    assert data["safe_batch"] == 54 and data["safe_batch_verified"] is True
+    assert all(t["status"] == "ok" for t in data["trials"])
+    [saved] = list(tmp_path.glob("cpu-*/mlp.json"))
+    shown = mbtune("show", str(saved), "--format", "json")
+    assert json.loads(shown.stdout)["probe"]["ceiling"] == 64
+    table = mbtune("show", str(saved))
+    assert table.returncode == 0 and "safe batch" in table.stdout and "54" in table.stdout
+
+
+def test_probe_table_lists_every_trial(tmp_path):
+    result = mbtune("probe", *QUICK, "--no-save", "--profiles-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "Trials" in result.stdout and "Probe result" in result.stdout and "ceiling" in result.stdout
+    assert not list(tmp_path.iterdir())
+
+
+def test_budget_too_small_for_batch_1_is_bad_input():
+    result = mbtune("probe", "-w", "mlp", "-d", "cpu", "--memory-budget", "1MiB", "--no-save")
+    assert result.returncode == 2
+    assert "batch 1 runs out of memory already" in result.stderr and "--memory-budget" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_workload_failing_for_another_reason_is_bad_input_not_oom():
+    result = mbtune("probe", "-w", "tests.fixtures.workloads:broken", "-d", "cpu", "--no-save")
+    assert result.returncode == 2
+    assert "reason other than memory" in result.stderr and "shape mismatch" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,50 @@
+"""A real probe on CPU under a real address-space cap, checked against brute force through the same worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from mbtune.config import ProbeConfig, TrialConfig
+from mbtune.jobs import probe_workload
+from mbtune.worker import run_trial
+
+pytestmark = pytest.mark.integration
+
+OPTIONS = (("layers", 2), ("width", 1024))
+GRANULE = 384
+
+
+def trial(batch: int, budget: int | None) -> TrialConfig:
+    return TrialConfig(workload="mlp", workload_options=OPTIONS, batch_size=batch, memory_budget_bytes=budget,
+                       threads=1, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def budget() -> int:
+    """A budget whose ceiling falls mid-granule, so run-to-run noise cannot move it a whole granule."""
+    small, large = (run_trial(trial(b, None), timeout_s=120) for b in (GRANULE, 3 * GRANULE))
+    assert small.ok and large.ok
+    per_sample = (large.budget_used_bytes - small.budget_used_bytes) / (2 * GRANULE)
+    assert per_sample > 0
+    return int(small.budget_used_bytes + per_sample * 3.5 * GRANULE)
+
+
+def test_probe_finds_the_brute_force_ceiling(budget):
+    truth = 0
+    for batch in range(GRANULE, 20 * GRANULE, GRANULE):
+        outcome = run_trial(trial(batch, budget), timeout_s=120)
+        assert outcome.status in ("ok", "oom"), outcome.error
+        if not outcome.ok:
+            assert "can't allocate memory" in outcome.error or "MemoryError" in outcome.error
+            break
+        truth = batch
+    assert truth >= GRANULE
+
+    result = probe_workload(ProbeConfig(workload="mlp", workload_options=OPTIONS, device="cpu",
+                                        memory_budget_bytes=budget, granularity=GRANULE, threads=1))
+    assert result.ceiling == truth
+    assert result.first_failing == truth + GRANULE
+    assert result.safe_batch_verified and result.safe_batch <= truth
+    assert result.memory_model is not None and result.memory_model.per_sample_bytes > 0
+    assert [t.status for t in result.trials].count("oom") >= 1
+    assert result.device.backend == "cpu"

@@ -1,0 +1,80 @@
+"""The CLI: help everywhere, README coverage, bad input exits 2 with one line and no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mbtune.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
+
+
+def mbtune(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "COLUMNS": "120", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "mbtune", *args], capture_output=True, text=True, env=full_env,
+                          cwd=ROOT, timeout=300)
+
+
+def test_version():
+    result = mbtune("--version")
+    assert result.returncode == 0 and result.stdout.startswith("mbtune ")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_and_option_has_help(command):
+    from typer.main import get_command
+
+    click_command = get_command(app).commands[command]  # type: ignore[attr-defined]
+    assert click_command.help, f"{command} has no help text"
+    for param in click_command.params:
+        if param.param_type_name == "option":
+            assert getattr(param, "help", None), f"{command} {param.opts} has no help"
+        else:
+            assert getattr(param, "help", None), f"{command} argument {param.name} has no help"
+    assert mbtune(command, "--help").returncode == 0
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_is_in_the_readme(command):
+    assert f"mbtune {command}" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["probe", "-w", "bert", "-d", "cpu"], "unknown workload 'bert'"),
+    (["probe", "-w", "mlp", "-d", "gpu0"], "device 'gpu0' is not recognised"),
+    (["probe", "-w", "mlp", "--margin", "0.7"], "margin=0.7 is out of range"),
+    (["probe", "-w", "mlp", "--granularity", "0"], "granularity=0 is out of range"),
+    (["probe", "-w", "mlp", "--max-batch", "-3"], "max_batch=-3 is out of range"),
+    (["probe", "-w", "mlp", "--memory-budget", "lots"], "--memory-budget 'lots' is not a size"),
+    (["probe", "-w", "mlp", "-O", "depth=3"], "has no option depth"),
+    (["probe", "-w", "mlp", "--format", "xml"], "--format 'xml' is not one of"),
+    (["show", "/nonexistent/profile.json"], "does not exist"),
+])
+def test_bad_input_is_one_line_exit_2(args, message):
+    result = mbtune(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_missing_cuda_device_is_bad_input():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    result = mbtune("probe", "-w", "mlp", "-d", "cuda:0")
+    assert result.returncode == 2
+    assert "no CUDA device is visible" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_traceback():
+    result = mbtune("probe", "-w", "bert", "-d", "cpu", env={"MBTUNE_DEBUG": "1"})
+    assert result.returncode != 0 and "Traceback" in result.stderr

@@ -1,0 +1,124 @@
+"""The ceiling search against fake trial functions: exact answers and trial counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from mbtune.errors import BudgetTooSmallError, TrialFailedError, WorkloadBrokenError
+from mbtune.probe import fit_memory_model, safe_batch_for, search_ceiling
+from mbtune.records import TrialOutcome
+
+FIXED, PER_SAMPLE = 1000, 10
+
+
+def fake_trials(fits, *, fixed=FIXED, per_sample=PER_SAMPLE, status_on_fail="oom"):
+    """run_trial(batch) that passes when fits(batch, attempt) and reports a linear memory peak."""
+    sizes: list[int] = []
+
+    def run(batch: int) -> TrialOutcome:
+        sizes.append(batch)
+        ok = fits(batch, sizes.count(batch))
+        return TrialOutcome(status="ok" if ok else status_on_fail, batch_size=batch,
+                            budget_used_bytes=fixed + per_sample * batch if ok else None)
+
+    run.sizes = sizes  # type: ignore[attr-defined]
+    return run
+
+
+def below(limit):
+    return lambda batch, attempt: batch <= limit
+
+
+def budget_for(limit):
+    return FIXED + PER_SAMPLE * limit + PER_SAMPLE // 2
+
+
+@pytest.mark.parametrize("limit", [1, 7, 100, 389, 1000])
+def test_finds_exact_ceiling_with_next_size_failing(limit):
+    run = fake_trials(below(limit))
+    result = search_ceiling(run, budget_bytes=budget_for(limit))
+    assert result.ceiling == limit
+    assert result.first_failing == limit + 1
+    assert result.safe_batch == safe_batch_for(limit, 0.15, 1)
+    assert result.safe_batch_verified
+    assert run.sizes.count(limit) >= 2  # confirmed
+    assert run.sizes[-1] == result.safe_batch  # verified by a final run
+
+
+def test_trial_counts_are_pinned():
+    run = fake_trials(below(100))
+    search_ceiling(run, budget_bytes=budget_for(100))
+    assert run.sizes == [1, 4, 32, 100, 101, 100, 85]
+
+
+def test_model_needs_fewer_trials_than_doubling_and_bisection():
+    guided = fake_trials(below(389))
+    search_ceiling(guided, budget_bytes=budget_for(389))
+    plain = fake_trials(below(389))
+    search_ceiling(plain, budget_bytes=None)  # no budget: no model guess, grow and bisect
+    assert len(guided.sizes) == 8
+    assert len(guided.sizes) < len(plain.sizes)
+
+
+def test_flaky_boundary_is_confirmed_not_trusted():
+    # 389 always runs; 390 never; 391 runs once, then fails on repeat.
+    def fits(batch, attempt):
+        return batch <= 389 or (batch == 391 and attempt == 1)
+
+    run = fake_trials(fits)
+    result = search_ceiling(run, budget_bytes=budget_for(391))
+    assert result.ceiling == 389
+    assert result.first_failing == 390
+    assert run.sizes.count(389) == 2
+    assert 391 in run.sizes and 390 in run.sizes
+
+
+def test_granularity_and_max_batch():
+    run = fake_trials(below(100))
+    result = search_ceiling(run, granularity=8, budget_bytes=budget_for(100))
+    assert (result.ceiling, result.first_failing, result.safe_batch) == (96, 104, 80)
+    assert all(size % 8 == 0 for size in run.sizes)
+
+    capped = search_ceiling(fake_trials(below(100)), max_batch=50, budget_bytes=budget_for(100))
+    assert (capped.ceiling, capped.first_failing) == (50, None)
+
+
+def test_budget_too_small_for_the_first_size():
+    with pytest.raises(BudgetTooSmallError, match="batch 1 runs out of memory"):
+        search_ceiling(fake_trials(below(0)), budget_bytes=100)
+
+
+def test_non_memory_failure_is_never_counted_as_oom():
+    run = fake_trials(below(10), status_on_fail="error")
+    with pytest.raises(TrialFailedError, match="not out of memory"):
+        search_ceiling(run, budget_bytes=budget_for(10))
+    with pytest.raises(WorkloadBrokenError, match="reason other than memory"):
+        search_ceiling(fake_trials(below(0), status_on_fail="error"), budget_bytes=100)
+
+
+def test_failed_safe_batch_verification_is_reported():
+    # The safe batch (85) fails its verification although 100 passed twice.
+    def fits(batch, attempt):
+        return batch <= 100 and batch != 85
+
+    result = search_ceiling(fake_trials(fits), budget_bytes=budget_for(100))
+    assert result.ceiling == 100 and not result.safe_batch_verified
+    assert any("verification" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize(("ceiling", "margin", "granularity", "safe"), [
+    (100, 0.15, 1, 85), (389, 0.15, 1, 330), (96, 0.15, 8, 80), (10, 0.10, 1, 9), (100, 0.0, 1, 100),
+    (1, 0.15, 1, 1), (7, 0.5, 4, 4),
+])
+def test_safe_batch_arithmetic(ceiling, margin, granularity, safe):
+    assert safe_batch_for(ceiling, margin, granularity) == safe
+
+
+def test_memory_model_fit_recovers_linear_costs():
+    trials = [TrialOutcome(status="ok", batch_size=b, budget_used_bytes=500 + 3 * b) for b in (1, 4, 32)]
+    model = fit_memory_model(trials)
+    assert model.fixed_bytes == pytest.approx(500)
+    assert model.per_sample_bytes == pytest.approx(3)
+    assert model.fit_error_pct == pytest.approx(0, abs=1e-9)
+    assert model.batch_for(800) == pytest.approx(100)
+    assert fit_memory_model(trials[:1]) is None

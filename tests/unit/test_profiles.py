@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mbtune.errors import ProfileError
+from mbtune.profiles import device_slug, load_profile, profile_path, save_probe, slug
+from mbtune.records import SCHEMA_VERSION, DeviceInfo
+from tests.unit.test_records import sample_probe
+
+
+def test_slugs_and_paths(tmp_path):
+    gpu = DeviceInfo(backend="cuda", name="NVIDIA H200", index=0)
+    assert device_slug(gpu) == "cuda-nvidia-h200"
+    assert slug("pkg.mod:factory") == "pkg-mod-factory"
+    assert profile_path(tmp_path, gpu, "gpt") == tmp_path / "cuda-nvidia-h200" / "gpt.json"
+
+
+def test_save_then_load(tmp_path):
+    path = save_probe(tmp_path, sample_probe(), "mbtune probe -w mlp")
+    assert path == tmp_path / "cpu-test-cpu" / "mlp.json"
+    profile = load_profile(path)
+    assert profile.schema_version == SCHEMA_VERSION
+    assert profile.probe == sample_probe()
+    assert profile.metadata.command_line == "mbtune probe -w mlp"
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_corrupt_missing_and_newer_profiles_are_refused(tmp_path):
+    path = save_probe(tmp_path, sample_probe(), "mbtune probe")
+    good = path.read_text()
+    path.write_text(good[: len(good) // 2])
+    with pytest.raises(ProfileError, match="not readable JSON"):
+        load_profile(path)
+    assert path.read_text() == good[: len(good) // 2]  # reported, never overwritten
+    newer = json.loads(good)
+    newer["schema_version"] = SCHEMA_VERSION + 1
+    path.write_text(json.dumps(newer))
+    with pytest.raises(ProfileError, match="newer than this mbtune reads"):
+        load_profile(path)
+    with pytest.raises(ProfileError, match="does not exist"):
+        load_profile(tmp_path / "nope.json")
+
+
+def test_unwritable_folder_is_a_clear_error_and_keeps_the_old_file(tmp_path):
+    path = save_probe(tmp_path, sample_probe(), "first")
+    before = path.read_text()
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a folder should be")  # unwritable even for root
+    with pytest.raises(ProfileError, match="cannot write profile"):
+        save_probe(blocker, sample_probe(), "second")
+    assert path.read_text() == before

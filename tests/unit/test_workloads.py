@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mbtune.errors import WorkloadError
+from mbtune.workloads import Workload, load_workload
+
+
+@pytest.mark.parametrize("name", ["gpt", "mlp"])
+def test_builtins_train_and_report_size(name):
+    workload = load_workload(name, (("layers", 2),))
+    model = workload.build()
+    inputs, targets = workload.make_batch(3, torch.Generator().manual_seed(0))
+    loss = workload.loss(model(inputs), targets)
+    loss.backward()
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert workload.num_parameters() == sum(p.numel() for p in model.parameters())
+    assert workload.flops_per_sample > 0
+
+
+def test_gpt_dials_and_flops():
+    workload = load_workload("gpt", (("layers", 3), ("d_model", 64), ("heads", 2), ("seq_len", 16), ("vocab", 100)))
+    assert workload.num_blocks == 5  # embedding, 3 blocks, head
+    assert workload.tokens_per_sample == 16
+    inputs, _ = workload.make_batch(2, None)
+    assert workload.build()(inputs).shape == (2, 16, 100)
+
+
+def test_blocks_built_alone_match_the_whole_model():
+    workload = load_workload("mlp", (("layers", 3), ("width", 16)))
+    whole = workload.build(seed=7)
+    part = workload.build([2, 3], seed=7)
+    for a, b in zip(list(whole)[2:4], part):
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            assert torch.equal(pa, pb)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("bert", "unknown workload 'bert'"),
+    ("no_such_module_xyz:factory", "cannot import workload module"),
+    ("tests.fixtures.workloads:missing", "has no callable 'missing'"),
+    ("tests.fixtures.workloads:not_a_workload", "returned int, not a Workload"),
+    ("tests.fixtures.workloads:import_fails", "factory .* failed: ImportError"),
+])
+def test_bad_workloads_give_a_clear_error_listing_builtins(name, message):
+    with pytest.raises(WorkloadError, match=message) as info:
+        load_workload(name)
+    if "not a Workload" not in message:
+        assert "gpt, mlp" in info.value.one_line()
+
+
+def test_unknown_option_lists_accepted_ones():
+    with pytest.raises(WorkloadError, match="no option depth") as info:
+        load_workload("gpt", (("depth", 2),))
+    assert "layers" in info.value.one_line()
+
+
+def test_invalid_option_value():
+    with pytest.raises(WorkloadError, match="divisible"):
+        load_workload("gpt", (("d_model", 10), ("heads", 3)))
+
+
+def test_user_factory_contract():
+    workload = load_workload("tests.fixtures.workloads:broken")
+    assert isinstance(workload, Workload) and workload.num_blocks == 1
