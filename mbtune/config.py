@@ -149,3 +149,63 @@ class ProbeConfig:
             batch_size=batch_size, precision=self.precision, optimizer=self.optimizer, steps=self.steps,
             memory_budget_bytes=self.memory_budget_bytes, threads=self.threads, seed=self.seed,
         )
+
+
+DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+OBJECTIVES = ("throughput", "memory", "bubble")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """Settings of `mbtune sweep` (and the sweep half of `mbtune tune`)."""
+
+    workload: str = "gpt"
+    workload_options: tuple[tuple[str, int | float | str], ...] = ()
+    device: str = "auto"
+    num_stages: int = 2
+    schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    micro_batches: tuple[int, ...] | None = None  # default: p, 2p, 4p
+    accum_steps: tuple[int, ...] = (1, 2)
+    micro_batch_size: int | None = None
+    global_batch: int | None = None
+    safe_batch: int | None = None  # from a probe: micro-batch sizes above it are skipped
+    ceiling: int | None = None
+    virtual_stages: int = 2
+    warmup_steps: int = 1
+    measured_steps: int = 3
+    optimizer: str = "adamw"
+    threads: int | None = None
+    point_timeout_s: float = 600.0
+    objective: str = "throughput"
+    seed: int = 0
+    command_line: str = ""
+
+    def __post_init__(self) -> None:
+        from mbtune.pipeline.theory import SCHEDULE_NAMES
+
+        object.__setattr__(self, "device", parse_device(self.device))
+        _require(self.num_stages >= 1, "stages", self.num_stages, "an integer >= 1")
+        _require(bool(self.schedules), "schedules", self.schedules, "at least one schedule")
+        unknown = [s for s in self.schedules if s not in SCHEDULE_NAMES]
+        _require(not unknown, "schedules", ",".join(unknown), " | ".join(SCHEDULE_NAMES))
+        _require(self.micro_batches is None or (bool(self.micro_batches) and min(self.micro_batches) >= 1),
+                 "micro_batches", self.micro_batches, "integers >= 1")
+        _require(bool(self.accum_steps) and min(self.accum_steps) >= 1, "accum", self.accum_steps, "integers >= 1")
+        if self.micro_batch_size is not None and self.global_batch is not None:
+            raise ConfigError("--micro-batch-size and --global-batch both given",
+                              hint="Give one: the other follows from micro-batches and accumulation steps.")
+        for name in ("micro_batch_size", "global_batch", "safe_batch", "ceiling"):
+            value = getattr(self, name)
+            _require(value is None or value >= 1, name, value, "an integer >= 1")
+        _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
+        _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
+        _require(self.measured_steps >= 1, "steps", self.measured_steps, "an integer >= 1")
+        _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
+        _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
+        _require(self.point_timeout_s > 0, "point_timeout", self.point_timeout_s, "seconds > 0")
+        _require(self.objective in OBJECTIVES, "objective", self.objective, " | ".join(OBJECTIVES))
+
+    @property
+    def micro_batch_counts(self) -> tuple[int, ...]:
+        p = self.num_stages
+        return self.micro_batches or tuple(sorted({p, 2 * p, 4 * p}))

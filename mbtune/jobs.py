@@ -5,11 +5,15 @@ The CLI calls exactly one of these per command; tests call them directly.
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
 
-from mbtune.config import ProbeConfig
-from mbtune.errors import TrialFailedError
-from mbtune.records import OK, DeviceInfo, ProbeResult, TrialOutcome
+from mbtune.config import ProbeConfig, SweepConfig
+from mbtune.errors import Interrupted, TrialFailedError
+from mbtune.records import OK, DeviceInfo, ProbeResult, SweepPoint, SweepReport, TrialOutcome, TrialResult
+
+if TYPE_CHECKING:
+    from mbtune.workloads import Workload
 
 # Without a budget on CPU the real ceiling would be the machine's RAM and the kernel's OOM killer; cap
 # trials below what is available instead.
@@ -19,9 +23,11 @@ DEFAULT_CPU_BUDGET_FRACTION = 0.8
 class TrialProgress(Protocol):
     """What a long job reports while it runs (report/ implements it; None means silent)."""
 
+    def set_total(self, total: int | None) -> None: ...
+
     def start_trial(self, description: str) -> None: ...
 
-    def end_trial(self, outcome: TrialOutcome) -> None: ...
+    def end_trial(self, status: str, detail: str = "") -> None: ...
 
 
 def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None) -> ProbeResult:
@@ -49,7 +55,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None) -
         outcome = run_trial(trial_config.trial(batch_size=batch_size, device=device),
                             timeout_s=config.trial_timeout_s)
         if progress:
-            progress.end_trial(outcome)
+            progress.end_trial(outcome.status, _trial_detail(outcome))
         return outcome
 
     found = search_ceiling(run, granularity=config.granularity, max_batch=config.max_batch,
@@ -65,9 +71,13 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None) -
     )
 
 
-def _with_budget(config: ProbeConfig, budget: int | None) -> ProbeConfig:
-    from dataclasses import replace
+def _trial_detail(outcome: TrialOutcome) -> str:
+    if outcome.ok and outcome.samples_per_s:
+        return f"{outcome.samples_per_s:,.1f} samples/s"
+    return (outcome.error.strip().splitlines() or [""])[-1][:80]
 
+
+def _with_budget(config: ProbeConfig, budget: int | None) -> ProbeConfig:
     return replace(config, memory_budget_bytes=budget)
 
 
@@ -91,3 +101,102 @@ def describe(device: str, timeout_s: float = 120.0) -> DeviceInfo:
 
 def _device_total_bytes(device: str, timeout_s: float) -> int:
     return describe(device, timeout_s).total_memory_bytes
+
+
+def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None) -> SweepReport:
+    """Run the sweep grid as real pipelines, one fresh process per stage, and rank what they measured.
+
+    Ctrl-C (Interrupted) starts nothing new: the report keeps every finished point, marked interrupted.
+    """
+    from mbtune.device import resolve_device
+    from mbtune.device.peak_flops import peak_flops
+    from mbtune.sweep import plan_grid, rank_results
+    from mbtune.workloads import load_workload
+
+    workload = load_workload(config.workload, config.workload_options)
+    device = resolve_device(config.device)
+    info = describe(device)
+    num_stages, threads, warnings = _placement(config, device)
+    grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages)
+    peak = peak_flops(info.name, "fp32")
+    results: list[TrialResult] = []
+    interrupted = False
+    if progress:
+        progress.set_total(len(grid.points))
+    try:
+        for point in grid.points:
+            if progress:
+                progress.start_trial(point.label)
+            result = _run_point(point, config, device, threads, workload, peak * num_stages if peak else None)
+            results.append(result)
+            if progress:
+                progress.end_trial(result.status, _result_detail(result))
+    except Interrupted:
+        interrupted = True
+    ranking, pareto = rank_results(results, config.objective)
+    return SweepReport(
+        workload=config.workload, workload_options=dict(config.workload_options), device=info,
+        objective=config.objective, results=tuple(results), skipped=grid.skipped, ranking=ranking, pareto=pareto,
+        ceiling=config.ceiling, safe_batch=config.safe_batch, interrupted=interrupted,
+        warnings=tuple(warnings),
+    )
+
+
+def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, list[str]]:
+    """Stages that really run, torch threads per stage process, and what the user should know."""
+    import os
+
+    warnings: list[str] = []
+    p = config.num_stages
+    if device.startswith("cuda"):
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if p > gpus:
+            warnings.append(
+                f"{p} stages need {p} GPUs (NCCL allows one rank per GPU) but {gpus} is visible: ran one rank "
+                f"holding every stage on cuda:0 (micro-batching and accumulation are real; a {p}-GPU pipeline "
+                "bubble is not measured; see the theoretical column)")
+            p = 1
+        return p, config.threads, warnings
+    cores = os.cpu_count() or 1
+    if p > cores:
+        warnings.append(f"{p} stages on {cores} CPU cores oversubscribe the machine: timings are distorted")
+    return p, config.threads or max(1, cores // p), warnings
+
+
+def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: Workload,
+               peak_total: float | None) -> TrialResult:
+    from mbtune.device.nvml import NvmlSampler
+    from mbtune.pipeline import PipelineSpec, run_pipeline_point
+    from mbtune.sweep import summarize_point
+
+    spec = PipelineSpec(
+        workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
+        num_ranks=point.num_stages, virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
+        num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
+        grad_accum_steps=point.grad_accum_steps, warmup_steps=config.warmup_steps,
+        measured_steps=config.measured_steps, seed=config.seed, device="cuda" if device.startswith("cuda") else "cpu",
+        optimizer=config.optimizer, threads=threads,
+    )
+    with NvmlSampler() as sampler:
+        outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
+    result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
+                             flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
+    backend = "nccl" if spec.device == "cuda" else "gloo"
+    ran_as = f"{point.num_stages} process(es), {backend}, {point.virtual_stages} stage(s) per rank"
+    return replace(result, nvml=sampler.summary(), ran_as=ran_as)
+
+
+def _result_detail(result: TrialResult) -> str:
+    if result.ok and result.samples_per_s:
+        return f"{result.samples_per_s:,.1f} samples/s"
+    return (result.error.strip().splitlines() or [""])[-1][:80]
+
+
+def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig,
+                  progress: TrialProgress | None = None) -> tuple[ProbeResult, SweepReport]:
+    """Probe, then sweep around the probed safe batch."""
+    probe = probe_workload(probe_config, progress)
+    sweep_config = replace(sweep_config, safe_batch=probe.safe_batch, ceiling=probe.ceiling)
+    return probe, sweep_workload(sweep_config, progress)

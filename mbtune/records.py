@@ -154,6 +154,129 @@ class ProbeResult(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GpuUsage(Record):
+    """What NVML saw on one GPU while a trial ran. kernel_active_pct is NVML's "utilization": the share of
+    time any kernel was running, not SM occupancy."""
+
+    uuid: str
+    name: str
+    num_samples: int
+    kernel_active_pct_median: float | None = None
+    kernel_active_pct_max: float | None = None
+    memory_used_bytes_max: int | None = None
+    power_w_median: float | None = None
+    sm_clock_mhz_median: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NvmlSummary(Record):
+    """NVML samples of the GPUs a trial used, or why there are none ("n/a" in reports)."""
+
+    available: bool
+    reason: str = ""
+    gpus: tuple[GpuUsage, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepPoint(Record):
+    """One configuration of the sweep grid."""
+
+    schedule: str
+    num_stages: int  # pipeline ranks (one process each; one GPU each on CUDA)
+    num_microbatches: int
+    grad_accum_steps: int
+    micro_batch_size: int
+    virtual_stages: int = 1  # stages per rank (looped and V schedules hold several)
+    data_parallel_size: int = 1
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.num_microbatches * self.grad_accum_steps * self.data_parallel_size
+
+    @property
+    def label(self) -> str:
+        return (f"{self.schedule} p={self.num_stages} m={self.num_microbatches} "
+                f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkippedPoint(Record):
+    """A grid point that was never spawned, and why."""
+
+    point: SweepPoint
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineAction(Record):
+    """One compute action of the first measured step: rank, stage, kind, micro-batch, start and end (s)."""
+
+    rank: int
+    stage: int
+    kind: str  # forward | backward | backward_input | backward_weight
+    microbatch: int
+    accum: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialResult(Record):
+    """What one sweep point measured."""
+
+    point: SweepPoint
+    status: str
+    error: str = ""
+    step_times_s: tuple[float, ...] = ()
+    step_time_median_s: float | None = None
+    step_time_cv_pct: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu_pct: float | None = None
+    bubble_measured: float | None = None
+    bubble_theoretical: float | None = None
+    excess_idle_pct: float | None = None  # measured minus theoretical bubble: communication and imbalance
+    peak_memory_bytes: tuple[int | None, ...] = ()  # per rank
+    loss: float | None = None
+    nvml: NvmlSummary | None = None
+    ran_as: str = ""
+    warnings: tuple[str, ...] = ()
+    timeline: tuple[TimelineAction, ...] = ()
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def max_peak_memory_bytes(self) -> int | None:
+        known = [b for b in self.peak_memory_bytes if b is not None]
+        return max(known) if known else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepReport(Record):
+    """A whole sweep: every point run, every point skipped, the ranking and the best."""
+
+    workload: str
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    device: DeviceInfo
+    objective: str
+    results: tuple[TrialResult, ...] = ()
+    skipped: tuple[SkippedPoint, ...] = ()
+    ranking: tuple[int, ...] = ()  # indices into results, best first (ok points only)
+    pareto: tuple[int, ...] = ()  # indices of the throughput-vs-peak-memory Pareto front
+    ceiling: int | None = None  # from the probe, when one ran
+    safe_batch: int | None = None
+    interrupted: bool = False
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> TrialResult | None:
+        return self.results[self.ranking[0]] if self.ranking else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Metadata(Record):
     """The environment a profile was measured in."""
 
@@ -176,3 +299,4 @@ class Profile(Record):
     schema_version: int
     metadata: Metadata
     probe: ProbeResult | None = None
+    sweep: SweepReport | None = None

@@ -5,7 +5,6 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from mbtune.records import TrialOutcome
 
 
 class TrialProgressBar:
@@ -19,6 +18,7 @@ class TrialProgressBar:
         )
         self._task = self._progress.add_task(label, total=total, current="starting")
         self._count = 0
+        self._description = ""
 
     def __enter__(self) -> TrialProgressBar:
         self._progress.start()
@@ -27,10 +27,17 @@ class TrialProgressBar:
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
+    def set_total(self, total: int | None) -> None:
+        self._progress.update(self._task, total=total)
+
     def start_trial(self, description: str) -> None:
         self._count += 1
+        self._description = description
         self._progress.update(self._task, current=f"trial {self._count}: {description}")
 
-    def end_trial(self, outcome: TrialOutcome) -> None:
+    def end_trial(self, status: str, detail: str = "") -> None:
         self._progress.advance(self._task)
-        self._progress.console.print(f"  trial {self._count}: batch {outcome.batch_size} -> {outcome.status}", highlight=False)
+        style = {"ok": "green", "oom": "yellow"}.get(status, "red")
+        suffix = f" ({detail})" if detail else ""
+        self._progress.console.print(f"  trial {self._count}: {self._description} -> [{style}]{status}[/]{suffix}",
+                                     highlight=False)
