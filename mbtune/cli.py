@@ -12,10 +12,10 @@ from typing import Annotated, Optional
 import typer
 
 from mbtune import __version__
-from mbtune.errors import Interrupted, MbtuneError
+from mbtune.errors import EXIT_COULD_NOT_RUN, Interrupted, MbtuneError
 
 app = typer.Typer(
-    name="mbtune", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+    name="mbtune", no_args_is_help=True, add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
     help="Profile real hardware to find the best batch configuration for pipeline-parallel training.",
 )
 
@@ -64,10 +64,6 @@ def probe(
     """Find the per-device memory ceiling with real training steps, then leave a safety margin."""
     from mbtune.config import ProbeConfig, parse_bytes, parse_options
     from mbtune.jobs import probe_workload
-    from mbtune.profiles import command_line, save_probe
-    from mbtune.report import make_console
-    from mbtune.report.probe import print_probe
-    from mbtune.report.progress import TrialProgressBar
 
     fmt = _check_format(format)
     config = ProbeConfig(
@@ -76,11 +72,141 @@ def probe(
         margin=margin, granularity=granularity, max_batch=max_batch, confirm=confirm, precision=precision,
         optimizer=optimizer, steps=steps, threads=threads, trial_timeout_s=trial_timeout,
     )
-    console = make_console()
-    with TrialProgressBar(make_console(stderr=True), label="probe") as progress:
-        result = probe_workload(config, progress)
-    saved = save_probe(profiles_dir, result, command_line()) if save else None
-    print_probe(console, result, fmt, saved_to=str(saved) if saved else None)
+    result = _with_progress("probe", lambda progress: probe_workload(config, progress))
+    _finish(fmt, profiles_dir, save, probe=result)
+
+
+Stages = Annotated[int, typer.Option("--stages", "-p", help="Pipeline stages (one process each; one GPU each on CUDA).")]
+Schedules = Annotated[Optional[str], typer.Option("--schedules", help="Comma list of gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble, zbv (default: gpipe,1f1b,interleaved-1f1b,zero-bubble).")]
+MicroBatches = Annotated[Optional[str], typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts (default: p,2p,4p).")]
+Accum = Annotated[str, typer.Option("--accum", help="Comma list of gradient-accumulation steps.")]
+MicroBatchSize = Annotated[Optional[int], typer.Option("--micro-batch-size", help="Samples per micro-batch (default: probed safe batch / largest micro-batch count, else 4).")]
+GlobalBatch = Annotated[Optional[int], typer.Option("--global-batch", help="Fix the global batch instead; the micro-batch size follows per point.")]
+Objective = Annotated[str, typer.Option("--objective", help="Rank by throughput, memory or bubble.")]
+SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer steps per point (after warm-up).")]
+Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up optimizer steps per point (not timed).")]
+VirtualStages = Annotated[int, typer.Option("--virtual-stages", help="Stages per rank for interleaved/looped schedules.")]
+PointTimeout = Annotated[float, typer.Option("--point-timeout", help="Seconds before a point's processes are killed.")]
+Save = Annotated[bool, typer.Option(help="Save results to profiles/<device>/<workload>.json.")]
+
+
+@app.command()
+def sweep(
+    workload: Workload = "gpt",
+    option: WorkloadOption = None,
+    device: Device = "auto",
+    stages: Stages = 2,
+    schedules: Schedules = None,
+    micro_batches: MicroBatches = None,
+    accum: Accum = "1,2",
+    micro_batch_size: MicroBatchSize = None,
+    global_batch: GlobalBatch = None,
+    from_profile: Annotated[Optional[Path], typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom.")] = None,
+    objective: Objective = "throughput",
+    steps: SweepSteps = 3,
+    warmup: Warmup = 1,
+    virtual_stages: VirtualStages = 2,
+    optimizer: Optimizer = "adamw",
+    threads: Annotated[Optional[int], typer.Option(help="torch threads per stage process (default: cores / stages on CPU).")] = None,
+    point_timeout: PointTimeout = 600.0,
+    profiles_dir: ProfilesDir = Path("profiles"),
+    save: Save = True,
+    format: Format = "table",
+) -> None:
+    """Run real pipelined training steps across micro-batches, accumulation steps and schedules."""
+    from mbtune.jobs import sweep_workload
+
+    fmt = _check_format(format)
+    config = _sweep_config(
+        workload=workload, option=option, device=device, stages=stages, schedules=schedules,
+        micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
+        from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
+        optimizer=optimizer, threads=threads, point_timeout=point_timeout,
+    )
+    report = _with_progress("sweep", lambda progress: sweep_workload(config, progress))
+    _finish(fmt, profiles_dir, save, sweep=report)
+
+
+@app.command()
+def tune(
+    workload: Workload = "gpt",
+    option: WorkloadOption = None,
+    device: Device = "auto",
+    memory_budget: Budget = None,
+    margin: Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")] = 0.15,
+    granularity: Annotated[int, typer.Option(help="Probe batch sizes are multiples of this.")] = 1,
+    stages: Stages = 2,
+    schedules: Schedules = None,
+    micro_batches: MicroBatches = None,
+    accum: Accum = "1,2",
+    objective: Objective = "throughput",
+    steps: SweepSteps = 3,
+    optimizer: Optimizer = "adamw",
+    point_timeout: PointTimeout = 600.0,
+    profiles_dir: ProfilesDir = Path("profiles"),
+    save: Save = True,
+    format: Format = "table",
+) -> None:
+    """Probe the memory ceiling, then sweep pipeline configurations around the safe batch."""
+    from mbtune.config import ProbeConfig, parse_bytes, parse_options
+    from mbtune.jobs import tune_workload
+
+    fmt = _check_format(format)
+    probe_config = ProbeConfig(
+        workload=workload, workload_options=parse_options(option or []), device=device,
+        memory_budget_bytes=parse_bytes(memory_budget, name="--memory-budget") if memory_budget else None,
+        margin=margin, granularity=granularity, optimizer=optimizer, trial_timeout_s=point_timeout,
+    )
+    sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
+                                 schedules=schedules, micro_batches=micro_batches, accum=accum, objective=objective,
+                                 steps=steps, optimizer=optimizer, point_timeout=point_timeout)
+    probe_result, report = _with_progress("tune", lambda progress: tune_workload(probe_config, sweep_config, progress))
+    _finish(fmt, profiles_dir, save, probe=probe_result, sweep=report)
+
+
+def _sweep_config(*, workload: str, option: list[str] | None, device: str, stages: int, schedules: str | None,
+                  micro_batches: str | None, accum: str, objective: str, steps: int, optimizer: str,
+                  point_timeout: float, micro_batch_size: int | None = None, global_batch: int | None = None,
+                  from_profile: Path | None = None, warmup: int = 1, virtual_stages: int = 2,
+                  threads: int | None = None) -> object:
+    from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
+
+    limits = {}
+    if from_profile is not None:
+        from mbtune.jobs import limits_from_profile
+
+        limits = limits_from_profile(from_profile)
+    return SweepConfig(
+        workload=workload, workload_options=parse_options(option or []), device=device, num_stages=stages,
+        schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
+        micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
+        micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective, measured_steps=steps,
+        warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, threads=threads,
+        point_timeout_s=point_timeout, **limits,
+    )
+
+
+def _with_progress(label: str, job):  # noqa: ANN001, ANN202 - a thin wrapper around one library call
+    from mbtune.report import make_console
+    from mbtune.report.progress import TrialProgressBar
+
+    with TrialProgressBar(make_console(stderr=True), label=label) as progress:
+        return job(progress)
+
+
+def _finish(fmt: str, profiles_dir: Path, save: bool, *, probe: object = None, sweep: object = None) -> None:
+    """Save, print, and exit 130 when the sweep was interrupted (after saving what finished)."""
+    from mbtune.errors import EXIT_INTERRUPTED
+    from mbtune.profiles import command_line, save_results
+    from mbtune.report import make_console
+    from mbtune.report.tune import print_results
+
+    record = sweep if sweep is not None else probe
+    saved = save_results(profiles_dir, record.device, record.workload, command_line(), probe=probe,
+                         sweep=sweep) if save else None
+    print_results(make_console(), fmt, probe=probe, sweep=sweep, saved_to=str(saved) if saved else None)
+    if sweep is not None and sweep.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 @app.command()
@@ -123,3 +249,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print_error(exc.one_line())
         sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug in mbtune: still one line unless debugging
+        if os.environ.get("MBTUNE_DEBUG"):
+            raise
+        print_error(f"internal error: {type(exc).__name__}: {exc}. Rerun with MBTUNE_DEBUG=1 for the traceback "
+                    "and report it.")
+        sys.exit(EXIT_COULD_NOT_RUN)

@@ -60,6 +60,20 @@ def parse_options(pairs: list[str] | tuple[str, ...]) -> tuple[tuple[str, int | 
     return tuple(sorted(parsed.items()))
 
 
+def parse_list(text: str | None, *, name: str, convert: type = int) -> tuple | None:
+    """Parse a comma-separated list ('2,4,8'); None stays None (use the default)."""
+    if text is None:
+        return None
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    try:
+        values = tuple(convert(item) for item in items)
+    except ValueError:
+        raise ConfigError(f"{name} {text!r} is not a comma-separated list", hint=f"Write it like {name} 2,4,8.") from None
+    if not values:
+        raise ConfigError(f"{name} is empty", hint=f"Write it like {name} 2,4,8.")
+    return values
+
+
 def _number_or_text(raw: str) -> int | float | str:
     for convert in (int, float):
         try:
@@ -170,6 +184,7 @@ class SweepConfig:
     global_batch: int | None = None
     safe_batch: int | None = None  # from a probe: micro-batch sizes above it are skipped
     ceiling: int | None = None
+    ceiling_peak_memory_bytes: int | None = None
     virtual_stages: int = 2
     warmup_steps: int = 1
     measured_steps: int = 3

@@ -137,7 +137,8 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None) -
     return SweepReport(
         workload=config.workload, workload_options=dict(config.workload_options), device=info,
         objective=config.objective, results=tuple(results), skipped=grid.skipped, ranking=ranking, pareto=pareto,
-        ceiling=config.ceiling, safe_batch=config.safe_batch, interrupted=interrupted,
+        ceiling=config.ceiling, safe_batch=config.safe_batch,
+        ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes, interrupted=interrupted,
         warnings=tuple(warnings),
     )
 
@@ -194,9 +195,27 @@ def _result_detail(result: TrialResult) -> str:
     return (result.error.strip().splitlines() or [""])[-1][:80]
 
 
+def sweep_limits(probe: ProbeResult) -> dict[str, int | None]:
+    """What a sweep takes from a probe: the safe batch, the ceiling and the peak memory at the ceiling."""
+    at_ceiling = [t.peak_memory_bytes for t in probe.trials if t.ok and t.batch_size == probe.ceiling]
+    return {"safe_batch": probe.safe_batch, "ceiling": probe.ceiling,
+            "ceiling_peak_memory_bytes": max((b for b in at_ceiling if b is not None), default=None)}
+
+
 def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig,
                   progress: TrialProgress | None = None) -> tuple[ProbeResult, SweepReport]:
     """Probe, then sweep around the probed safe batch."""
     probe = probe_workload(probe_config, progress)
-    sweep_config = replace(sweep_config, safe_batch=probe.safe_batch, ceiling=probe.ceiling)
+    sweep_config = replace(sweep_config, **sweep_limits(probe))
     return probe, sweep_workload(sweep_config, progress)
+
+
+def limits_from_profile(path: object) -> dict[str, int | None]:
+    """sweep_limits of the probe saved in a profile (an error when the profile holds no probe)."""
+    from mbtune.errors import ProfileError
+    from mbtune.profiles import load_profile
+
+    profile = load_profile(path)
+    if profile.probe is None:
+        raise ProfileError(f"profile {path} holds no probe", hint="Run mbtune probe first, or use mbtune tune.")
+    return sweep_limits(profile.probe)

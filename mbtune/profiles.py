@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mbtune import __version__
 from mbtune.errors import ProfileError
-from mbtune.records import SCHEMA_VERSION, DeviceInfo, Metadata, ProbeResult, Profile
+from mbtune.records import SCHEMA_VERSION, DeviceInfo, Metadata, ProbeResult, Profile, SweepReport
 
 # Settings that move the memory ceiling; recorded so a profile says what it was measured under.
 ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX",
@@ -45,13 +45,30 @@ def collect_metadata(command_line: str, torch_version: str) -> Metadata:
     )
 
 
-def save_probe(root: Path, probe: ProbeResult, command_line: str) -> Path:
-    """Write the probe and the environment it ran in to its profile; returns the path."""
-    path = profile_path(root, probe.device, probe.workload)
-    profile = Profile(schema_version=SCHEMA_VERSION,
-                      metadata=collect_metadata(command_line, probe.device.torch_version), probe=probe)
+def save_results(root: Path, device: DeviceInfo, workload: str, command_line: str, *,
+                 probe: ProbeResult | None = None, sweep: SweepReport | None = None) -> Path:
+    """Write results into their profile, keeping the sections of an existing valid profile that this run
+    did not produce. A profile that cannot be read is never overwritten: the results go beside it."""
+    path = profile_path(root, device, workload)
+    existing = None
+    if path.exists():
+        try:
+            existing = load_profile(path)
+        except ProfileError:
+            stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            path = path.with_name(f"{path.stem}.{stamp}.json")
+    profile = Profile(
+        schema_version=SCHEMA_VERSION, metadata=collect_metadata(command_line, device.torch_version),
+        probe=probe if probe is not None else (existing.probe if existing else None),
+        sweep=sweep if sweep is not None else (existing.sweep if existing else None),
+    )
     write_profile(path, profile)
     return path
+
+
+def save_probe(root: Path, probe: ProbeResult, command_line: str) -> Path:
+    """Write the probe and the environment it ran in to its profile; returns the path."""
+    return save_results(root, probe.device, probe.workload, command_line, probe=probe)
 
 
 def write_profile(path: Path, profile: Profile) -> None:

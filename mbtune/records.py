@@ -268,6 +268,7 @@ class SweepReport(Record):
     pareto: tuple[int, ...] = ()  # indices of the throughput-vs-peak-memory Pareto front
     ceiling: int | None = None  # from the probe, when one ran
     safe_batch: int | None = None
+    ceiling_peak_memory_bytes: int | None = None  # the probe's peak at its ceiling, same measure as stage peaks
     interrupted: bool = False
     warnings: tuple[str, ...] = ()
 

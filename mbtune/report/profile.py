@@ -8,6 +8,7 @@ from rich.table import Table
 from mbtune.records import Profile
 from mbtune.report import print_json
 from mbtune.report.probe import print_probe
+from mbtune.report.sweep import print_sweep
 
 
 def metadata_table(profile: Profile, path: str) -> Table:
@@ -33,3 +34,5 @@ def print_profile(console: Console, profile: Profile, fmt: str, *, path: str) ->
         console.print(metadata_table(profile, path))
     if profile.probe is not None:
         print_probe(console, profile.probe, fmt)
+    if profile.sweep is not None:
+        print_sweep(console, profile.sweep, fmt)

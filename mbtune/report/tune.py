@@ -1,0 +1,22 @@
+"""Printing a probe, a sweep, or both (tune) in one format."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from mbtune.records import ProbeResult, SweepReport
+from mbtune.report import print_json
+from mbtune.report.probe import print_probe
+from mbtune.report.sweep import print_sweep
+
+
+def print_results(console: Console, fmt: str, *, probe: ProbeResult | None = None, sweep: SweepReport | None = None,
+                  saved_to: str | None = None) -> None:
+    """Tables for both; one JSON document holding both; CSV of the sweep when there is one."""
+    if fmt == "json" and probe is not None and sweep is not None:
+        print_json({"probe": probe.to_dict(), "sweep": sweep.to_dict()})
+        return
+    if probe is not None and (sweep is None or fmt == "table"):
+        print_probe(console, probe, fmt, saved_to=None if sweep is not None else saved_to)
+    if sweep is not None:
+        print_sweep(console, sweep, fmt, saved_to=saved_to)
