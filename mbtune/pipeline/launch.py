@@ -29,9 +29,15 @@ from mbtune.records import ERROR, KILLED, OK, OOM, TIMEOUT
 # Test-only: the rank named here sleeps before its first step, so tests can watch the deadline kill it.
 HANG_RANK_ENV = "MBTUNE_PIPELINE_TEST_HANG_RANK"
 START_METHODS = ("forkserver", "spawn")
+# torch._dynamo is what an optimizer's first construction imports; none of these start threads or touch a device.
+_PRELOAD = ("torch", "torch._dynamo", "mbtune.pipeline.runner", "mbtune.workloads.gpt", "mbtune.workloads.mlp")
 _POLL_S = 0.2
 _EXIT_WAIT_S = 10.0  # how long finished ranks get to exit on their own after reporting
+_SETTLE_S = 2.0  # after a first failure, how long the other ranks get to report theirs
+_FAILURE_PRIORITY = {KILLED: 0, OOM: 1, ERROR: 2}
 _PR_SET_PDEATHSIG = 1
+
+Message = tuple[str, int, Any, str]  # (status, rank, pickled report or one-line error, traceback)
 
 
 def run_pipeline_point(
@@ -39,9 +45,11 @@ def run_pipeline_point(
 ) -> PipelineOutcome:
     """Run one point on `spec.num_ranks` fresh processes and return every rank's report, or why not.
 
-    Status: ok, oom (a rank ran out of memory), error (a rank raised; the first report wins), killed (a rank
-    died by SIGKILL without a word, e.g. the kernel's OOM killer), timeout (the deadline passed). Whatever
-    happens, every rank is gone on return: SIGTERM, then SIGKILL after `grace_s`.
+    Status: ok, oom (a rank ran out of memory), error (a rank raised), killed (a rank died by SIGKILL without
+    a word, e.g. the kernel's OOM killer), timeout (the deadline passed). When several ranks fail, the root
+    cause is named (killed, then oom, then the first error), not the peers' "connection closed". Whatever
+    happens, every rank is gone on return: SIGTERM, then SIGKILL after `grace_s`. The deadline starts once
+    every rank process exists.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -58,15 +66,17 @@ def run_pipeline_point(
         outcome = PipelineOutcome(status=ERROR, error="the launcher failed before collecting results")
         try:
             for proc in procs:
-                proc.start()
-            outcome = _collect(procs, messages, deadline=started + timeout_s, timeout_s=timeout_s)
+                proc.start()  # the first start may wait for the forkserver to import torch: not the point's time
+            outcome = _collect(procs, messages, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
         finally:
             _stop(procs, wait_s=_EXIT_WAIT_S if outcome.ok else 0.0, grace_s=grace_s)
             messages.close()
             messages.cancel_join_thread()
-    codes = tuple(proc.exitcode for proc in procs)
-    return PipelineOutcome(status=outcome.status, reports=outcome.reports, error=outcome.error,
-                           error_detail=outcome.error_detail, wall_s=time.monotonic() - started, exit_codes=codes)
+    return PipelineOutcome(
+        status=outcome.status, reports=outcome.reports, error=outcome.error, error_detail=outcome.error_detail,
+        wall_s=time.monotonic() - started, exit_codes=tuple(proc.exitcode for proc in procs),
+        pids=tuple(proc.pid for proc in procs if proc.pid is not None),
+    )
 
 
 def _context(start_method: str) -> Any:
@@ -74,9 +84,18 @@ def _context(start_method: str) -> Any:
         raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
     context = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
-        # Only takes effect when this call starts the forkserver; otherwise ranks import the runner themselves.
-        context.set_forkserver_preload(["mbtune.pipeline.runner"])
+        context.set_forkserver_preload(_merged_preload())
     return context
+
+
+def _merged_preload() -> list[str]:
+    """Our modules added to whatever preload list another user of the process-wide forkserver (the trial
+    worker) set, so neither clobbers the other. It only matters until the forkserver starts; after that,
+    ranks import what is missing themselves."""
+    from multiprocessing import forkserver
+
+    configured = list(getattr(forkserver._forkserver, "_preload_modules", None) or [])
+    return configured + [m for m in _PRELOAD if m not in configured]
 
 
 def _hang_rank_from_env() -> int | None:
@@ -91,22 +110,37 @@ def _collect(procs: Sequence[BaseProcess], messages: Any, *, deadline: float, ti
         if remaining <= 0:
             missing = sorted(set(range(len(procs))) - set(reports))
             return PipelineOutcome(status=TIMEOUT, error=f"rank(s) {missing} still running after {timeout_s:g} s")
-        try:
-            message = messages.get(timeout=min(remaining, _POLL_S))
-        except queue_module.Empty:
-            message = _message_from_the_dead(procs, messages, reports)
-            if message is None:
-                continue
-        status, rank, payload, detail = message
-        if status != OK:
-            return PipelineOutcome(status=status, error=f"rank {rank}: {payload}", error_detail=detail)
-        reports[rank] = pickle.loads(payload)
+        message = _next_message(procs, messages, set(reports), wait_s=min(remaining, _POLL_S))
+        if message is None:
+            continue
+        if message[0] != OK:
+            return _root_cause(procs, messages, set(reports), message)
+        reports[message[1]] = pickle.loads(message[2])
     return PipelineOutcome(status=OK, reports=tuple(reports[r] for r in range(len(procs))))
 
 
-def _message_from_the_dead(procs: Sequence[BaseProcess], messages: Any, reports: dict[int, StageReport]) -> tuple | None:
-    """A failure message for a rank that exited without reporting, or None while all are alive."""
-    dead = [(rank, proc.exitcode) for rank, proc in enumerate(procs) if rank not in reports and proc.exitcode is not None]
+def _root_cause(procs: Sequence[BaseProcess], messages: Any, done: set[int], first: Message) -> PipelineOutcome:
+    """When one rank fails its peers fail too ("connection closed by peer"), sometimes first. Give every rank
+    a moment to report or die, then name the most telling failure: killed, then OOM, then the first error."""
+    failures = [first]
+    settle_end = time.monotonic() + _SETTLE_S
+    while time.monotonic() < settle_end and len(done) + len(failures) < len(procs):
+        accounted = done | {f[1] for f in failures}
+        message = _next_message(procs, messages, accounted, wait_s=_POLL_S)
+        if message is not None and message[0] != OK:
+            failures.append(message)
+    status, rank, text, detail = min(failures, key=lambda f: _FAILURE_PRIORITY.get(f[0], len(_FAILURE_PRIORITY)))
+    return PipelineOutcome(status=status, error=f"rank {rank}: {text}", error_detail=detail)
+
+
+def _next_message(procs: Sequence[BaseProcess], messages: Any, accounted: set[int], *, wait_s: float) -> Message | None:
+    """The next message, else one standing for a rank that exited without reporting, else None."""
+    try:
+        return messages.get(timeout=wait_s)
+    except queue_module.Empty:
+        pass
+    dead = [(rank, proc.exitcode) for rank, proc in enumerate(procs)
+            if rank not in accounted and proc.exitcode is not None]
     if not dead:
         return None
     try:

@@ -74,10 +74,10 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int |
         world_size=spec.num_ranks,
         timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
     )
-    try:
-        return _RankRun(spec, rank, device).run(hang=hang_rank == rank)
-    finally:
-        dist.destroy_process_group()
+    report = _RankRun(spec, rank, device).run(hang=hang_rank == rank)
+    # Only on success: tearing the group down on failure would let peers fail (and report) before we do.
+    dist.destroy_process_group()
+    return report
 
 
 def _set_threads(threads: int) -> None:

@@ -139,7 +139,9 @@ def stages_of_rank(schedule: str, num_ranks: int, num_stages_total: int, rank: i
     return tuple(i for i, owner in enumerate(owners) if owner == rank)
 
 
-def theoretical_bubble(schedule: str, *, num_ranks: int, num_microbatches: int, virtual_stages: int | None = None) -> float:
+def theoretical_bubble(
+    schedule: str, *, num_ranks: int, num_microbatches: int, virtual_stages: int | None = None
+) -> float:
     """Idle fraction of rank-time inside one pipeline step, from the textbook models.
 
     All forms assume equal per-stage costs and free communication, and give the idle share of the step

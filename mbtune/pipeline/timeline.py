@@ -74,7 +74,8 @@ class PipelineOutcome(Record):
     error: str = ""  # one line
     error_detail: str = ""  # the failing rank's traceback, when there is one
     wall_s: float = 0.0
-    exit_codes: tuple[int | None, ...] = ()
+    exit_codes: tuple[int | None, ...] = ()  # per rank; negative: killed by that signal
+    pids: tuple[int, ...] = ()  # per rank, all reaped by the time the outcome exists
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,76 @@
+"""Real sweeps on CPU/gloo: they complete, skip what cannot run, measure a bubble that behaves, survive hangs."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing.forkserver
+import os
+import time
+
+import pytest
+
+from mbtune.config import SweepConfig
+from mbtune.jobs import sweep_workload
+from tests.unit.test_cli import mbtune
+
+pytestmark = pytest.mark.integration
+
+
+def test_small_sweep_json_parses_and_skips_with_reasons():
+    result = mbtune("sweep", "-w", "mlp", "-O", "layers=2", "-O", "width=64", "-d", "cpu", "-p", "2",
+                    "--schedules", "gpipe,1f1b", "-m", "1,2,4", "--accum", "1,2", "--micro-batch-size", "4",
+                    "--steps", "2", "--format", "json", "--no-save")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    statuses = [r["status"] for r in report["results"]]
+    assert statuses == ["ok"] * 10
+    assert [s["point"]["num_microbatches"] for s in report["skipped"]] == [1, 1]
+    assert "1f1b needs at least as many micro-batches" in report["skipped"][0]["reason"]
+    best = report["results"][report["ranking"][0]]
+    assert best["samples_per_s"] == max(r["samples_per_s"] for r in report["results"])
+    for r in report["results"]:
+        p = r["point"]
+        assert r["bubble_theoretical"] == pytest.approx(1 / (p["num_microbatches"] + 1))
+        assert 0 <= r["bubble_measured"] < 1 and len(r["peak_memory_bytes"]) == 2
+        kinds = {a["kind"] for a in r["timeline"]}
+        assert {"forward", "backward"} <= kinds
+        assert r["nvml"]["available"] is False  # no GPU driver here: reported, not fatal
+
+
+def test_gpipe_bubble_falls_as_micro_batches_rise_when_compute_dominates():
+    config = SweepConfig(workload="mlp", workload_options=(("layers", 4), ("width", 512)), device="cpu",
+                         num_stages=2, schedules=("gpipe",), micro_batches=(2, 8), accum_steps=(1,),
+                         micro_batch_size=64, measured_steps=3, threads=1)
+    report = sweep_workload(config)
+    by_m = {r.point.num_microbatches: r for r in report.results}
+    assert all(r.ok for r in by_m.values()), [r.error for r in by_m.values()]
+    assert by_m[8].bubble_measured < by_m[2].bubble_measured
+    assert by_m[8].bubble_theoretical < by_m[2].bubble_theoretical
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def test_hung_rank_is_killed_and_the_sweep_goes_on(tmp_path):
+    marker = tmp_path / "hang-once"
+    config = SweepConfig(workload="tests.fixtures.workloads:hang_once", workload_options=(("marker", str(marker)),),
+                         device="cpu", num_stages=2, schedules=("gpipe",), micro_batches=(2, 4), accum_steps=(1,),
+                         micro_batch_size=2, measured_steps=1, point_timeout_s=8, threads=1)
+    started = time.monotonic()
+    report = sweep_workload(config)
+    assert [r.status for r in report.results] == ["timeout", "ok"]
+    assert "still running after 8 s" in report.results[0].error
+    assert time.monotonic() - started < 90
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    assert server is None or _children_of(server) == []

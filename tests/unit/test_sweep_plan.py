@@ -1,0 +1,85 @@
+"""Sweep planning and ranking: pure logic."""
+
+from __future__ import annotations
+
+import pytest
+
+from mbtune.config import SweepConfig
+from mbtune.errors import ConfigError
+from mbtune.records import SweepPoint, TrialResult
+from mbtune.sweep import default_micro_batch_size, plan_grid, rank_results
+
+
+def reasons(grid) -> dict[str, str]:
+    return {s.point.label: s.reason for s in grid.skipped}
+
+
+def test_grid_keeps_runnable_points_and_explains_the_rest():
+    config = SweepConfig(workload="mlp", num_stages=4, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zbv"),
+                         micro_batches=(2, 4, 9), accum_steps=(1,), micro_batch_size=8)
+    grid = plan_grid(config, num_blocks=16)
+    ran = {(p.schedule, p.num_microbatches) for p in grid.points}
+    assert ("gpipe", 2) in ran and ("1f1b", 4) in ran and ("zbv", 2) in ran
+    why = reasons(grid)
+    assert "1f1b needs at least as many micro-batches as stages (4), got 2" in why["1f1b p=4 m=2 accum=1 mbs=8"]
+    assert "divide" in why["interleaved-1f1b p=4 m=9 accum=1 mbs=8"]
+    assert all(p.global_batch == 8 * p.num_microbatches for p in grid.points)
+
+
+def test_more_stages_than_blocks_is_skipped():
+    config = SweepConfig(workload="mlp", num_stages=4, schedules=("interleaved-1f1b",), micro_batches=(4,),
+                         accum_steps=(1,), micro_batch_size=1)
+    grid = plan_grid(config, num_blocks=6)
+    assert not grid.points
+    assert "too few for 8 stages" in grid.skipped[0].reason
+
+
+def test_micro_batch_size_above_safe_batch_is_skipped():
+    config = SweepConfig(workload="mlp", num_stages=2, schedules=("gpipe",), micro_batches=(2,), accum_steps=(1,),
+                         micro_batch_size=64, safe_batch=32)
+    grid = plan_grid(config, num_blocks=6)
+    assert grid.skipped[0].reason == "micro-batch size 64 is above the probed safe batch 32"
+
+
+def test_global_batch_sets_micro_batch_size_or_skips():
+    config = SweepConfig(workload="mlp", num_stages=2, schedules=("gpipe",), micro_batches=(2, 3, 4),
+                         accum_steps=(1, 2), global_batch=16)
+    grid = plan_grid(config, num_blocks=6)
+    assert {(p.num_microbatches, p.grad_accum_steps, p.micro_batch_size) for p in grid.points} == {
+        (2, 1, 8), (2, 2, 4), (4, 1, 4), (4, 2, 2)}
+    assert all(p.global_batch == 16 for p in grid.points)
+    assert "global batch 16 does not divide into 3 micro-batches x 1 accumulation steps" in reasons(grid).values()
+
+
+def test_defaults_derive_from_stages_and_safe_batch():
+    config = SweepConfig(workload="mlp", num_stages=2, safe_batch=100)
+    assert config.micro_batch_counts == (2, 4, 8)
+    assert default_micro_batch_size(config) == 12
+    assert default_micro_batch_size(SweepConfig(workload="mlp")) == 4
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"schedules": ("pipedream",)}, "schedules=.pipedream. is out of range"),
+    ({"micro_batch_size": 4, "global_batch": 16}, "both given"),
+    ({"accum_steps": (0,)}, "accum"),
+    ({"num_stages": 0}, "stages"),
+    ({"objective": "speed"}, "objective"),
+])
+def test_sweep_config_validation(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        SweepConfig(workload="mlp", **kwargs)
+
+
+def result(rate, memory, bubble=0.2, status="ok") -> TrialResult:
+    point = SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=1)
+    return TrialResult(point=point, status=status, samples_per_s=rate if status == "ok" else None,
+                       peak_memory_bytes=(memory, memory // 2), bubble_measured=bubble)
+
+
+def test_ranking_by_objective_and_pareto_front():
+    results = [result(100, 50), result(200, 80, 0.1), result(150, 40, 0.3), result(90, 90), result(0, 1, status="oom")]
+    ranking, pareto = rank_results(results, "throughput")
+    assert ranking == (1, 2, 0, 3)
+    assert set(pareto) == {1, 2}
+    assert rank_results(results, "memory")[0] == (2, 0, 1, 3)
+    assert rank_results(results, "bubble")[0][0] == 1
