@@ -23,7 +23,8 @@ from mbtune.records import ERROR, KILLED, OK, TIMEOUT, TrialOutcome
 
 # torch._dynamo is what an optimizer's first construction imports (about 2 s); paying it once here
 # keeps it out of every trial. None of these start threads or touch a device.
-_PRELOAD = ["torch", "torch._dynamo", "mbtune.trial", "mbtune.workloads.gpt", "mbtune.workloads.mlp"]
+_PRELOAD = ["torch", "torch._dynamo", "mbtune.trial", "mbtune.pipeline.runner", "mbtune.workloads.gpt",
+            "mbtune.workloads.mlp"]
 _context: multiprocessing.context.BaseContext | None = None
 _GRACE_S = 3.0
 
@@ -39,7 +40,8 @@ class ChildResult:
     wall_s: float = 0.0
 
 
-def _get_context() -> multiprocessing.context.BaseContext:
+def process_context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context of the process-wide forkserver, with torch preloaded."""
     global _context
     if _context is None:
         ctx = multiprocessing.get_context("forkserver")
@@ -60,7 +62,7 @@ def _child_main(conn: multiprocessing.connection.Connection, target: Callable[..
 
 def run_isolated(target: Callable[..., Any], *args: Any, timeout_s: float) -> ChildResult:
     """Call target(*args) in a fresh process and return its value, or how the process ended."""
-    ctx = _get_context()
+    ctx = process_context()
     receiver, sender = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_child_main, args=(sender, target, args), daemon=False)
     started = time.perf_counter()

@@ -29,8 +29,6 @@ from mbtune.records import ERROR, KILLED, OK, OOM, TIMEOUT
 # Test-only: the rank named here sleeps before its first step, so tests can watch the deadline kill it.
 HANG_RANK_ENV = "MBTUNE_PIPELINE_TEST_HANG_RANK"
 START_METHODS = ("forkserver", "spawn")
-# torch._dynamo is what an optimizer's first construction imports; none of these start threads or touch a device.
-_PRELOAD = ("torch", "torch._dynamo", "mbtune.pipeline.runner", "mbtune.workloads.gpt", "mbtune.workloads.mlp")
 _POLL_S = 0.2
 _EXIT_WAIT_S = 10.0  # how long finished ranks get to exit on their own after reporting
 _SETTLE_S = 2.0  # after a first failure, how long the other ranks get to report theirs
@@ -82,20 +80,11 @@ def run_pipeline_point(
 def _context(start_method: str) -> Any:
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
-    context = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
-        context.set_forkserver_preload(_merged_preload())
-    return context
+        from mbtune.worker import process_context
 
-
-def _merged_preload() -> list[str]:
-    """Our modules added to whatever preload list another user of the process-wide forkserver (the trial
-    worker) set, so neither clobbers the other. It only matters until the forkserver starts; after that,
-    ranks import what is missing themselves."""
-    from multiprocessing import forkserver
-
-    configured = list(getattr(forkserver._forkserver, "_preload_modules", None) or [])
-    return configured + [m for m in _PRELOAD if m not in configured]
+        return process_context()  # the one torch-preloaded forkserver trials use too
+    return multiprocessing.get_context(start_method)
 
 
 def _hang_rank_from_env() -> int | None:
@@ -202,11 +191,9 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    try:
-        from mbtune.pipeline.runner import is_out_of_memory
-    except Exception:
-        return False
-    return is_out_of_memory(exc)
+    from mbtune.device import classify_error
+
+    return classify_error(exc) == OOM
 
 
 def _die_with_parent() -> None:

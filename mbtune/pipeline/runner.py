@@ -28,7 +28,6 @@ from mbtune.workloads import Workload, load_workload
 
 # A rank asked to hang (tests only) sleeps this long; the launcher's deadline must end it.
 HANG_S = 3600.0
-_OOM_MESSAGES = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory")
 
 
 def step_batch(
@@ -49,13 +48,6 @@ def stage_blocks(spec: PipelineSpec, workload: Workload) -> StageBlocks:
     """The global block indices of every stage (all ranks), split as the spec's balance says."""
     weights = block_parameter_counts(workload) if spec.balance == "parameters" else None
     return split_blocks(workload.num_blocks, spec.num_stages, weights)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """OOM by type first, then by the allocators' known messages."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
 
 
 def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int | None = None) -> StageReport:

@@ -30,9 +30,10 @@ def budget() -> int:
 
 
 def test_probe_finds_the_brute_force_ceiling(budget):
-    truth = 0
+    truth, stepped = 0, []
     for batch in range(GRANULE, 20 * GRANULE, GRANULE):
         outcome = run_trial(trial(batch, budget), timeout_s=120)
+        stepped.append((batch, outcome.status, outcome.budget_used_bytes))
         assert outcome.status in ("ok", "oom"), outcome.error
         if not outcome.ok:
             assert "can't allocate memory" in outcome.error or "MemoryError" in outcome.error
@@ -42,7 +43,8 @@ def test_probe_finds_the_brute_force_ceiling(budget):
 
     result = probe_workload(ProbeConfig(workload="mlp", workload_options=OPTIONS, device="cpu",
                                         memory_budget_bytes=budget, granularity=GRANULE, threads=1))
-    assert result.ceiling == truth
+    seen = [(t.batch_size, t.status, t.budget_used_bytes) for t in result.trials]
+    assert result.ceiling == truth, f"budget {budget}: brute force {stepped}, probe {seen}"
     assert result.first_failing == truth + GRANULE
     assert result.safe_batch_verified and result.safe_batch <= truth
     assert result.memory_model is not None and result.memory_model.per_sample_bytes > 0
