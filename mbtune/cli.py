@@ -234,7 +234,7 @@ def _check_format(fmt: str) -> str:
 
 def _interrupted(signum: int, frame: object) -> None:
     # Our own exception rather than KeyboardInterrupt, which click would turn into "Aborted!" and exit 1.
-    raise Interrupted("interrupted; every finished trial was kept")
+    raise Interrupted("interrupted")
 
 
 def main(argv: list[str] | None = None) -> None:

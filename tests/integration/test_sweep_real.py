@@ -74,3 +74,30 @@ def test_hung_rank_is_killed_and_the_sweep_goes_on(tmp_path):
     assert time.monotonic() - started < 90
     server = multiprocessing.forkserver._forkserver._forkserver_pid
     assert server is None or _children_of(server) == []
+
+
+def test_ctrl_c_keeps_finished_points_and_exits_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.unit.test_cli import ROOT
+
+    command = [sys.executable, "-m", "mbtune", "sweep", "-w", "mlp", "-O", "layers=2", "-O", "width=64", "-d", "cpu",
+               "-p", "2", "--schedules", "gpipe", "-m", "2,4,8,16,32", "--accum", "1,2,4", "--micro-batch-size", "4",
+               "--steps", "20", "--profiles-dir", str(tmp_path)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "COLUMNS": "200"})
+    seen = ""
+    while "trial 2:" not in seen:  # the line for the first finished point, then the second starts
+        line = process.stderr.readline()
+        assert line, f"mbtune ended early: {seen}"
+        seen += line
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stdout
+    [saved] = tmp_path.glob("cpu-*/mlp.json")
+    sweep = json.loads(saved.read_text())["sweep"]
+    assert sweep["interrupted"] is True
+    assert 1 <= len(sweep["results"]) < 15 and all(r["status"] == "ok" for r in sweep["results"])
