@@ -1,4 +1,4 @@
-# Quick start: `make demo` (set up, then probe the built-in gpt workload) and `make test`.
+# Quick start: `make demo` (set up, then tune the built-in gpt workload) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -17,13 +17,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/mbtune probe --workload gpt --device auto --memory-budget 1GiB
+	$(BIN)/mbtune tune --workload gpt --device auto --memory-budget 512MiB --steps 2
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/probe.py
+	$(BIN)/python bench/sweep.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

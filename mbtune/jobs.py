@@ -185,7 +185,7 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
                              flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
     backend = "nccl" if spec.device == "cuda" else "gloo"
-    ran_as = f"{point.num_stages} process(es), {backend}, {point.virtual_stages} stage(s) per rank"
+    ran_as = f"{point.num_stages} process(es), {backend}"
     return replace(result, nvml=sampler.summary(), ran_as=ran_as)
 
 

@@ -28,7 +28,9 @@ class TrialProgressBar:
         self._progress.stop()
 
     def set_total(self, total: int | None) -> None:
-        self._progress.update(self._task, total=total)
+        """Start counting a new phase (tune: the probe's open-ended trials, then the sweep's known points)."""
+        self._count = 0
+        self._progress.reset(self._task, total=total, current="starting")
 
     def start_trial(self, description: str) -> None:
         self._count += 1

@@ -76,7 +76,8 @@ def best_panel(report: SweepReport) -> Panel:
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_row("schedule", point.schedule)
-    grid.add_row("stages", f"{point.num_stages} ({point.virtual_stages} stage(s) per rank; {best.ran_as})")
+    grid.add_row("stages", f"{point.num_stages * point.virtual_stages} ({point.num_stages} rank(s) x "
+                 f"{point.virtual_stages} stage(s) per rank; ran as {best.ran_as})")
     grid.add_row("micro-batch size", str(point.micro_batch_size))
     grid.add_row("micro-batches", str(point.num_microbatches))
     grid.add_row("accumulation steps", str(point.grad_accum_steps))
