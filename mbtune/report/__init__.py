@@ -12,10 +12,17 @@ from rich.console import Console
 FORMATS = ("table", "json", "csv")
 
 
+# Output that goes to a file or a CI log has no terminal to fit: give tables room instead of folding them.
+LOG_WIDTH = 160
+
+
 def make_console(*, stderr: bool = False) -> Console:
-    """A console; COLUMNS pins the width (tests do), otherwise rich detects the terminal."""
+    """A console; COLUMNS pins the width (tests do), a terminal sets it, logs and pipes get LOG_WIDTH."""
     width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else None
-    return Console(stderr=stderr, width=width, highlight=False, soft_wrap=False)
+    console = Console(stderr=stderr, width=width, highlight=False, soft_wrap=False)
+    if width is None and not console.is_terminal:
+        console.width = LOG_WIDTH
+    return console
 
 
 def fmt_bytes(value: float | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from rich import box
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
@@ -16,38 +17,75 @@ def _pct(value: float | None, scale: float = 100.0) -> str:
     return "n/a" if value is None else f"{value * scale:.1f}%"
 
 
-def results_table(report: SweepReport) -> Table:
-    """Every point that ran, best first by the objective; failed points last."""
-    table = Table(title=f"Sweep: {report.workload}, ranked by {report.objective}", title_justify="left")
-    for name in ("#", "schedule", "p", "m", "accum", "mbs", "global", "samples/s", "tokens/s", "step (cv)",
-                 "bubble meas", "bubble theory", "peak mem/stage", "MFU", "kernel active", "status"):
-        table.add_column(name, justify="left" if name in ("schedule", "status") else "right")
+def results_table(report: SweepReport, *, console: Console | None = None) -> Table:
+    """Every point that ran, best first by the objective, failed points last. Columns that hold nothing
+    on this machine (MFU without a known peak, NVML without a GPU, tokens for non-token workloads) are
+    left out and explained in the caption, and the least important ones give way to fit the console."""
     order = list(report.ranking) + [i for i in range(len(report.results)) if i not in report.ranking]
-    for position, index in enumerate(order, 1):
-        result = report.results[index]
-        marks = ("*" if index in report.pareto else "") + ("!" if result.warnings else "")
-        style = "bold green" if report.ranking and index == report.ranking[0] else ""
-        table.add_row(*_row(position, result, marks), style=style)
-    table.caption = "* Pareto front (throughput vs peak memory)   ! see warnings   kernel active = NVML share of time a kernel ran"
+    rows = [_row(position, report.results[i], _marks(report, i)) for position, i in enumerate(order, 1)]
+    columns = [c for c in _COLUMNS if any(row[c[0]] not in ("", "n/a", "unknown", "ok") for row in rows)]
+    notes = [note for header, note in _MISSING_NOTES.items() if all(c[0] != header for c in columns)]
+    hidden: list[str] = []
+    while True:
+        table = _build_table(report, rows, order, columns)
+        give_way = [h for h in _GIVE_WAY if any(c[0] == h for c in columns)]
+        if console is None or _natural_width(console, table) <= console.width or not give_way:
+            break
+        columns = [c for c in columns if c[0] != give_way[0]]
+        hidden.append(give_way[0])
+    if hidden:
+        notes.append(f"hidden to fit the terminal: {', '.join(hidden)} (widen it or use --format csv)")
+    table.caption = "  ".join(["bubble: measured / theoretical", "* Pareto front (throughput vs peak memory)",
+                               "! see warnings", *notes])
     return table
 
 
-def _row(position: int, result: TrialResult, marks: str) -> list[str]:
+_COLUMNS = [("#", "right"), ("schedule", "left"), ("p", "right"), ("m", "right"), ("acc", "right"),
+            ("mbs", "right"), ("global", "right"), ("samples/s", "right"), ("tokens/s", "right"),
+            ("step (cv)", "right"), ("bubble", "right"), ("peak mem", "right"), ("MFU", "right"),
+            ("kernel active", "right"), ("status", "left")]
+_MISSING_NOTES = {"MFU": "MFU: peak FLOPs unknown for this device",
+                  "kernel active": "kernel active (NVML): n/a here"}
+# Least important first: these columns are dropped, in order, until the table fits.
+_GIVE_WAY = ("tokens/s", "kernel active", "MFU", "global", "step (cv)")
+
+
+def _natural_width(console: Console, table: Table) -> int:
+    """The width the table wants when nothing limits it."""
+    return console.measure(table, options=console.options.update(max_width=10_000)).maximum
+
+
+def _build_table(report: SweepReport, rows: list[dict[str, str]], order: list[int],
+                 columns: list[tuple[str, str]]) -> Table:
+    table = Table(title=f"Sweep: {report.workload}, ranked by {report.objective}", title_justify="left",
+                  box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
+    for header, justify in columns:
+        table.add_column(header, justify=justify, no_wrap=True)
+    best = report.ranking[0] if report.ranking else None
+    for row, index in zip(rows, order):
+        table.add_row(*(row[header] for header, _ in columns), style="bold green" if index == best else "")
+    return table
+
+
+def _marks(report: SweepReport, index: int) -> str:
+    return ("*" if index in report.pareto else "") + ("!" if report.results[index].warnings else "")
+
+
+def _row(position: int, result: TrialResult, marks: str) -> dict[str, str]:
     point = result.point
+    row = {"#": f"{position}{marks}", "schedule": point.schedule, "p": str(point.num_stages),
+           "m": str(point.num_microbatches), "acc": str(point.grad_accum_steps), "mbs": str(point.micro_batch_size),
+           "global": str(point.global_batch), "status": "ok"}
     if not result.ok:
-        status = f"[red]{result.status}[/]: {result.error[:60]}"
-        return [str(position), point.schedule, str(point.num_stages), str(point.num_microbatches),
-                str(point.grad_accum_steps), str(point.micro_batch_size), str(point.global_batch),
-                "", "", "", "", _pct(result.bubble_theoretical), "", "", "", status]
+        return {**{h: "" for h, _ in _COLUMNS}, **row, "status": f"[red]{result.status}[/]"}
     cv = f" ({result.step_time_cv_pct:.0f}%)" if result.step_time_cv_pct is not None else ""
-    return [
-        f"{position}{marks}", point.schedule, str(point.num_stages), str(point.num_microbatches),
-        str(point.grad_accum_steps), str(point.micro_batch_size), str(point.global_batch),
-        fmt_rate(result.samples_per_s), fmt_rate(result.tokens_per_s) if result.tokens_per_s else "n/a",
-        fmt_seconds(result.step_time_median_s) + cv, _pct(result.bubble_measured), _pct(result.bubble_theoretical),
-        fmt_bytes(result.max_peak_memory_bytes), "unknown" if result.mfu_pct is None else f"{result.mfu_pct:.1f}%",
-        _kernel_active(result), "ok",
-    ]
+    return {**row, "samples/s": fmt_rate(result.samples_per_s),
+            "tokens/s": fmt_rate(result.tokens_per_s) if result.tokens_per_s else "n/a",
+            "step (cv)": fmt_seconds(result.step_time_median_s) + cv,
+            "bubble": f"{_pct(result.bubble_measured)} / {_pct(result.bubble_theoretical)}",
+            "peak mem": fmt_bytes(result.max_peak_memory_bytes),
+            "MFU": "unknown" if result.mfu_pct is None else f"{result.mfu_pct:.1f}%",
+            "kernel active": _kernel_active(result)}
 
 
 def _kernel_active(result: TrialResult) -> str:
@@ -107,10 +145,13 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
     if fmt == "csv":
         results_frame(report).to_csv(sys.stdout, index=False)
         return
-    console.print(results_table(report))
+    console.print(results_table(report, console=console))
     if report.skipped:
         console.print(skipped_table(report))
     console.print(best_panel(report))
+    for result in report.results:
+        if not result.ok:
+            console.print(f"[red]{result.status}:[/] {result.point.label}: {result.error}")
     print_warnings(console, list(report.warnings) + [f"{r.point.label}: {w}" for r in report.results for w in r.warnings])
     if report.interrupted:
         console.print("[yellow]interrupted:[/] the points above finished; the rest did not run")
