@@ -62,15 +62,13 @@ def probe(
     format: Format = "table",
 ) -> None:
     """Find the per-device memory ceiling with real training steps, then leave a safety margin."""
-    from mbtune.config import ProbeConfig, parse_bytes, parse_options
     from mbtune.jobs import probe_workload
 
     fmt = _check_format(format)
-    config = ProbeConfig(
-        workload=workload, workload_options=parse_options(option or []), device=device,
-        memory_budget_bytes=parse_bytes(memory_budget, name="--memory-budget") if memory_budget else None,
-        margin=margin, granularity=granularity, max_batch=max_batch, confirm=confirm, precision=precision,
-        optimizer=optimizer, steps=steps, threads=threads, trial_timeout_s=trial_timeout,
+    config = _probe_config(
+        workload=workload, option=option, device=device, memory_budget=memory_budget, margin=margin,
+        granularity=granularity, max_batch=max_batch, confirm=confirm, precision=precision, optimizer=optimizer,
+        steps=steps, threads=threads, trial_timeout_s=trial_timeout,
     )
     result = _with_progress("probe", lambda progress: probe_workload(config, progress))
     _finish(fmt, profiles_dir, save, probe=result)
@@ -101,7 +99,7 @@ def sweep(
     accum: Accum = "1,2",
     micro_batch_size: MicroBatchSize = None,
     global_batch: GlobalBatch = None,
-    from_profile: Annotated[Optional[Path], typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom.")] = None,
+    from_profile: Annotated[Optional[Path], typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")] = None,
     objective: Objective = "throughput",
     steps: SweepSteps = 3,
     warmup: Warmup = 1,
@@ -121,7 +119,7 @@ def sweep(
         workload=workload, option=option, device=device, stages=stages, schedules=schedules,
         micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
         from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
-        optimizer=optimizer, threads=threads, point_timeout=point_timeout,
+        optimizer=optimizer, threads=threads, point_timeout=point_timeout, profiles_dir=profiles_dir,
     )
     report = _with_progress("sweep", lambda progress: sweep_workload(config, progress))
     _finish(fmt, profiles_dir, save, sweep=report)
@@ -148,15 +146,12 @@ def tune(
     format: Format = "table",
 ) -> None:
     """Probe the memory ceiling, then sweep pipeline configurations around the safe batch."""
-    from mbtune.config import ProbeConfig, parse_bytes, parse_options
     from mbtune.jobs import tune_workload
 
     fmt = _check_format(format)
-    probe_config = ProbeConfig(
-        workload=workload, workload_options=parse_options(option or []), device=device,
-        memory_budget_bytes=parse_bytes(memory_budget, name="--memory-budget") if memory_budget else None,
-        margin=margin, granularity=granularity, optimizer=optimizer, trial_timeout_s=point_timeout,
-    )
+    probe_config = _probe_config(workload=workload, option=option, device=device, memory_budget=memory_budget,
+                                 margin=margin, granularity=granularity, optimizer=optimizer,
+                                 trial_timeout_s=point_timeout)
     sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
                                  schedules=schedules, micro_batches=micro_batches, accum=accum, objective=objective,
                                  steps=steps, optimizer=optimizer, point_timeout=point_timeout)
@@ -164,11 +159,18 @@ def tune(
     _finish(fmt, profiles_dir, save, probe=probe_result, sweep=report)
 
 
+def _probe_config(*, option: list[str] | None, memory_budget: str | None, **fields: object) -> object:
+    from mbtune.config import ProbeConfig, parse_bytes, parse_options
+
+    budget = parse_bytes(memory_budget, name="--memory-budget") if memory_budget else None
+    return ProbeConfig(workload_options=parse_options(option or []), memory_budget_bytes=budget, **fields)
+
+
 def _sweep_config(*, workload: str, option: list[str] | None, device: str, stages: int, schedules: str | None,
                   micro_batches: str | None, accum: str, objective: str, steps: int, optimizer: str,
                   point_timeout: float, micro_batch_size: int | None = None, global_batch: int | None = None,
                   from_profile: Path | None = None, warmup: int = 1, virtual_stages: int = 2,
-                  threads: int | None = None) -> object:
+                  threads: int | None = None, profiles_dir: Path | None = None) -> object:
     from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
 
     limits = {}
@@ -182,7 +184,7 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
         micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
         micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective, measured_steps=steps,
         warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, threads=threads,
-        point_timeout_s=point_timeout, **limits,
+        point_timeout_s=point_timeout, profiles_dir=str(profiles_dir) if profiles_dir else None, **limits,
     )
 
 

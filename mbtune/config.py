@@ -193,6 +193,7 @@ class SweepConfig:
     point_timeout_s: float = 600.0
     objective: str = "throughput"
     seed: int = 0
+    profiles_dir: str | None = None  # where to look for this device's probe when safe_batch is not given
     command_line: str = ""
 
     def __post_init__(self) -> None:

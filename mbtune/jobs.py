@@ -38,7 +38,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None) -
     from mbtune.workloads import load_workload
     from mbtune.worker import run_trial
 
-    load_workload(config.workload, config.workload_options)  # bad names fail here, before any trial
+    workload = load_workload(config.workload, config.workload_options)  # bad names fail here, before any trial
     device = resolve_device(config.device)
     warnings = list(config.warnings())
     budget = config.memory_budget_bytes
@@ -67,6 +67,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None) -
         granularity=config.granularity, safe_batch=found.safe_batch,
         safe_batch_verified=found.safe_batch_verified, memory_budget_bytes=budget,
         memory_model=found.memory_model, precision=config.precision, optimizer=config.optimizer,
+        num_parameters=workload.num_parameters(), flops_per_sample=workload.flops_per_sample,
         warnings=tuple(warnings) + found.warnings,
     )
 
@@ -117,6 +118,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None) -
     device = resolve_device(config.device)
     info = describe(device)
     num_stages, threads, warnings = _placement(config, device)
+    config = _with_saved_limits(config, info, warnings)
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages)
     peak = peak_flops(info.name, "fp32")
     results: list[TrialResult] = []
@@ -141,6 +143,27 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None) -
         ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes, interrupted=interrupted,
         warnings=tuple(warnings),
     )
+
+
+def _with_saved_limits(config: SweepConfig, info: DeviceInfo, warnings: list[str]) -> SweepConfig:
+    """Without a safe batch, take the one probed earlier for this device and workload, if saved."""
+    from mbtune.errors import ProfileError
+    from mbtune.profiles import load_profile, profile_path
+
+    if config.safe_batch is not None or config.profiles_dir is None:
+        return config
+    path = profile_path(config.profiles_dir, info, config.workload)
+    if not path.exists():
+        return config
+    try:
+        probe = load_profile(path).probe
+    except ProfileError as exc:
+        warnings.append(f"ignored the saved probe: {exc.one_line()}")
+        return config
+    if probe is None or dict(config.workload_options) != probe.workload_options:
+        return config
+    warnings.append(f"micro-batch sizes are bounded by the safe batch {probe.safe_batch} probed in {path}")
+    return replace(config, **sweep_limits(probe))
 
 
 def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, list[str]]:

@@ -146,6 +146,8 @@ class ProbeResult(Record):
     memory_model: MemoryModel | None
     precision: str = "fp32"
     optimizer: str = "adamw"
+    num_parameters: int | None = None
+    flops_per_sample: float | None = None  # training FLOPs (forward + backward) per sample
     warnings: tuple[str, ...] = ()
 
     @property

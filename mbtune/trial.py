@@ -35,8 +35,9 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
     loss_value: float | None = None
     try:
         workload = load_workload(config.workload, config.workload_options)
-        for step_s, loss_value in _train(workload, config, backend):
+        for step_s, loss in _train(workload, config, backend):
             step_times_s.append(step_s)
+            loss_value = loss
         status, error = OK, ""
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
         status = classify_error(exc)

@@ -9,7 +9,6 @@ of the unpipelined model on one batch of micro_batch_size x num_microbatches x g
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -218,17 +217,6 @@ def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch
 def _peak_memory(device: torch.device) -> tuple[int | None, str]:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    return _vm_hwm_bytes(), "cpu_vmhwm"
+    from mbtune.device.cpu import read_status_bytes
 
-
-def _vm_hwm_bytes() -> int | None:
-    """Peak resident set of this process (Linux /proc), in bytes."""
-    try:
-        with open(f"/proc/{os.getpid()}/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
+    return read_status_bytes("VmHWM").get("VmHWM"), "cpu_vmhwm"

@@ -37,6 +37,9 @@ def summary_panel(result: ProbeResult) -> Panel:
     device = result.device
     grid.add_row("device", f"{device.label} {device.name} ({fmt_bytes(device.total_memory_bytes)})")
     grid.add_row("workload", _workload_label(result))
+    if result.num_parameters:
+        flops = f", {result.flops_per_sample / 1e9:.3g} GFLOP per sample (training)" if result.flops_per_sample else ""
+        grid.add_row("model", f"{result.num_parameters / 1e6:.3g}M parameters{flops}")
     grid.add_row("memory budget", fmt_bytes(result.memory_budget_bytes) if result.memory_budget_bytes else "whole device")
     grid.add_row("ceiling", f"[bold]{result.ceiling}[/]" + (" (stopped at --max-batch)" if result.stopped_at_max_batch else ""))
     grid.add_row("first failing", "none (max batch reached)" if result.first_failing is None else str(result.first_failing))

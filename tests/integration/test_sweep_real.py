@@ -101,3 +101,21 @@ def test_ctrl_c_keeps_finished_points_and_exits_130(tmp_path):
     sweep = json.loads(saved.read_text())["sweep"]
     assert sweep["interrupted"] is True
     assert 1 <= len(sweep["results"]) < 15 and all(r["status"] == "ok" for r in sweep["results"])
+
+
+def test_sweep_takes_the_safe_batch_from_the_saved_probe(tmp_path):
+    quick = ["-w", "mlp", "-O", "layers=2", "-O", "width=64", "-d", "cpu", "--profiles-dir", str(tmp_path)]
+    assert mbtune("probe", *quick, "--max-batch", "16", "--threads", "1").returncode == 0
+    result = mbtune("sweep", *quick, "--schedules", "gpipe", "-m", "2,4", "--accum", "1", "--steps", "1",
+                    "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["safe_batch"] == 13 and report["ceiling"] == 16
+    assert {r["point"]["micro_batch_size"] for r in report["results"]} == {3}  # 13 // 4 micro-batches
+    assert any("bounded by the safe batch 13" in w for w in report["warnings"])
+    too_big = mbtune("sweep", *quick, "--schedules", "gpipe", "-m", "2", "--accum", "1", "--micro-batch-size", "32",
+                     "--format", "json", "--no-save")
+    skipped = json.loads(too_big.stdout)["skipped"]
+    assert skipped[0]["reason"] == "micro-batch size 32 is above the probed safe batch 13"
+    profile = json.loads(next(tmp_path.glob("cpu-*/mlp.json")).read_text())
+    assert profile["probe"]["ceiling"] == 16 and profile["sweep"]["results"]  # one profile holds both
