@@ -27,6 +27,8 @@ Format = Annotated[str, typer.Option("--format", "-f", help="table (people), jso
 Precision = Annotated[str, typer.Option("--precision", help="fp32, bf16 (autocast) or fp16 (autocast + GradScaler, CUDA only).")]
 Optimizer = Annotated[str, typer.Option("--optimizer", help="adamw or sgd (optimizer state counts toward memory).")]
 ProfilesDir = Annotated[Path, typer.Option("--profiles-dir", help="Folder that holds saved profiles.")]
+Save = Annotated[bool, typer.Option(help="Save results to profiles/<device>/<workload>.json, journaling each finished trial as it ends.")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run of the same command from its journal, without re-running finished trials.")]
 
 
 def _version(value: bool) -> None:
@@ -58,11 +60,12 @@ def probe(
     threads: Annotated[Optional[int], typer.Option(help="torch threads per trial (default: all cores).")] = None,
     trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds before a trial is killed.")] = 600.0,
     profiles_dir: ProfilesDir = Path("profiles"),
-    save: Annotated[bool, typer.Option(help="Save the result to profiles/<device>/<workload>.json.")] = True,
+    save: Save = True,
+    resume: Resume = False,
     format: Format = "table",
 ) -> None:
     """Find the per-device memory ceiling with real training steps, then leave a safety margin."""
-    from mbtune.jobs import probe_workload
+    from mbtune.runs import run_probe
 
     fmt = _check_format(format)
     config = _probe_config(
@@ -70,8 +73,9 @@ def probe(
         granularity=granularity, max_batch=max_batch, confirm=confirm, precision=precision, optimizer=optimizer,
         steps=steps, threads=threads, trial_timeout_s=trial_timeout,
     )
-    result = _with_progress("probe", lambda progress: probe_workload(config, progress))
-    _finish(fmt, profiles_dir, save, probe=result)
+    outcome = _with_progress("probe", lambda p: run_probe(config, p, profiles_dir=_target(profiles_dir, save),
+                                                           resume=resume))
+    _finish(fmt, outcome)
 
 
 Stages = Annotated[int, typer.Option("--stages", "-p", help="Pipeline stages (one process each; one GPU each on CUDA).")]
@@ -85,7 +89,6 @@ SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer ste
 Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up optimizer steps per point (not timed).")]
 VirtualStages = Annotated[int, typer.Option("--virtual-stages", help="Stages per rank for interleaved/looped schedules.")]
 PointTimeout = Annotated[float, typer.Option("--point-timeout", help="Seconds before a point's processes are killed.")]
-Save = Annotated[bool, typer.Option(help="Save results to profiles/<device>/<workload>.json.")]
 
 
 @app.command()
@@ -109,10 +112,11 @@ def sweep(
     point_timeout: PointTimeout = 600.0,
     profiles_dir: ProfilesDir = Path("profiles"),
     save: Save = True,
+    resume: Resume = False,
     format: Format = "table",
 ) -> None:
     """Run real pipelined training steps across micro-batches, accumulation steps and schedules."""
-    from mbtune.jobs import sweep_workload
+    from mbtune.runs import run_sweep
 
     fmt = _check_format(format)
     config = _sweep_config(
@@ -121,8 +125,9 @@ def sweep(
         from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
         optimizer=optimizer, threads=threads, point_timeout=point_timeout, profiles_dir=profiles_dir,
     )
-    report = _with_progress("sweep", lambda progress: sweep_workload(config, progress))
-    _finish(fmt, profiles_dir, save, sweep=report)
+    outcome = _with_progress("sweep", lambda p: run_sweep(config, p, profiles_dir=_target(profiles_dir, save),
+                                                           resume=resume))
+    _finish(fmt, outcome)
 
 
 @app.command()
@@ -143,10 +148,11 @@ def tune(
     point_timeout: PointTimeout = 600.0,
     profiles_dir: ProfilesDir = Path("profiles"),
     save: Save = True,
+    resume: Resume = False,
     format: Format = "table",
 ) -> None:
     """Probe the memory ceiling, then sweep pipeline configurations around the safe batch."""
-    from mbtune.jobs import tune_workload
+    from mbtune.runs import run_tune
 
     fmt = _check_format(format)
     probe_config = _probe_config(workload=workload, option=option, device=device, memory_budget=memory_budget,
@@ -155,15 +161,18 @@ def tune(
     sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
                                  schedules=schedules, micro_batches=micro_batches, accum=accum, objective=objective,
                                  steps=steps, optimizer=optimizer, point_timeout=point_timeout)
-    probe_result, report = _with_progress("tune", lambda progress: tune_workload(probe_config, sweep_config, progress))
-    _finish(fmt, profiles_dir, save, probe=probe_result, sweep=report)
+    outcome = _with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p,
+                                                         profiles_dir=_target(profiles_dir, save), resume=resume))
+    _finish(fmt, outcome)
 
 
 def _probe_config(*, option: list[str] | None, memory_budget: str | None, **fields: object) -> object:
     from mbtune.config import ProbeConfig, parse_bytes, parse_options
+    from mbtune.profiles import command_line
 
     budget = parse_bytes(memory_budget, name="--memory-budget") if memory_budget else None
-    return ProbeConfig(workload_options=parse_options(option or []), memory_budget_bytes=budget, **fields)
+    return ProbeConfig(workload_options=parse_options(option or []), memory_budget_bytes=budget,
+                       command_line=command_line(), **fields)
 
 
 def _sweep_config(*, workload: str, option: list[str] | None, device: str, stages: int, schedules: str | None,
@@ -172,6 +181,7 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
                   from_profile: Path | None = None, warmup: int = 1, virtual_stages: int = 2,
                   threads: int | None = None, profiles_dir: Path | None = None) -> object:
     from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
+    from mbtune.profiles import command_line
 
     limits = {}
     if from_profile is not None:
@@ -184,7 +194,8 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
         micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
         micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective, measured_steps=steps,
         warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, threads=threads,
-        point_timeout_s=point_timeout, profiles_dir=str(profiles_dir) if profiles_dir else None, **limits,
+        point_timeout_s=point_timeout, profiles_dir=str(profiles_dir) if profiles_dir else None,
+        command_line=command_line(), **limits,
     )
 
 
@@ -196,18 +207,20 @@ def _with_progress(label: str, job):  # noqa: ANN001, ANN202 - a thin wrapper ar
         return job(progress)
 
 
-def _finish(fmt: str, profiles_dir: Path, save: bool, *, probe: object = None, sweep: object = None) -> None:
-    """Save, print, and exit 130 when the sweep was interrupted (after saving what finished)."""
+def _target(profiles_dir: Path, save: bool) -> Path | None:
+    return profiles_dir if save else None
+
+
+def _finish(fmt: str, outcome: object) -> None:
+    """Print what the run produced; exit 130 when it was interrupted (after saving what finished)."""
     from mbtune.errors import EXIT_INTERRUPTED
-    from mbtune.profiles import command_line, save_results
     from mbtune.report import make_console
     from mbtune.report.tune import print_results
 
-    record = sweep if sweep is not None else probe
-    saved = save_results(profiles_dir, record.device, record.workload, command_line(), probe=probe,
-                         sweep=sweep) if save else None
-    print_results(make_console(), fmt, probe=probe, sweep=sweep, saved_to=str(saved) if saved else None)
-    if sweep is not None and sweep.interrupted:
+    saved = str(outcome.saved_to) if outcome.saved_to else None
+    print_results(make_console(), fmt, probe=outcome.probe, sweep=outcome.sweep, saved_to=saved,
+                  notes=outcome.notes)
+    if outcome.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
 
 

@@ -78,3 +78,4 @@ class Interrupted(MbtuneError):
     """The user pressed Ctrl-C (SIGINT); what finished is kept."""
 
     exit_code = EXIT_INTERRUPTED
+    hint = "Finished trials are journaled: rerun the same command with --resume to continue."

@@ -5,15 +5,20 @@ The CLI calls exactly one of these per command; tests call them directly.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from mbtune.config import ProbeConfig, SweepConfig
-from mbtune.errors import Interrupted, TrialFailedError
+from mbtune.errors import ConfigError, Interrupted, TrialFailedError
 from mbtune.records import OK, DeviceInfo, ProbeResult, SweepPoint, SweepReport, TrialOutcome, TrialResult
 
 if TYPE_CHECKING:
+    from mbtune.store import RunStore
     from mbtune.workloads import Workload
+
+PROBE_TRIAL, SWEEP_POINT = "probe_trial", "sweep_point"
+REPLAYED = "replayed from the journal"
 
 # Without a budget on CPU the real ceiling would be the machine's RAM and the kernel's OOM killer; cap
 # trials below what is available instead.
@@ -30,8 +35,12 @@ class TrialProgress(Protocol):
     def end_trial(self, status: str, detail: str = "") -> None: ...
 
 
-def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None) -> ProbeResult:
-    """Find the memory ceiling and safe batch of a workload on a device with real, isolated trials."""
+def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
+                   store: RunStore | None = None) -> ProbeResult:
+    """Find the memory ceiling and safe batch of a workload on a device with real, isolated trials.
+
+    With a store, every finished trial is journaled, and trials journaled by an interrupted run are
+    replayed in order instead of run again (the search is deterministic given its outcomes)."""
     from mbtune.device import resolve_device
     from mbtune.device.cpu import available_memory_bytes
     from mbtune.probe import search_ceiling
@@ -49,11 +58,23 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None) -
     search_budget = budget if budget is not None else _device_total_bytes(device, config.trial_timeout_s)
     trial_config = config if budget == config.memory_budget_bytes else _with_budget(config, budget)
 
+    replay = deque(TrialOutcome.from_dict(r) for r in store.replayed(PROBE_TRIAL)) if store else deque()
+
     def run(batch_size: int) -> TrialOutcome:
         if progress:
             progress.start_trial(f"batch {batch_size}")
+        if replay:
+            outcome = replay.popleft()
+            if outcome.batch_size != batch_size:
+                raise ConfigError(f"the journal does not match this probe (it ran batch {outcome.batch_size} "
+                                  f"where this run asks for {batch_size})", hint="Run without --resume.")
+            if progress:
+                progress.end_trial(outcome.status, REPLAYED)
+            return outcome
         outcome = run_trial(trial_config.trial(batch_size=batch_size, device=device),
                             timeout_s=config.trial_timeout_s)
+        if store:
+            store.record(PROBE_TRIAL, outcome.to_dict())
         if progress:
             progress.end_trial(outcome.status, _trial_detail(outcome))
         return outcome
@@ -104,10 +125,12 @@ def _device_total_bytes(device: str, timeout_s: float) -> int:
     return describe(device, timeout_s).total_memory_bytes
 
 
-def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None) -> SweepReport:
+def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
+                   store: RunStore | None = None) -> SweepReport:
     """Run the sweep grid as real pipelines, one fresh process per stage, and rank what they measured.
 
     Ctrl-C (Interrupted) starts nothing new: the report keeps every finished point, marked interrupted.
+    With a store, every finished point is journaled and points journaled earlier are not run again.
     """
     from mbtune.device import resolve_device
     from mbtune.device.peak_flops import peak_flops
@@ -125,14 +148,21 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None) -
     interrupted = False
     if progress:
         progress.set_total(len(grid.points))
+    done = {r.point: r for r in map(TrialResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
     try:
         for point in grid.points:
             if progress:
                 progress.start_trial(point.label)
-            result = _run_point(point, config, device, threads, workload, peak * num_stages if peak else None)
+            result = done.get(point)
+            detail = REPLAYED
+            if result is None:
+                result = _run_point(point, config, device, threads, workload, peak * num_stages if peak else None)
+                detail = _result_detail(result)
+                if store:
+                    store.record(SWEEP_POINT, result.to_dict())
             results.append(result)
             if progress:
-                progress.end_trial(result.status, _result_detail(result))
+                progress.end_trial(result.status, detail)
     except Interrupted:
         interrupted = True
     ranking, pareto = rank_results(results, config.objective)
@@ -225,12 +255,12 @@ def sweep_limits(probe: ProbeResult) -> dict[str, int | None]:
             "ceiling_peak_memory_bytes": max((b for b in at_ceiling if b is not None), default=None)}
 
 
-def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig,
-                  progress: TrialProgress | None = None) -> tuple[ProbeResult, SweepReport]:
+def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None,
+                  store: RunStore | None = None) -> tuple[ProbeResult, SweepReport]:
     """Probe, then sweep around the probed safe batch."""
-    probe = probe_workload(probe_config, progress)
+    probe = probe_workload(probe_config, progress, store)
     sweep_config = replace(sweep_config, **sweep_limits(probe))
-    return probe, sweep_workload(sweep_config, progress)
+    return probe, sweep_workload(sweep_config, progress, store)
 
 
 def limits_from_profile(path: object) -> dict[str, int | None]:

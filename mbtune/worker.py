@@ -8,10 +8,12 @@ the deadline passes or the parent is interrupted.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -27,6 +29,7 @@ _PRELOAD = ["torch", "torch._dynamo", "mbtune.trial", "mbtune.pipeline.runner", 
             "mbtune.workloads.mlp"]
 _context: multiprocessing.context.BaseContext | None = None
 _GRACE_S = 3.0
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,12 +55,33 @@ def process_context() -> multiprocessing.context.BaseContext:
 
 def _child_main(conn: multiprocessing.connection.Connection, target: Callable[..., Any], args: tuple) -> None:
     os.setpgid(0, 0)
+    die_with_parent(group=True)
     try:
         payload: tuple[str, Any] = (OK, target(*args))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as data
         payload = (ERROR, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip())
     conn.send(payload)
     conn.close()
+
+
+def die_with_parent(*, group: bool = False) -> None:
+    """Make this child die with the mbtune process that started it, so killing mbtune -9 leaves nothing
+    running. Children of a forkserver hold the server alive, so the kernel's parent-death signal alone
+    would never fire: a watcher thread waits on multiprocessing's sentinel for the requesting process."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the watcher below still works
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.killpg(0, signal.SIGKILL) if group else os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="mbtune-die-with-parent", daemon=True).start()
 
 
 def run_isolated(target: Callable[..., Any], *args: Any, timeout_s: float) -> ChildResult:

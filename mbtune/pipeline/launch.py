@@ -9,7 +9,6 @@ PR_SET_PDEATHSIG) so nothing outlives a killed launcher.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import pickle
@@ -33,7 +32,6 @@ _POLL_S = 0.2
 _EXIT_WAIT_S = 10.0  # how long finished ranks get to exit on their own after reporting
 _SETTLE_S = 2.0  # after a first failure, how long the other ranks get to report theirs
 _FAILURE_PRIORITY = {KILLED: 0, OOM: 1, ERROR: 2}
-_PR_SET_PDEATHSIG = 1
 
 Message = tuple[str, int, Any, str]  # (status, rank, pickled report or one-line error, traceback)
 
@@ -164,7 +162,9 @@ def _join_all(procs: Sequence[BaseProcess], within_s: float | None) -> None:
 
 def _rank_main(spec: PipelineSpec, rank: int, store_path: str, messages: Any, hang_rank: int | None) -> None:
     """Entry point of a rank process: run, then send (status, rank, payload, traceback) and flush."""
-    _die_with_parent()
+    from mbtune.worker import die_with_parent
+
+    die_with_parent()
     try:
         from mbtune.pipeline.runner import run_rank
 
@@ -194,12 +194,3 @@ def _is_oom(exc: BaseException) -> bool:
     from mbtune.device import classify_error
 
     return classify_error(exc) == OOM
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (best effort elsewhere)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass

@@ -140,3 +140,83 @@ class ActionTimer:
             start_s=start - self._origin_s, end_s=end - self._origin_s,
         ))
         return result
+
+
+# torch's action letters -> mbtune's action kinds (the timeline's words).
+_KIND_OF_ACTION = {"F": FORWARD, "B": BACKWARD, "I": BACKWARD_INPUT, "W": BACKWARD_WEIGHT}
+
+
+class _OrderOnlyStage:
+    """Stands in for a PipelineStage where only the schedule's action order is wanted: the schedule
+    constructors read these attributes and nothing else (no module, no process group)."""
+
+    def __init__(self, *, stage_index: int, num_stages: int, num_ranks: int, rank: int) -> None:
+        self.stage_index = stage_index
+        self.num_stages = num_stages
+        self.group_size = num_ranks
+        self.group_rank = rank
+        self.submod = None
+        self.stage_index_to_group_rank: dict[int, int] = {}
+
+
+@functools.cache
+def _order_only_class(cls: type) -> type:
+    """The schedule class without the lowering to send/recv actions, which only running needs and which
+    grows quadratically (seconds at 64 ranks); torch's own validation of the order still runs."""
+    if not hasattr(cls, "_prepare_schedule_with_comms"):
+        return cls
+
+    def validate_only(self: Any, actions: dict, format: str = "compute_only") -> None:  # noqa: A002 (torch's name)
+        self._validate_and_set_stage_mapping(actions)
+
+    return type(f"OrderOnly{cls.__name__}", (cls,), {"_prepare_schedule_with_comms": validate_only})
+
+
+def schedule_action_orders(schedule: str, *, num_ranks: int, num_microbatches: int,
+                           stages_per_rank: int = 1) -> tuple[tuple[tuple[int, str, int], ...], ...]:
+    """Per rank, the compute actions torch's schedule runs in one pipeline step, in order, as
+    (stage, kind, micro-batch) with kind forward | backward | backward_input | backward_weight.
+
+    Read from the schedule's own `pipeline_order` (built by torch without modules or a process group), so
+    the simulator follows exactly what torch would run. Idle slots, gradient reduction and resharding are
+    left out; overlapped forward/backward pairs are flattened into their parts. ValueError where torch
+    refuses the point.
+    """
+    from mbtune.pipeline.theory import stage_to_rank
+
+    num_stages = num_ranks * stages_per_rank
+    owners = stage_to_rank(schedule, num_ranks, num_stages)
+    stages = [_OrderOnlyStage(stage_index=s, num_stages=num_stages, num_ranks=num_ranks, rank=0)
+              for s in range(num_stages) if owners[s] == 0]
+    cls = _order_only_class(schedule_class(schedule))
+    loss_fn = _no_loss
+    try:
+        if schedule_info(schedule).layout == SINGLE:
+            built = cls(stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
+        else:
+            built = cls(stages, num_microbatches, loss_fn=loss_fn, scale_grads=False)
+    except (AssertionError, RuntimeError) as exc:
+        raise ValueError(f"torch refuses {schedule} with {num_ranks} ranks and {num_microbatches} micro-batches: "
+                         f"{exc}") from exc
+    order = built.pipeline_order
+    if order is None:
+        raise ValueError(f"torch's {schedule_class(schedule).__name__} publishes no action order")
+    return tuple(tuple(_flatten(order.get(rank) or ())) for rank in range(num_ranks))
+
+
+def _no_loss(output: Any, target: Any) -> Any:
+    return output
+
+
+def _flatten(actions: Sequence[Any]) -> list[tuple[int, str, int]]:
+    flat: list[tuple[int, str, int]] = []
+    for action in actions:
+        if action is None:
+            continue
+        if getattr(action, "sub_actions", None):
+            flat.extend(_flatten(action.sub_actions))
+            continue
+        kind = _KIND_OF_ACTION.get(action.computation_type.value)
+        if kind is not None and action.microbatch_index is not None:
+            flat.append((action.stage_index, kind, int(action.microbatch_index)))
+    return flat

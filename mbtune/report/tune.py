@@ -5,14 +5,19 @@ from __future__ import annotations
 from rich.console import Console
 
 from mbtune.records import ProbeResult, SweepReport
-from mbtune.report import print_json
+from mbtune.report import make_console, print_json
 from mbtune.report.probe import print_probe
 from mbtune.report.sweep import print_sweep
 
 
 def print_results(console: Console, fmt: str, *, probe: ProbeResult | None = None, sweep: SweepReport | None = None,
-                  saved_to: str | None = None) -> None:
-    """Tables for both; one JSON document holding both; CSV of the sweep when there is one."""
+                  saved_to: str | None = None, notes: tuple[str, ...] = ()) -> None:
+    """Tables for both; one JSON document holding both; CSV of the sweep when there is one. Notes about
+    the run (resumed, journal kept) go to stderr so machine output stays clean."""
+    if notes:
+        err = make_console(stderr=True)
+        for note in notes:
+            err.print(f"note: {note}")
     if fmt == "json" and probe is not None and sweep is not None:
         print_json({"probe": probe.to_dict(), "sweep": sweep.to_dict()})
         return

@@ -1,0 +1,288 @@
+"""Fit the simulator's cost model to measured timelines. Pure: no torch.
+
+What is measured, and how each cost is read from it (every TrialResult keeps the action timeline of its first
+measured optimizer step, each rank's times relative to its own start after the step's barrier):
+
+- Compute. Each action's duration, shared among the stage's blocks in proportion to the blocks' weights
+  (forward FLOPs, see BlockFacts), gives per-block samples; per block and kind, the trimmed mean at each
+  micro-batch size, fitted as fixed + per-sample over the sizes measured. A stage of any other split costs
+  the sum of its blocks, which is how costs measured on this machine's split carry over to more stages.
+  Where the backward ran whole, its input and weight parts are taken as half each (both are one matmul
+  per forward matmul) until a zero-bubble point measures them.
+- Rank overheads. The gap between two actions of one rank whose next action's inputs were already on that
+  rank: after an action that sends its result to another rank it is `send_s` (posting the send), otherwise
+  `gap_s`.
+- Transfer. Ranks leave the step's barrier a few milliseconds apart, so their clocks disagree by an unknown
+  offset. The forward gap (stage s ends, stage s+1 starts on the same micro-batch) carries +offset and the
+  backward gap (stage s+1's backward ends, stage s's starts) -offset; the smallest of each is a hand-over
+  where the receiver was idle, so their mean cancels the offset (as NTP does) and, less the sender's
+  `send_s`, is the transfer time of that boundary.
+- Update. The measured step minus the end of its last action: optimizer step and barriers, charged per
+  parameter of the rank that holds the most.
+- Memory. Each rank's measured peak less its parameter state (weights, gradients, optimizer state) and its
+  in-flight activations (peak micro-batches held, from the schedule order, x saved bytes per sample) gives
+  the base (runtime, allocator); the median over ranks and points.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mbtune.pipeline.split import split_blocks
+from mbtune.pipeline.theory import stage_to_rank
+from mbtune.plan.fit import fit_samples, median_or
+from mbtune.plan.orders import RankOrders, schedule_orders
+from mbtune.plan.records import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    LOSS,
+    BlockCost,
+    BlockFacts,
+    CostModel,
+    LinearCost,
+)
+from mbtune.plan.simulate import peak_in_flight
+from mbtune.records import SweepPoint, TimelineAction, TrialResult
+
+STATE_BYTES_PER_PARAMETER = {"adamw": 16.0, "sgd": 8.0}  # fp32 weights + gradients (+ AdamW's two moments)
+
+
+def point_split(point: SweepPoint, facts: BlockFacts) -> tuple[tuple[int, ...], ...]:
+    """The blocks of every stage of a point, split as the runner splits them (by parameter count)."""
+    weights = facts.parameters if any(facts.parameters) else None
+    return split_blocks(facts.num_blocks, point.num_stages * point.virtual_stages, weights)
+
+
+def point_orders(point: SweepPoint) -> RankOrders:
+    """The per-rank action orders of a point's schedule."""
+    return schedule_orders(point.schedule, num_ranks=point.num_stages, num_microbatches=point.num_microbatches,
+                           stages_per_rank=point.virtual_stages)
+
+
+def usable(results: Sequence[TrialResult]) -> list[TrialResult]:
+    """The results a cost model can be fitted to: ok, timed, with a timeline."""
+    return [r for r in results if r.ok and r.timeline and r.step_time_median_s]
+
+
+@dataclass
+class _Samples:
+    """Everything read from the timelines, before fitting."""
+
+    compute: dict[tuple[int, str], dict[int, list[float]]]  # (block, kind) -> size -> per-block seconds
+    loss: dict[int, list[float]]
+    send: list[float]
+    gap: list[float]
+    transfer_gaps: dict[int, list[float]]  # size -> skew-cancelled hand-over gap (send_s not yet taken off)
+    start: list[float]
+    update_per_parameter: list[float]
+
+
+def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: str,
+              workload_options: dict[str, Any] | None = None, device: str = "", optimizer: str = "adamw",
+              orders_of: Callable[[SweepPoint], RankOrders] = point_orders) -> CostModel:
+    """Fit a CostModel to the timelines of the results that ran (see the module docstring for how).
+
+    ValueError when no result has a timeline.
+    """
+    runs = usable(results)
+    if not runs:
+        raise ValueError("no point with a measured timeline to calibrate from; run a sweep first")
+    samples = _Samples(defaultdict(lambda: defaultdict(list)), defaultdict(list), [], [], defaultdict(list), [], [])
+    for result in runs:
+        _read(result, facts, samples)
+    send_s = median_or(samples.send)
+    state = STATE_BYTES_PER_PARAMETER.get(optimizer, 16.0)
+    blocks, split_measured = _block_costs(samples.compute, facts.num_blocks)
+    transfer = fit_samples({size: [max(0.0, g - send_s) for g in gaps] for size, gaps in samples.transfer_gaps.items()},
+                           proportional_when_single=False)
+    notes = _notes(runs, samples, split_measured)
+    return CostModel(
+        workload=workload, workload_options=dict(workload_options or {}), device=device, blocks=blocks, facts=facts,
+        loss=fit_samples(samples.loss), transfer=transfer, send_s=send_s, gap_s=median_or(samples.gap),
+        start_s=median_or(samples.start), update_per_parameter_s=median_or(samples.update_per_parameter),
+        base_bytes=_base_bytes(runs, facts, state, orders_of), state_bytes_per_parameter=state,
+        micro_batch_sizes=tuple(sorted({r.point.micro_batch_size for r in runs})), num_points=len(runs),
+        split_backward_measured=split_measured, notes=notes,
+    )
+
+
+def _read(result: TrialResult, facts: BlockFacts, samples: _Samples) -> None:
+    point = result.point
+    split = point_split(point, facts)
+    owners = stage_to_rank(point.schedule, point.num_stages, len(split))
+    size = point.micro_batch_size
+    spans = _spans(result.timeline)
+    for span in spans.values():
+        _share(span, split, facts, size, samples)
+    _rank_gaps(spans, owners, samples)
+    for gaps in _transfer_gaps(spans, owners):
+        samples.transfer_gaps[size].append(gaps)
+    first = [s.start_s for s in spans.values() if s.stage == 0 and s.accum == 0]
+    if first:
+        samples.start.append(min(first))
+    _update(result, spans, split, owners, facts, samples)
+
+
+@dataclass
+class _Span:
+    """One compute action, with the loss that follows a last-stage forward folded in (end_s includes it)."""
+
+    rank: int
+    stage: int
+    kind: str
+    accum: int
+    microbatch: int
+    start_s: float
+    compute_end_s: float
+    end_s: float
+
+
+def _spans(timeline: Sequence[TimelineAction]) -> dict[tuple[str, int, int, int], _Span]:
+    spans: dict[tuple[str, int, int, int], _Span] = {}
+    losses = []
+    for a in timeline:
+        if a.kind == LOSS:
+            losses.append(a)
+            continue
+        spans[(a.kind, a.stage, a.accum, a.microbatch)] = _Span(a.rank, a.stage, a.kind, a.accum, a.microbatch,
+                                                               a.start_s, a.end_s, a.end_s)
+    for a in losses:
+        owner = spans.get((FORWARD, a.stage, a.accum, a.microbatch))
+        if owner is not None:
+            owner.end_s = max(owner.end_s, a.end_s)
+    return spans
+
+
+def _share(span: _Span, split: Sequence[Sequence[int]], facts: BlockFacts, size: int, samples: _Samples) -> None:
+    duration = span.compute_end_s - span.start_s
+    blocks = split[span.stage]
+    weights = [max(facts.weights[b], 1e-3 * max(facts.weights)) for b in blocks]
+    total = sum(weights)
+    for block, weight in zip(blocks, weights):
+        samples.compute[(block, span.kind)][size].append(duration * weight / total)
+    if span.end_s > span.compute_end_s:
+        samples.loss[size].append(span.end_s - span.compute_end_s)
+
+
+def _needs_remote(span: _Span, owners: Sequence[int]) -> bool:
+    last = len(owners) - 1
+    if span.kind == FORWARD:
+        return span.stage > 0 and owners[span.stage - 1] != span.rank
+    if span.kind in (BACKWARD, BACKWARD_INPUT):
+        return span.stage < last and owners[span.stage + 1] != span.rank
+    return False
+
+
+def _sends_remote(span: _Span, owners: Sequence[int]) -> bool:
+    last = len(owners) - 1
+    if span.kind == FORWARD:
+        return span.stage < last and owners[span.stage + 1] != span.rank
+    if span.kind in (BACKWARD, BACKWARD_INPUT):
+        return span.stage > 0 and owners[span.stage - 1] != span.rank
+    return False
+
+
+def _rank_gaps(spans: dict, owners: Sequence[int], samples: _Samples) -> None:
+    by_rank: dict[int, list[_Span]] = defaultdict(list)
+    for span in spans.values():
+        by_rank[span.rank].append(span)
+    for rank_spans in by_rank.values():
+        rank_spans.sort(key=lambda s: s.start_s)
+        for before, after in zip(rank_spans, rank_spans[1:]):
+            if before.accum != after.accum or _needs_remote(after, owners):
+                continue
+            gap = max(0.0, after.start_s - before.end_s)
+            (samples.send if _sends_remote(before, owners) else samples.gap).append(gap)
+
+
+def _transfer_gaps(spans: dict, owners: Sequence[int]) -> list[float]:
+    """Per stage boundary between two ranks: (smallest forward gap + smallest backward gap) / 2."""
+    found = []
+    for s in range(len(owners) - 1):
+        if owners[s] == owners[s + 1]:
+            continue
+        forward, backward = [], []
+        for (kind, stage, accum, mb), span in spans.items():
+            if kind == FORWARD and stage == s + 1 and (FORWARD, s, accum, mb) in spans:
+                forward.append(span.start_s - spans[(FORWARD, s, accum, mb)].end_s)
+            if kind in (BACKWARD, BACKWARD_INPUT) and stage == s:
+                sender = spans.get((kind, s + 1, accum, mb)) or spans.get((BACKWARD, s + 1, accum, mb)) \
+                    or spans.get((BACKWARD_INPUT, s + 1, accum, mb))
+                if sender is not None:
+                    backward.append(span.start_s - sender.compute_end_s)
+        if forward and backward:
+            found.append((min(forward) + min(backward)) / 2)
+    return found
+
+
+def _rank_parameters(split: Sequence[Sequence[int]], owners: Sequence[int], facts: BlockFacts) -> list[int]:
+    params = [0] * (max(owners) + 1)
+    for stage, blocks in enumerate(split):
+        params[owners[stage]] += sum(facts.parameters[b] for b in blocks)
+    return params
+
+
+def _update(result: TrialResult, spans: dict, split: Sequence[Sequence[int]], owners: Sequence[int],
+            facts: BlockFacts, samples: _Samples) -> None:
+    step_s = result.step_times_s[0] if result.step_times_s else result.step_time_median_s
+    last_end = max(s.end_s for s in spans.values())
+    most = max(_rank_parameters(split, owners, facts))
+    if step_s and most > 0:
+        samples.update_per_parameter.append(max(0.0, step_s - last_end) / most)
+
+
+def _block_costs(compute: dict, num_blocks: int) -> tuple[tuple[BlockCost, ...], bool]:
+    measured_split = any(kind == BACKWARD_INPUT for (_, kind) in compute)
+    blocks = []
+    for b in range(num_blocks):
+        fit = {kind: fit_samples(compute[(b, kind)]) if (b, kind) in compute else None
+               for kind in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
+        forward = fit[FORWARD] or LinearCost()
+        full = fit[BACKWARD]
+        inp, weight = fit[BACKWARD_INPUT], fit[BACKWARD_WEIGHT]
+        if full is None:
+            full = (inp or LinearCost()).plus(weight or LinearCost()) if inp or weight else forward.scaled(2.0)
+        blocks.append(BlockCost(forward=forward, backward=full, backward_input=inp or full.scaled(0.5),
+                                backward_weight=weight or full.scaled(0.5)))
+    return tuple(blocks), measured_split
+
+
+def _base_bytes(runs: Sequence[TrialResult], facts: BlockFacts, state: float,
+                orders_of: Callable[[SweepPoint], RankOrders]) -> float:
+    bases = []
+    for result in runs:
+        point = result.point
+        split = point_split(point, facts)
+        owners = stage_to_rank(point.schedule, point.num_stages, len(split))
+        try:
+            held = peak_in_flight(orders_of(point), len(split))
+        except ValueError:
+            held = (0,) * len(split)
+        params = _rank_parameters(split, owners, facts)
+        activations = [0.0] * len(params)
+        for stage, blocks in enumerate(split):
+            saved = sum(facts.saved_bytes_per_sample[b] for b in blocks) if facts.saved_bytes_per_sample else 0
+            activations[owners[stage]] += held[stage] * point.micro_batch_size * saved
+        for rank, peak in enumerate(result.peak_memory_bytes):
+            if peak is not None and rank < len(params):
+                bases.append(peak - state * params[rank] - activations[rank])
+    return max(0.0, median_or(bases))
+
+
+def _notes(runs: Sequence[TrialResult], samples: _Samples, split_measured: bool) -> tuple[str, ...]:
+    notes = []
+    sizes = sorted({r.point.micro_batch_size for r in runs})
+    if len(sizes) == 1:
+        notes.append(f"one micro-batch size measured ({sizes[0]}): compute is taken as proportional to it and "
+                     "transfer as a fixed latency; other sizes are extrapolated")
+    if not split_measured:
+        notes.append("no zero-bubble point measured: backward input and weight parts are each taken as half the "
+                     "full backward")
+    if not samples.transfer_gaps:
+        notes.append("no stage-to-stage hand-over measured (one rank): transfer is taken as free")
+    return tuple(notes)

@@ -1,0 +1,236 @@
+"""Predict configurations with the calibrated simulator, check their memory, rank them. Pure: no torch.
+
+Scaling to another number of stages: the cost model holds per-block costs (calibrate.py), so a stage of
+any split costs the sum of its blocks, split as the runner would split them (by parameter count). A what-if
+deeper model (`num_blocks` above the workload's) keeps the first and last blocks and repeats the mean of
+the interior ones. Beyond this machine, the stage-to-stage hand-over costs the link's latency plus the
+boundary activation (bytes per sample x micro-batch size) over its bandwidth; data-parallel replicas add a
+ring all-reduce of each rank's fp32 gradients after the pipeline (not overlapped: an upper bound). Compute
+costs stay those of the profiled device: the plan is for devices like it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from mbtune.pipeline.split import split_blocks
+from mbtune.pipeline.theory import check_point, stage_to_rank, stages_per_rank, theoretical_bubble
+from mbtune.plan.calibrate import point_orders
+from mbtune.plan.orders import RankOrders
+from mbtune.plan.records import (
+    BlockCost,
+    BlockFacts,
+    CostModel,
+    LinearCost,
+    PlanReport,
+    PlanSkipped,
+    Prediction,
+    Simulation,
+    StageCost,
+)
+from mbtune.plan.simulate import Overheads, simulate
+from mbtune.records import SweepPoint
+
+GRAD_BYTES_PER_PARAMETER = 4  # fp32 gradients are what data-parallel replicas all-reduce
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """The interconnect between pipeline ranks and between data-parallel replicas (None: as measured)."""
+
+    bandwidth_bytes_per_s: float | None = None
+    latency_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanGrid:
+    """The configurations to predict: every schedule x micro-batch count, at one size of the pipeline."""
+
+    num_stages: int  # pipeline ranks
+    micro_batches: tuple[int, ...]
+    schedules: tuple[str, ...]
+    data_parallel: int = 1
+    micro_batch_size: int | None = None  # or derived from global_batch
+    global_batch: int | None = None
+    grad_accum_steps: int = 1
+    virtual_stages: int = 2
+    num_blocks: int | None = None  # what-if deeper model; None: the workload's own
+
+
+def deepen(model: CostModel, num_blocks: int) -> CostModel:
+    """The cost model of the same workload with `num_blocks` blocks: first and last kept, interior repeated
+    as their mean (costs, parameters, weights, activation sizes)."""
+    facts = model.facts
+    if num_blocks == facts.num_blocks:
+        return model
+    if facts.num_blocks < 3 or num_blocks < 3:
+        raise ValueError(f"cannot resize a {facts.num_blocks}-block workload to {num_blocks} blocks: "
+                         "resizing repeats interior blocks, so both need at least 3")
+    interior = range(1, facts.num_blocks - 1)
+    count = num_blocks - 2
+
+    def spread(values: Sequence, mean: object) -> tuple:
+        return (values[0], *([mean] * count), values[-1]) if values else ()
+
+    def avg(values: Sequence[float]) -> float:
+        return sum(values[i] for i in interior) / len(interior)
+
+    mean_block = BlockCost(**{kind: _mean_cost([getattr(model.blocks[i], kind) for i in interior])
+                              for kind in ("forward", "backward", "backward_input", "backward_weight")})
+    new_facts = BlockFacts(
+        num_blocks=num_blocks, parameters=spread(facts.parameters, round(avg(facts.parameters))),
+        weights=spread(facts.weights, avg(facts.weights)), weight_source=facts.weight_source,
+        output_bytes_per_sample=spread(facts.output_bytes_per_sample, round(avg(facts.output_bytes_per_sample)))
+        if facts.output_bytes_per_sample else (),
+        saved_bytes_per_sample=spread(facts.saved_bytes_per_sample, round(avg(facts.saved_bytes_per_sample)))
+        if facts.saved_bytes_per_sample else (),
+    )
+    return replace(model, blocks=spread(model.blocks, mean_block), facts=new_facts)
+
+
+def _mean_cost(costs: Sequence[LinearCost]) -> LinearCost:
+    return LinearCost(fixed_s=sum(c.fixed_s for c in costs) / len(costs),
+                      per_sample_s=sum(c.per_sample_s for c in costs) / len(costs))
+
+
+def stage_costs(model: CostModel, split: Sequence[Sequence[int]], micro_batch_size: int) -> tuple[StageCost, ...]:
+    """Seconds per micro-batch of every stage of a split: the sum of its blocks (loss on the last)."""
+    costs = []
+    for stage, blocks in enumerate(split):
+        parts = {kind: sum(getattr(model.blocks[b], kind).at(micro_batch_size) for b in blocks)
+                 for kind in ("forward", "backward", "backward_input", "backward_weight")}
+        loss = model.loss.at(micro_batch_size) if stage == len(split) - 1 else 0.0
+        costs.append(StageCost(forward_s=parts["forward"], backward_s=parts["backward"],
+                               backward_input_s=parts["backward_input"],
+                               backward_weight_s=parts["backward_weight"], loss_s=loss))
+    return tuple(costs)
+
+
+def simulate_point(model: CostModel, point: SweepPoint, *, link: Link | None = None,
+                   orders_of: Callable[[SweepPoint], RankOrders] = point_orders,
+                   keep_timeline: bool = False) -> Simulation:
+    """Simulate one optimizer step's pipeline part of a point (ValueError where its schedule cannot run)."""
+    split = split_blocks(model.facts.num_blocks, point.num_stages * point.virtual_stages,
+                         model.facts.parameters if any(model.facts.parameters) else None)
+    owners = stage_to_rank(point.schedule, point.num_stages, len(split))
+    size = point.micro_batch_size
+    transfers = tuple(_transfer_s(model, link, blocks[-1], size) for blocks in split[:-1])
+    overheads = Overheads(transfer_s=transfers, send_s=model.send_s, gap_s=model.gap_s, start_s=model.start_s)
+    return simulate(orders_of(point), stage_to_rank=owners, stage_costs=stage_costs(model, split, size),
+                    overheads=overheads, num_accum=point.grad_accum_steps, keep_timeline=keep_timeline)
+
+
+def _transfer_s(model: CostModel, link: Link | None, last_block: int, micro_batch_size: int) -> float:
+    if link is None or (link.bandwidth_bytes_per_s is None and link.latency_s is None):
+        return model.transfer.at(micro_batch_size)
+    latency = link.latency_s if link.latency_s is not None else model.transfer.fixed_s
+    sizes = model.facts.output_bytes_per_sample
+    if link.bandwidth_bytes_per_s is None or not sizes:
+        return latency + model.transfer.per_sample_s * micro_batch_size
+    return latency + sizes[last_block] * micro_batch_size / link.bandwidth_bytes_per_s
+
+
+def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, memory_limit_bytes: float | None = None,
+            tokens_per_sample: int | None = None, orders_of: Callable[[SweepPoint], RankOrders] = point_orders,
+            keep_timeline: bool = False) -> Prediction:
+    """Predict one point: step time (pipeline + data-parallel all-reduce + update), throughput, bubble, and
+    memory per rank checked against the limit."""
+    sim = simulate_point(model, point, link=link, orders_of=orders_of, keep_timeline=keep_timeline)
+    split = split_blocks(model.facts.num_blocks, point.num_stages * point.virtual_stages,
+                         model.facts.parameters if any(model.facts.parameters) else None)
+    owners = stage_to_rank(point.schedule, point.num_stages, len(split))
+    params = [0] * point.num_stages
+    for stage, blocks in enumerate(split):
+        params[owners[stage]] += sum(model.facts.parameters[b] for b in blocks)
+    allreduce = _allreduce_s(max(params), point.data_parallel_size, link)
+    update = model.update_fixed_s + model.update_per_parameter_s * max(params)
+    step = sim.pipeline_s + allreduce + update
+    memory = _memory_per_rank(model, split, owners, params, sim.peak_in_flight, point.micro_batch_size)
+    rate = point.global_batch / step if step > 0 else 0.0
+    return Prediction(
+        point=point, blocks_per_stage=tuple(len(b) for b in split), step_time_s=step, pipeline_s=sim.pipeline_s,
+        allreduce_s=allreduce, update_s=update, samples_per_s=rate,
+        tokens_per_s=rate * tokens_per_sample if tokens_per_sample else None, bubble=sim.bubble,
+        bubble_theoretical=theoretical_bubble(point.schedule, num_ranks=point.num_stages,
+                                              num_microbatches=point.num_microbatches,
+                                              virtual_stages=point.virtual_stages),
+        peak_in_flight=sim.peak_in_flight, memory_bytes=memory, memory_limit_bytes=memory_limit_bytes,
+        fits=None if memory_limit_bytes is None else max(memory) <= memory_limit_bytes, timeline=sim.timeline,
+    )
+
+
+def _allreduce_s(parameters: int, replicas: int, link: Link | None) -> float:
+    """Ring all-reduce of one rank's gradients over the replicas: 2(d-1)/d of the bytes each way, 2(d-1) hops."""
+    if replicas <= 1 or link is None:
+        return 0.0
+    volume = 2 * (replicas - 1) / replicas * parameters * GRAD_BYTES_PER_PARAMETER
+    bandwidth = volume / link.bandwidth_bytes_per_s if link.bandwidth_bytes_per_s else 0.0
+    return bandwidth + 2 * (replicas - 1) * (link.latency_s or 0.0)
+
+
+def _memory_per_rank(model: CostModel, split: Sequence[Sequence[int]], owners: Sequence[int], params: Sequence[int],
+                     held: Sequence[int], micro_batch_size: int) -> tuple[float, ...]:
+    memory = [model.base_bytes + model.state_bytes_per_parameter * p for p in params]
+    saved = model.facts.saved_bytes_per_sample
+    for stage, blocks in enumerate(split):
+        if saved:
+            memory[owners[stage]] += held[stage] * micro_batch_size * sum(saved[b] for b in blocks)
+    return tuple(memory)
+
+
+def grid_points(grid: PlanGrid, num_blocks: int) -> tuple[list[SweepPoint], list[PlanSkipped]]:
+    """The grid's points, and those that cannot run with why (schedule constraints, blocks, batch split)."""
+    points, skipped = [], []
+    for schedule in grid.schedules:
+        v = stages_per_rank(schedule, grid.virtual_stages)
+        for m in grid.micro_batches:
+            size, reason = _micro_batch_size(grid, m)
+            point = SweepPoint(schedule=schedule, num_stages=grid.num_stages, num_microbatches=m,
+                               grad_accum_steps=grid.grad_accum_steps, micro_batch_size=size, virtual_stages=v,
+                               data_parallel_size=grid.data_parallel)
+            reason = reason or check_point(schedule, v * grid.num_stages, grid.num_stages, m, num_blocks=num_blocks)
+            if reason and "blocks, too few" in reason:
+                reason += "; plan a deeper model of the same blocks with num_blocks"
+            (skipped.append(PlanSkipped(point=point, reason=reason)) if reason else points.append(point))
+    return points, skipped
+
+
+def _micro_batch_size(grid: PlanGrid, m: int) -> tuple[int, str | None]:
+    if grid.global_batch is None:
+        return grid.micro_batch_size or 1, None
+    per_step = m * grid.grad_accum_steps * grid.data_parallel
+    if grid.global_batch % per_step:
+        return max(1, grid.global_batch // per_step), (
+            f"global batch {grid.global_batch} does not divide into {m} micro-batches x {grid.grad_accum_steps} "
+            f"accumulation steps x {grid.data_parallel} data-parallel replicas")
+    return grid.global_batch // per_step, None
+
+
+def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_limit_bytes: float | None = None,
+         tokens_per_sample: int | None = None, orders_of: Callable[[SweepPoint], RankOrders] = point_orders,
+         warnings: Sequence[str] = ()) -> PlanReport:
+    """Predict every point of the grid, rank them (fitting ones by throughput first, then those whose memory
+    is unknown, then those that do not fit) and recommend the best that fits."""
+    if grid.num_blocks is not None:
+        model = deepen(model, grid.num_blocks)
+    points, skipped = grid_points(grid, model.facts.num_blocks)
+    predictions = []
+    for point in points:
+        try:
+            predictions.append(predict(model, point, link=link, memory_limit_bytes=memory_limit_bytes,
+                                       tokens_per_sample=tokens_per_sample, orders_of=orders_of))
+        except ValueError as exc:
+            skipped.append(PlanSkipped(point=point, reason=str(exc)))
+    ranked = sorted(predictions, key=lambda p: ({True: 0, None: 1, False: 2}[p.fits], -p.samples_per_s))
+    recommended = 0 if ranked and ranked[0].fits is not False else None
+    notes = list(warnings) + list(model.notes)
+    if grid.data_parallel > 1 and (link is None or link.bandwidth_bytes_per_s is None):
+        notes.append("data-parallel all-reduce taken as free: give a link bandwidth to charge it")
+    if memory_limit_bytes is None:
+        notes.append("no probed ceiling: memory per rank is predicted but not checked")
+    return PlanReport(workload=model.workload, workload_options=dict(model.workload_options), model=model,
+                      num_blocks=model.facts.num_blocks, predictions=tuple(ranked), skipped=tuple(skipped),
+                      recommended=recommended, warnings=tuple(notes),
+                      link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s if link else None,
+                      link_latency_s=link.latency_s if link else None)

@@ -1,0 +1,232 @@
+"""Records of the planner: the workload's block facts, the calibrated cost model, simulations, predictions,
+validation against what really ran, plan reports and quick-search summaries. No torch import here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mbtune.records import DeviceInfo, Record, SweepPoint, TimelineAction, TrialResult
+
+FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS = (
+    "forward", "backward", "backward_input", "backward_weight", "loss")
+COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrderedAction(Record):
+    """One compute action in a rank's schedule order: which stage does what to which micro-batch."""
+
+    stage: int
+    kind: str  # forward | backward | backward_input | backward_weight
+    microbatch: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinearCost(Record):
+    """seconds = fixed_s + per_sample_s x micro-batch size."""
+
+    fixed_s: float = 0.0
+    per_sample_s: float = 0.0
+
+    def at(self, micro_batch_size: int) -> float:
+        """Seconds at this micro-batch size (never negative)."""
+        return max(0.0, self.fixed_s + self.per_sample_s * micro_batch_size)
+
+    def scaled(self, factor: float) -> LinearCost:
+        return LinearCost(fixed_s=self.fixed_s * factor, per_sample_s=self.per_sample_s * factor)
+
+    def plus(self, other: LinearCost) -> LinearCost:
+        return LinearCost(fixed_s=self.fixed_s + other.fixed_s, per_sample_s=self.per_sample_s + other.per_sample_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockFacts(Record):
+    """What the planner knows about a workload's blocks without running them (read on the meta device).
+
+    `weights` say how a stage's measured time is shared among its blocks (forward FLOPs per sample where
+    they are countable, else parameters, else equal shares; `weight_source` says which)."""
+
+    num_blocks: int
+    parameters: tuple[int, ...]
+    weights: tuple[float, ...]
+    weight_source: str  # flops | parameters | equal
+    output_bytes_per_sample: tuple[int, ...] = ()  # what block i sends to block i+1, per sample
+    saved_bytes_per_sample: tuple[int, ...] = ()  # activations block i keeps for its backward, per sample
+
+    @classmethod
+    def uniform(cls, num_blocks: int, *, parameters: int = 0, output_bytes_per_sample: int = 0,
+                saved_bytes_per_sample: int = 0) -> BlockFacts:
+        """Identical blocks (tests and what-if plans)."""
+        return cls(num_blocks=num_blocks, parameters=(parameters,) * num_blocks, weights=(1.0,) * num_blocks,
+                   weight_source="equal", output_bytes_per_sample=(output_bytes_per_sample,) * num_blocks,
+                   saved_bytes_per_sample=(saved_bytes_per_sample,) * num_blocks)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockCost(Record):
+    """One block's compute per micro-batch, by action kind."""
+
+    forward: LinearCost
+    backward: LinearCost  # full backward (input and weight gradients)
+    backward_input: LinearCost
+    backward_weight: LinearCost
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCost(Record):
+    """Seconds one stage spends per micro-batch on each action kind (the simulator's input)."""
+
+    forward_s: float
+    backward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    loss_s: float = 0.0  # only on the last stage: added to its forward
+
+    def of(self, kind: str) -> float:
+        return {FORWARD: self.forward_s, BACKWARD: self.backward_s, BACKWARD_INPUT: self.backward_input_s,
+                BACKWARD_WEIGHT: self.backward_weight_s}[kind]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel(Record):
+    """Per-block costs calibrated from measured timelines, plus the costs around the compute.
+
+    Stage cost = sum of its blocks' costs. `send_s` is what a rank spends after an action whose result goes to
+    another rank (posting the send), `gap_s` what it spends between other actions, `transfer` the latency of
+    a stage-to-stage hand-over on the machine that was measured, `update` the optimizer step and barriers
+    after the pipeline (fixed + per parameter of the rank), `start_s` the delay before the first action.
+    Memory: a rank's peak = base_bytes + state_bytes_per_parameter x its parameters + in-flight activations.
+    """
+
+    workload: str
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    device: str = ""
+    blocks: tuple[BlockCost, ...]
+    facts: BlockFacts
+    loss: LinearCost
+    transfer: LinearCost
+    send_s: float = 0.0
+    gap_s: float = 0.0
+    start_s: float = 0.0
+    update_fixed_s: float = 0.0
+    update_per_parameter_s: float = 0.0
+    base_bytes: float = 0.0
+    state_bytes_per_parameter: float = 16.0
+    micro_batch_sizes: tuple[int, ...] = ()  # the sizes that were measured
+    num_points: int = 0
+    split_backward_measured: bool = False  # False: input/weight parts assumed half of the full backward each
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Simulation(Record):
+    """One simulated optimizer step's pipeline part: when every action ran, and what follows from it."""
+
+    pipeline_s: float  # first action start to last action end, every accumulation step included
+    busy_s: tuple[float, ...]  # per rank
+    bubble: float  # 1 - sum(busy) / (ranks x pipeline_s), the measured bubble's definition
+    peak_in_flight: tuple[int, ...]  # per stage: most micro-batches whose activations were held at once
+    timeline: tuple[TimelineAction, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction(Record):
+    """What the simulator predicts for one configuration."""
+
+    point: SweepPoint
+    blocks_per_stage: tuple[int, ...]
+    step_time_s: float
+    pipeline_s: float
+    allreduce_s: float
+    update_s: float
+    samples_per_s: float
+    tokens_per_s: float | None = None
+    bubble: float
+    bubble_theoretical: float
+    peak_in_flight: tuple[int, ...]  # per stage
+    memory_bytes: tuple[float, ...]  # per rank (every stage it holds)
+    memory_limit_bytes: float | None = None
+    fits: bool | None = None  # None when no limit is known
+    timeline: tuple[TimelineAction, ...] = ()
+
+    @property
+    def max_memory_bytes(self) -> float:
+        return max(self.memory_bytes) if self.memory_bytes else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSkipped(Record):
+    """A configuration the planner did not predict, and why."""
+
+    point: SweepPoint
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanReport(Record):
+    """Ranked predictions for configurations beyond this machine, and the one recommended."""
+
+    workload: str
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    device: DeviceInfo | None = None
+    model: CostModel
+    num_blocks: int
+    link_bandwidth_bytes_per_s: float | None = None
+    link_latency_s: float | None = None
+    predictions: tuple[Prediction, ...] = ()  # best first: fitting ones by throughput, then the rest
+    skipped: tuple[PlanSkipped, ...] = ()
+    recommended: int | None = None  # index into predictions
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> Prediction | None:
+        return self.predictions[self.recommended] if self.recommended is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationRow(Record):
+    """Predicted against measured for one point that really ran."""
+
+    point: SweepPoint
+    measured_step_s: float
+    predicted_step_s: float
+    step_error: float  # (predicted - measured) / measured
+    measured_bubble: float | None
+    predicted_bubble: float
+    bubble_error: float | None  # predicted - measured, in fractions of the step (not relative)
+    measured_samples_per_s: float | None = None
+    predicted_samples_per_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Validation(Record):
+    """How well the calibrated simulator reproduces the points the sweep measured."""
+
+    method: str  # in-sample | leave-one-out
+    rows: tuple[ValidationRow, ...] = ()
+    median_step_error: float | None = None  # of |relative error|
+    worst_step_error: float | None = None
+    median_bubble_error: float | None = None  # of |predicted - measured|
+    worst_bubble_error: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuickRound(Record):
+    """One round of the quick strategy: which points it ran and the best it knew afterwards."""
+
+    ran: tuple[SweepPoint, ...]
+    best_samples_per_s: float | None
+    best_predicted_unrun_samples_per_s: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuickResult(Record):
+    """What the quick strategy ran (in order), how much of the grid that was, and why it stopped."""
+
+    results: tuple[TrialResult, ...]
+    num_grid_points: int
+    fraction_run: float
+    best: int | None  # index into results
+    rounds: tuple[QuickRound, ...] = ()
+    stopped_because: str = ""

@@ -1,0 +1,145 @@
+"""A run's hold on one profile: an exclusive lock, an append-only journal of finished trials, and the
+final atomic save. Killing mbtune loses at most the trial that was running; `--resume` replays the
+journal instead of re-running what finished.
+
+Journal: <profile>.journal.jsonl beside the profile. Line 1 is a header naming the run's kind and
+configuration; each further line is one finished trial ({"kind": ..., "record": ...}), fsynced as it is
+written. A truncated last line (the process died mid-write) is ignored.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mbtune.errors import ConfigError, MbtuneError, ProfileError
+from mbtune.profiles import profile_path, save_results
+from mbtune.records import DeviceInfo, ProbeResult, SweepReport
+
+JOURNAL_VERSION = 1
+
+
+class RunLockedError(MbtuneError):
+    """Another mbtune run holds the profile this run would write."""
+
+    hint = "Wait for it to finish, or write elsewhere with --profiles-dir."
+
+
+class RunStore:
+    """Context manager over one profile path for the length of a run."""
+
+    def __init__(self, root: Path | str, device: DeviceInfo, workload: str, *, kind: str,
+                 config: dict[str, Any], resume: bool) -> None:
+        self.path = profile_path(Path(root), device, workload)
+        self.journal_path = self.path.with_name(f"{self.path.stem}.journal.jsonl")
+        self._device, self._workload, self._kind, self._config = device, workload, kind, config
+        self._resume = resume
+        self._lock: int | None = None
+        self._journal: Any = None
+        self._replay: dict[str, list[dict[str, Any]]] = {}
+        self.notes: list[str] = []
+
+    def __enter__(self) -> RunStore:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = os.open(self.path.with_name(f"{self.path.stem}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ProfileError(f"cannot write under {self.path.parent}: {exc.strerror or exc}",
+                               hint="Choose a writable folder with --profiles-dir.") from exc
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            self._lock = None
+            raise RunLockedError(f"another mbtune run is writing {self.path}") from None
+        if self._resume:
+            self._load_journal()
+        elif self.journal_path.exists():
+            kept = self.journal_path.with_name(f"{self.journal_path.name}.{_stamp()}.bak")
+            self.journal_path.rename(kept)
+            self.notes.append(f"an unfinished run's journal was kept as {kept} (use --resume to continue a run)")
+        self._open_journal()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._journal is not None:
+            self._journal.close()
+        if self._lock is not None:
+            os.close(self._lock)  # releases the lock
+
+    def replayed(self, kind: str) -> list[dict[str, Any]]:
+        """The journaled records of one kind, in the order they finished."""
+        return list(self._replay.get(kind, []))
+
+    def record(self, kind: str, record: dict[str, Any]) -> None:
+        """Append one finished trial and force it to disk."""
+        self._journal.write(json.dumps({"kind": kind, "record": record}) + "\n")
+        self._journal.flush()
+        os.fsync(self._journal.fileno())
+
+    def save(self, *, command_line: str, probe: ProbeResult | None = None,
+             sweep: SweepReport | None = None) -> Path:
+        """Write the profile atomically (under this run's lock)."""
+        return save_results(self.path.parents[1], self._device, self._workload, command_line,
+                            probe=probe, sweep=sweep)
+
+    def finish(self) -> None:
+        """The run completed and its profile is saved: the journal has done its job."""
+        self._journal.close()
+        self._journal = None
+        self.journal_path.unlink(missing_ok=True)
+
+    def _open_journal(self) -> None:
+        header = {"journal": JOURNAL_VERSION, "kind": self._kind, "config": self._config,
+                  "device": self._device.to_dict(), "started_at": _stamp()}
+        entries = [{"kind": k, "record": r} for k, records in self._replay.items() for r in records]
+        # Rewrite rather than append, so a truncated last line from a killed run does not stay behind.
+        tmp = self.journal_path.with_name(f".{self.journal_path.name}.tmp")
+        with open(tmp, "w") as handle:
+            for line in [header, *entries]:
+                handle.write(json.dumps(line) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.journal_path)
+        self._journal = open(self.journal_path, "a")
+
+    def _load_journal(self) -> None:
+        if not self.journal_path.exists():
+            raise ConfigError(f"nothing to resume: no journal at {self.journal_path}",
+                              hint="Run without --resume to start afresh.")
+        lines = self.journal_path.read_text().splitlines()
+        header = _parse(lines[0]) if lines else None
+        if not header or header.get("journal") != JOURNAL_VERSION:
+            raise ProfileError(f"journal {self.journal_path} is not readable", hint="Run without --resume.")
+        differences = _differences(header.get("config", {}), self._config)
+        if header.get("kind") != self._kind or differences:
+            what = ", ".join(differences) or f"it was a {header.get('kind')} run"
+            raise ConfigError(f"the journal at {self.journal_path} is from a different run ({what})",
+                              hint="Resume with the same command and options, or run without --resume.")
+        for line in lines[1:]:
+            entry = _parse(line)
+            if entry is not None:
+                self._replay.setdefault(entry["kind"], []).append(entry["record"])
+        self.notes.append(f"resumed from {self.journal_path}: "
+                          + ", ".join(f"{len(v)} {k} record(s)" for k, v in self._replay.items()))
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        return None  # the last line of a run killed mid-write
+    return value if isinstance(value, dict) else None
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    keys = sorted(set(saved) | set(current))
+    return [f"{k}: {saved.get(k)!r} then, {current.get(k)!r} now" for k in keys if saved.get(k) != current.get(k)]
+
+
+def _stamp() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
