@@ -138,6 +138,7 @@ def tune(
     memory_budget: Budget = None,
     margin: Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")] = 0.15,
     granularity: Annotated[int, typer.Option(help="Probe batch sizes are multiples of this.")] = 1,
+    max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Stop the probe growing at this batch size.")] = None,
     stages: Stages = 2,
     schedules: Schedules = None,
     micro_batches: MicroBatches = None,
@@ -156,7 +157,7 @@ def tune(
 
     fmt = _check_format(format)
     probe_config = _probe_config(workload=workload, option=option, device=device, memory_budget=memory_budget,
-                                 margin=margin, granularity=granularity, optimizer=optimizer,
+                                 margin=margin, granularity=granularity, max_batch=max_batch, optimizer=optimizer,
                                  trial_timeout_s=point_timeout)
     sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
                                  schedules=schedules, micro_batches=micro_batches, accum=accum, objective=objective,
@@ -236,6 +237,65 @@ def show(
 
     fmt = _check_format(format)
     print_profile(make_console(), load_profile(profile), fmt, path=str(profile))
+
+
+@app.command()
+def qualify(
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", help="Profile to re-run and compare against (profiles/<device>/<workload>.json).")] = None,
+    spec: Annotated[Optional[Path], typer.Option("--spec", help="Qualification spec (TOML): workload, device, budget, sweep lists, thresholds.")] = None,
+    tolerance: Annotated[Optional[str], typer.Option("--tolerance", help="Allowed shortfall against the baseline, e.g. 10% (default 10%, or the spec's).")] = None,
+    allow_different_device: Annotated[bool, typer.Option("--allow-different-device", help="Compare against a baseline measured on another device model.")] = False,
+    junit: Annotated[Optional[Path], typer.Option("--junit", help="Write a JUnit XML file: one testcase per check.")] = None,
+    profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = Path("profiles/qualify-runs"),
+    save: Save = True,
+    format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
+) -> None:
+    """Re-run a baseline's probe and sweep here and give a verdict: exit 0 pass, 1 a check failed, 3 could not run."""
+    from mbtune.config import QualifySpec, parse_fraction
+    from mbtune.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, ConfigError
+    from mbtune.profiles import command_line
+    from mbtune.records import CHECK_ERROR, FAIL
+    from mbtune.report import make_console
+    from mbtune.report.qualify import print_verdict, write_junit
+    from mbtune.runs import run_qualify
+    from mbtune.specfile import load_spec
+
+    fmt = _check_format(format)
+    if fmt == "csv":
+        raise ConfigError("qualify prints table or json", hint="Use --format table or json (and --junit for CI).")
+    share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
+    path = str(baseline) if baseline else None
+    if spec is not None:
+        plan = load_spec(spec, baseline=path, tolerance=share, allow_different_device=allow_different_device,
+                         command_line=command_line())
+    else:
+        plan = QualifySpec(baseline=path, tolerance=0.10 if share is None else share,
+                           allow_different_device=allow_different_device)
+    verdict = _with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=_target(profiles_dir, save)))
+    if junit is not None:
+        write_junit(verdict, junit)
+    print_verdict(make_console(), verdict, fmt)
+    codes = {FAIL: EXIT_CHECK_FAILED, CHECK_ERROR: EXIT_COULD_NOT_RUN}
+    raise typer.Exit(codes.get(verdict.status, 0))
+
+
+@app.command()
+def compare(
+    a: Annotated[Path, typer.Argument(help="First profile (A).")],
+    b: Annotated[Path, typer.Argument(help="Second profile (B); ratios are B / A.")],
+    allow_different_device: Annotated[bool, typer.Option("--allow-different-device", help="Compare profiles measured on different device models.")] = False,
+    format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
+) -> None:
+    """Print two saved profiles side by side with ratios."""
+    from mbtune.profiles import load_profile
+    from mbtune.qualify import check_same_device, compare_profiles, device_model
+    from mbtune.report import make_console
+    from mbtune.report.qualify import print_comparison
+
+    fmt = _check_format(format)
+    first, second = load_profile(a), load_profile(b)
+    check_same_device(device_model(first), device_model(second), allow=allow_different_device, what="the profiles")
+    print_comparison(make_console(), compare_profiles(first, second), str(a), str(b), fmt)
 
 
 def _check_format(fmt: str) -> str:

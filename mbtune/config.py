@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from mbtune.errors import ConfigError
+from mbtune.records import SweepPoint
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -194,6 +195,7 @@ class SweepConfig:
     objective: str = "throughput"
     seed: int = 0
     profiles_dir: str | None = None  # where to look for this device's probe when safe_batch is not given
+    points: tuple[SweepPoint, ...] | None = None  # run exactly these (qualification re-runs a baseline's)
     command_line: str = ""
 
     def __post_init__(self) -> None:
@@ -225,3 +227,37 @@ class SweepConfig:
     def micro_batch_counts(self) -> tuple[int, ...]:
         p = self.num_stages
         return self.micro_batches or tuple(sorted({p, 2 * p, 4 * p}))
+
+
+THRESHOLD_KEYS = ("min_ceiling", "min_safe_batch", "min_best_samples_per_s", "max_best_bubble")
+
+
+def parse_fraction(text: str | float, *, name: str) -> float:
+    """'10%' or '0.1' -> 0.1."""
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} {text!r} is not a fraction", hint=f"Write it like {name} 10% or 0.1.") from None
+    _require(0 <= value < 1, name.lstrip("-").replace("-", "_"), text, "0% to 99%")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class QualifySpec:
+    """What `mbtune qualify` runs and the bounds it holds the results to (from flags and/or a TOML file)."""
+
+    baseline: str | None = None
+    probe: ProbeConfig | None = None  # None: take it from the baseline
+    sweep: SweepConfig | None = None  # None: re-run the baseline's points
+    tolerance: float = 0.10
+    thresholds: tuple[tuple[str, float], ...] = ()
+    allow_different_device: bool = False
+
+    def __post_init__(self) -> None:
+        if self.baseline is None and self.probe is None:
+            raise ConfigError("nothing to qualify against: no baseline and no workload in the spec",
+                              hint="Pass --baseline profiles/<device>/<workload>.json or --spec qualify.toml.")
+        _require(0 <= self.tolerance < 1, "tolerance", self.tolerance, "0% to 99%")
+        unknown = [k for k, _ in self.thresholds if k not in THRESHOLD_KEYS]
+        _require(not unknown, "thresholds", ",".join(unknown), " | ".join(THRESHOLD_KEYS))

@@ -89,6 +89,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         safe_batch_verified=found.safe_batch_verified, memory_budget_bytes=budget,
         memory_model=found.memory_model, precision=config.precision, optimizer=config.optimizer,
         num_parameters=workload.num_parameters(), flops_per_sample=workload.flops_per_sample,
+        max_batch=config.max_batch, confirm=config.confirm, steps=config.steps,
         warnings=tuple(warnings) + found.warnings,
     )
 
@@ -170,7 +171,8 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
         workload=config.workload, workload_options=dict(config.workload_options), device=info,
         objective=config.objective, results=tuple(results), skipped=grid.skipped, ranking=ranking, pareto=pareto,
         ceiling=config.ceiling, safe_batch=config.safe_batch,
-        ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes, interrupted=interrupted,
+        ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes, warmup_steps=config.warmup_steps,
+        measured_steps=config.measured_steps, interrupted=interrupted,
         warnings=tuple(warnings),
     )
 

@@ -148,6 +148,9 @@ class ProbeResult(Record):
     optimizer: str = "adamw"
     num_parameters: int | None = None
     flops_per_sample: float | None = None  # training FLOPs (forward + backward) per sample
+    max_batch: int | None = None  # the search settings, so qualification can repeat them
+    confirm: int = 2
+    steps: int = 2
     warnings: tuple[str, ...] = ()
 
     @property
@@ -271,6 +274,8 @@ class SweepReport(Record):
     ceiling: int | None = None  # from the probe, when one ran
     safe_batch: int | None = None
     ceiling_peak_memory_bytes: int | None = None  # the probe's peak at its ceiling, same measure as stage peaks
+    warmup_steps: int = 1
+    measured_steps: int = 3
     interrupted: bool = False
     warnings: tuple[str, ...] = ()
 
@@ -303,3 +308,50 @@ class Profile(Record):
     metadata: Metadata
     probe: ProbeResult | None = None
     sweep: SweepReport | None = None
+
+
+PASS, FAIL = "PASS", "FAIL"  # a check's status; ERROR (upper case) when it could not be measured
+CHECK_ERROR = "ERROR"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check(Record):
+    """One qualification check: PASS, FAIL (a threshold missed) or ERROR (it could not be measured)."""
+
+    name: str
+    status: str
+    measured: float | None = None
+    expected: float | None = None  # the bound the measurement had to meet
+    rule: str = ""  # e.g. ">= 90% of baseline 389" or ">= minimum 100"
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict(Record):
+    """The outcome of `mbtune qualify`: every check, and what was measured."""
+
+    checks: tuple[Check, ...]
+    device: DeviceInfo | None = None
+    baseline: str | None = None  # path of the baseline profile
+    baseline_device: str | None = None
+    tolerance: float = 0.10
+    probe: ProbeResult | None = None
+    sweep: SweepReport | None = None
+
+    @property
+    def status(self) -> str:
+        statuses = {c.status for c in self.checks}
+        return CHECK_ERROR if CHECK_ERROR in statuses else FAIL if FAIL in statuses else PASS
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComparisonRow(Record):
+    """One quantity of two profiles side by side; ratio = b / a."""
+
+    quantity: str
+    a: float | None
+    b: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.b / self.a if self.a and self.b is not None else None

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mbtune.config import ProbeConfig, SweepConfig
+from mbtune.config import ProbeConfig, QualifySpec, SweepConfig
 from mbtune.jobs import TrialProgress, describe, probe_workload, sweep_workload, tune_workload
-from mbtune.records import ProbeResult, SweepReport
+from mbtune.records import ProbeResult, Profile, SweepReport, Verdict
 
 # Fields that say where and how to write, not what to measure: a resumed run may change them.
 _NOT_MEASUREMENT = {"command_line", "profiles_dir", "extra_warnings", "trial_timeout_s", "point_timeout_s"}
@@ -77,3 +77,64 @@ def _comparable(configs: dict[str, Any]) -> dict[str, Any]:
     plain = {name: {k: v for k, v in dataclasses.asdict(c).items() if k not in _NOT_MEASUREMENT}
              for name, c in configs.items()}
     return json.loads(json.dumps(plain))
+
+
+def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
+                profiles_dir: Path | None) -> Verdict:
+    """Re-run a baseline's (or a spec's) probe and sweep here and judge them: PASS, FAIL or ERROR per check.
+
+    Bad input (an unreadable baseline, another device model) raises; a run that cannot complete (no
+    device, a crash, a trial killed) becomes an ERROR check, so CI gets a verdict either way."""
+    from mbtune import qualify
+    from mbtune.device import resolve_device
+    from mbtune.errors import BudgetTooSmallError, DeviceError, TrialFailedError, WorkloadBrokenError
+    from mbtune.profiles import load_profile
+
+    baseline = load_profile(Path(spec.baseline)) if spec.baseline else None
+    probe_config, sweep_config = _qualify_configs(spec, baseline)
+    probe = sweep = info = None
+    probe_error = None
+    try:
+        info = describe(resolve_device(probe_config.device))
+        qualify.check_same_device(qualify.device_model(baseline) if baseline else None,
+                                  f"{info.backend}: {info.name}", allow=spec.allow_different_device,
+                                  what="the baseline and this machine")
+        if sweep_config is None:
+            probe = run_probe(probe_config, progress, profiles_dir=profiles_dir).probe
+        else:
+            outcome = run_tune(probe_config, sweep_config, progress, profiles_dir=profiles_dir)
+            probe, sweep = outcome.probe, outcome.sweep
+    except (DeviceError, TrialFailedError, BudgetTooSmallError, WorkloadBrokenError) as exc:
+        probe_error = exc.one_line()
+    checks = qualify.run_errors(probe_error, sweep)
+    if baseline is not None:
+        checks += qualify.against_baseline(baseline.probe, baseline.sweep, probe, sweep, tolerance=spec.tolerance)
+    checks += qualify.against_thresholds(dict(spec.thresholds), probe, sweep)
+    return Verdict(checks=tuple(checks), device=info, baseline=spec.baseline,
+                   baseline_device=qualify.device_model(baseline) if baseline else None, tolerance=spec.tolerance,
+                   probe=probe, sweep=sweep)
+
+
+def _qualify_configs(spec: QualifySpec, baseline: Profile | None) -> tuple[ProbeConfig, SweepConfig | None]:
+    """The spec's own configs, or the ones that reproduce what the baseline measured."""
+    from mbtune.errors import ProfileError
+
+    if spec.probe is not None:
+        return spec.probe, spec.sweep
+    if baseline is None or baseline.probe is None:
+        raise ProfileError(f"baseline {spec.baseline} holds no probe to re-run",
+                           hint="Qualify against a profile written by mbtune probe or tune.")
+    was = baseline.probe
+    probe = ProbeConfig(workload=was.workload, workload_options=tuple(sorted(was.workload_options.items())),
+                        device=was.device.label if was.device.backend == "cuda" else "cpu",
+                        memory_budget_bytes=was.memory_budget_bytes, margin=was.margin, granularity=was.granularity,
+                        precision=was.precision, optimizer=was.optimizer, max_batch=was.max_batch,
+                        confirm=was.confirm, steps=was.steps, command_line=baseline.metadata.command_line)
+    if baseline.sweep is None:
+        return probe, None
+    points = tuple(r.point for r in baseline.sweep.results if r.ok)
+    sweep = SweepConfig(workload=was.workload, workload_options=probe.workload_options, device=probe.device,
+                        num_stages=max(p.num_stages for p in points) if points else 1, points=points,
+                        objective=baseline.sweep.objective, warmup_steps=baseline.sweep.warmup_steps,
+                        measured_steps=baseline.sweep.measured_steps)
+    return probe, sweep

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mbtune.config import SweepConfig
 from mbtune.pipeline.theory import check_point, stages_per_rank, theoretical_bubble
@@ -34,24 +34,33 @@ def default_micro_batch_size(config: SweepConfig) -> int:
 
 
 def plan_grid(config: SweepConfig, *, num_blocks: int, num_stages: int | None = None) -> Grid:
-    """Every (schedule, micro-batches, accumulation) point, split into runnable and skipped."""
-    p = num_stages or config.num_stages
+    """Every (schedule, micro-batches, accumulation) point, or the config's explicit points, split into
+    runnable and skipped (with the reason)."""
     points, skipped = [], []
+    for point, reason in _candidates(config, num_stages or config.num_stages):
+        reason = reason or check_point(point.schedule, point.virtual_stages * point.num_stages, point.num_stages,
+                                       point.num_microbatches, num_blocks=num_blocks)
+        if reason is None and config.safe_batch is not None and point.micro_batch_size > config.safe_batch:
+            reason = f"micro-batch size {point.micro_batch_size} is above the probed safe batch {config.safe_batch}"
+        if reason:
+            skipped.append(SkippedPoint(point=point, reason=reason))
+        else:
+            points.append(point)
+    return Grid(points=tuple(points), skipped=tuple(skipped))
+
+
+def _candidates(config: SweepConfig, p: int) -> list[tuple[SweepPoint, str | None]]:
+    if config.points is not None:
+        return [(replace(point, num_stages=min(point.num_stages, p)), None) for point in config.points]
+    candidates = []
     for schedule in config.schedules:
         v = stages_per_rank(schedule, config.virtual_stages)
         for m in config.micro_batch_counts:
             for accum in config.accum_steps:
                 mbs, reason = _micro_batch_size(config, m, accum)
-                point = SweepPoint(schedule=schedule, num_stages=p, num_microbatches=m, grad_accum_steps=accum,
-                                   micro_batch_size=mbs, virtual_stages=v)
-                reason = reason or check_point(schedule, v * p, p, m, num_blocks=num_blocks)
-                if reason is None and config.safe_batch is not None and mbs > config.safe_batch:
-                    reason = f"micro-batch size {mbs} is above the probed safe batch {config.safe_batch}"
-                if reason:
-                    skipped.append(SkippedPoint(point=point, reason=reason))
-                else:
-                    points.append(point)
-    return Grid(points=tuple(points), skipped=tuple(skipped))
+                candidates.append((SweepPoint(schedule=schedule, num_stages=p, num_microbatches=m,
+                                              grad_accum_steps=accum, micro_batch_size=mbs, virtual_stages=v), reason))
+    return candidates
 
 
 def _micro_batch_size(config: SweepConfig, m: int, accum: int) -> tuple[int, str | None]:

@@ -1,0 +1,91 @@
+"""`mbtune qualify` and `mbtune compare` end to end on CPU: verdicts, JUnit files and exit codes."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.unit.test_cli import mbtune
+
+pytestmark = pytest.mark.integration
+
+TINY = ["-w", "mlp", "-O", "layers=1", "-O", "width=32", "-d", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("baseline")
+    made = mbtune("tune", *TINY, "--max-batch", "32", "--schedules", "gpipe", "-m", "2", "--accum", "1",
+                  "--steps", "2", "--profiles-dir", str(root))
+    assert made.returncode == 0, made.stderr
+    [path] = root.glob("cpu-*/mlp.json")
+    return path
+
+
+def junit(path):
+    root = ET.parse(path).getroot()
+    return int(root.get("tests")), int(root.get("failures")), int(root.get("errors"))
+
+
+def test_requalifying_the_same_machine_passes(baseline, tmp_path):
+    # Throughput on a shared 2-core machine moves a lot between runs: a wide tolerance keeps this about
+    # the mechanics; the ceiling (stopped at --max-batch) must still match exactly.
+    result = mbtune("qualify", "--baseline", str(baseline), "--tolerance", "90%", "--junit", str(tmp_path / "q.xml"),
+                    "--profiles-dir", str(tmp_path / "runs"), "--format", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["status"] == "PASS"
+    names = [c["name"] for c in verdict["checks"]]
+    assert names == ["probe ran", "ceiling", "safe batch", "best throughput (samples/s)",
+                     "throughput gpipe p=2 m=2 accum=1 mbs=13"]
+    assert junit(tmp_path / "q.xml") == (len(names), 0, 0)
+    assert list((tmp_path / "runs").glob("cpu-*/mlp.json"))  # measured results saved apart from the baseline
+
+    compared = mbtune("compare", str(baseline), str(next((tmp_path / "runs").glob("cpu-*/mlp.json"))))
+    assert compared.returncode == 0 and "B / A" in compared.stdout and "ceiling" in compared.stdout
+
+
+def test_a_missed_threshold_fails_with_exit_1(baseline, tmp_path):
+    spec = tmp_path / "qualify.toml"
+    spec.write_text(f'baseline = "{baseline}"\ntolerance = "90%"\n[thresholds]\nmin_ceiling = 1000\n')
+    result = mbtune("qualify", "--spec", str(spec), "--junit", str(tmp_path / "q.xml"), "--no-save")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL" in result.stdout
+    tests, failures, errors = junit(tmp_path / "q.xml")
+    assert failures == 1 and errors == 0
+
+
+def test_a_baseline_from_another_device_is_refused_unless_allowed(baseline, tmp_path):
+    other = tmp_path / "other.json"
+    data = json.loads(baseline.read_text())
+    data["probe"]["device"]["name"] = "Some Other CPU Model"
+    other.write_text(json.dumps(data))
+    refused = mbtune("qualify", "--baseline", str(other), "--no-save")
+    assert refused.returncode == 2 and "different devices" in refused.stderr
+    assert "--allow-different-device" in refused.stderr
+    allowed = mbtune("qualify", "--baseline", str(other), "--allow-different-device", "--tolerance", "90%",
+                     "--no-save")
+    assert allowed.returncode != 2, allowed.stderr
+
+
+def test_no_device_is_an_error_exit_3_with_junit_error(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    spec = tmp_path / "qualify.toml"
+    spec.write_text('workload = "mlp"\ndevice = "cuda"\n[thresholds]\nmin_ceiling = 1\n')
+    result = mbtune("qualify", "--spec", str(spec), "--junit", str(tmp_path / "q.xml"), "--no-save")
+    assert result.returncode == 3, result.stdout + result.stderr
+    tests, failures, errors = junit(tmp_path / "q.xml")
+    assert (tests, failures, errors) == (2, 0, 2)  # the probe could not run, so the ceiling was not measured
+    assert "no CUDA device is visible" in ET.parse(tmp_path / "q.xml").getroot().find(".//error").get("message")
+
+
+def test_corrupt_baseline_is_bad_input(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    result = mbtune("qualify", "--baseline", str(bad), "--no-save")
+    assert result.returncode == 2 and "not readable JSON" in result.stderr
