@@ -10,11 +10,17 @@ import re
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from mbtune import __version__
 from mbtune.errors import ProfileError
 from mbtune.records import SCHEMA_VERSION, DeviceInfo, Metadata, ProbeResult, Profile, SweepReport
+
+# Schema versions this mbtune reads, and the step that upgrades each older one (none yet: version 1 is
+# the first). A field added with a default needs no step; a renamed or restructured one does.
+OLDEST_READABLE_SCHEMA = 1
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
 
 # Settings that move the memory ceiling; recorded so a profile says what it was measured under.
 ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX",
@@ -108,11 +114,21 @@ def load_profile(path: Path) -> Profile:
     if version > SCHEMA_VERSION:
         raise ProfileError(f"profile {path} has schema version {version}, newer than this mbtune reads "
                            f"({SCHEMA_VERSION})", hint="Upgrade mbtune to read it.")
+    if version < OLDEST_READABLE_SCHEMA:
+        raise ProfileError(f"profile {path} has schema version {version}, older than this mbtune reads "
+                           f"({OLDEST_READABLE_SCHEMA}-{SCHEMA_VERSION})", hint="Re-run the probe to write a new one.")
     try:
-        return Profile.from_dict(data)
+        return Profile.from_dict(migrate(data))
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise ProfileError(f"profile {path} does not match schema version {version}: {exc}",
                            hint="The file is corrupt; re-run the probe to write a new one.") from exc
+
+
+def migrate(data: dict) -> dict:
+    """Bring a profile's dict up to SCHEMA_VERSION one version at a time (MIGRATIONS[v] turns v into v+1)."""
+    while data["schema_version"] < SCHEMA_VERSION:
+        data = MIGRATIONS[data["schema_version"]](dict(data))
+    return data
 
 
 def command_line() -> str:

@@ -51,3 +51,25 @@ def test_unwritable_folder_is_a_clear_error_and_keeps_the_old_file(tmp_path):
     with pytest.raises(ProfileError, match="cannot write profile"):
         save_probe(blocker, sample_probe(), "second")
     assert path.read_text() == before
+
+
+def test_older_schemas_are_migrated_or_refused(tmp_path, monkeypatch):
+    import mbtune.profiles as profiles
+
+    path = save_probe(tmp_path, sample_probe(), "mbtune probe")
+    data = json.loads(path.read_text())
+    # Pretend the current schema is one newer and that it renamed "safe_batch" (a migration step's job).
+    monkeypatch.setattr(profiles, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+
+    def rename(old: dict) -> dict:
+        old["probe"]["safe_batch"] = old["probe"].pop("old_safe_batch")
+        return {**old, "schema_version": old["schema_version"] + 1}
+
+    monkeypatch.setattr(profiles, "MIGRATIONS", {SCHEMA_VERSION: rename})
+    data["probe"]["old_safe_batch"] = data["probe"].pop("safe_batch")
+    path.write_text(json.dumps(data))
+    assert load_profile(path).probe.safe_batch == sample_probe().safe_batch
+
+    monkeypatch.setattr(profiles, "OLDEST_READABLE_SCHEMA", SCHEMA_VERSION + 1)
+    with pytest.raises(ProfileError, match="older than this mbtune reads"):
+        load_profile(path)
