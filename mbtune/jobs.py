@@ -112,10 +112,15 @@ def _device_info(trials: tuple[TrialOutcome, ...], device: str, timeout_s: float
 
 
 def describe(device: str, timeout_s: float = 120.0) -> DeviceInfo:
-    """DeviceInfo read in a fresh process, so this process never initialises a device."""
+    """DeviceInfo of a resolved device. A GPU is read in a fresh process, so this process never
+    initialises CUDA; the CPU is read here (nothing to initialise, and no trial process to wait for)."""
     from mbtune.trial import describe_device
     from mbtune.worker import run_isolated
 
+    if device == "cpu":
+        from mbtune.device.cpu import CpuBackend
+
+        return CpuBackend().info()
     result = run_isolated(describe_device, device, timeout_s=timeout_s)
     if result.status != OK:
         raise TrialFailedError(f"could not read the facts of device {device}: {result.error}")
