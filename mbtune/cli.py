@@ -321,6 +321,8 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv, prog_name="mbtune")
     except MbtuneError as exc:
         if os.environ.get("MBTUNE_DEBUG"):
+            if exc.detail:
+                sys.stderr.write(f"{exc.detail}\n")
             raise
         print_error(exc.one_line())
         sys.exit(exc.exit_code)

@@ -16,10 +16,11 @@ class MbtuneError(Exception):
     exit_code = EXIT_COULD_NOT_RUN
     hint = ""
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, detail: str = "") -> None:
         super().__init__(message)
         if hint is not None:
             self.hint = hint
+        self.detail = detail  # e.g. a trial's full error text; shown with MBTUNE_DEBUG=1
 
     def one_line(self) -> str:
         """The message plus what to do about it, on one line."""

@@ -9,9 +9,9 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from mbtune.config import ProbeConfig, SweepConfig
+from mbtune.config import ProbeConfig, SweepConfig, TrialConfig
 from mbtune.errors import ConfigError, Interrupted, TrialFailedError
-from mbtune.records import OK, DeviceInfo, ProbeResult, SweepPoint, SweepReport, TrialOutcome, TrialResult
+from mbtune.records import ERROR, OK, OOM, DeviceInfo, ProbeResult, SweepPoint, SweepReport, TrialOutcome, TrialResult
 
 if TYPE_CHECKING:
     from mbtune.store import RunStore
@@ -45,7 +45,6 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     from mbtune.device.cpu import available_memory_bytes
     from mbtune.probe import search_ceiling
     from mbtune.workloads import load_workload
-    from mbtune.worker import run_trial
 
     workload = load_workload(config.workload, config.workload_options)  # bad names fail here, before any trial
     device = resolve_device(config.device)
@@ -71,8 +70,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
             if progress:
                 progress.end_trial(outcome.status, REPLAYED)
             return outcome
-        outcome = run_trial(trial_config.trial(batch_size=batch_size, device=device),
-                            timeout_s=config.trial_timeout_s)
+        outcome = _run_classified(trial_config.trial(batch_size=batch_size, device=device), config.trial_timeout_s)
         if store:
             store.record(PROBE_TRIAL, outcome.to_dict())
         if progress:
@@ -92,6 +90,28 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         max_batch=config.max_batch, confirm=config.confirm, steps=config.steps,
         warnings=tuple(warnings) + found.warnings,
     )
+
+
+# When a trial under a memory cap fails with an error that is not a recognised OOM, it is run once more
+# with this much more room: if it then runs (or fails for memory), the first failure was memory too.
+# Under a tight cap the allocation can fail deep inside a library (oneDNN's "could not create a
+# primitive", OpenMP's thread creation) with no allocator message to recognise.
+RECHECK_BUDGET_FACTOR = 2
+
+
+def _run_classified(trial: TrialConfig, timeout_s: float) -> TrialOutcome:
+    """run_trial, with errors under a memory cap re-checked with more room before they count as errors."""
+    from mbtune.worker import run_trial
+
+    outcome = run_trial(trial, timeout_s=timeout_s)
+    if outcome.status != ERROR or trial.memory_budget_bytes is None:
+        return outcome
+    roomier = replace(trial, memory_budget_bytes=trial.memory_budget_bytes * RECHECK_BUDGET_FACTOR + 64 * 2**20)
+    recheck = run_trial(roomier, timeout_s=timeout_s)
+    if recheck.status not in (OK, OOM):
+        return outcome
+    return replace(outcome, status=OOM, error=f"{outcome.error} [out of memory: the same trial "
+                   f"{'ran' if recheck.ok else 'ran out of memory'} with {RECHECK_BUDGET_FACTOR}x the budget]")
 
 
 def _trial_detail(outcome: TrialOutcome) -> str:

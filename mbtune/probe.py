@@ -148,8 +148,10 @@ def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
         state.trials.append(outcome)
         why = f"{(outcome.error or 'no error text').strip().splitlines()[-1]}"
         if outcome.status == ERROR and not state.passes:
-            raise WorkloadBrokenError(f"the workload fails at batch {size} for a reason other than memory: {why}")
-        raise TrialFailedError(f"trial at batch {size} ended as {outcome.status}, not out of memory: {why}")
+            raise WorkloadBrokenError(f"the workload fails at batch {size} for a reason other than memory: {why}",
+                                      detail=outcome.error)
+        raise TrialFailedError(f"trial at batch {size} ended as {outcome.status}, not out of memory: {why}",
+                               detail=outcome.error)
     return outcome
 
 

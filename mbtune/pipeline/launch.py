@@ -164,6 +164,8 @@ def _rank_main(spec: PipelineSpec, rank: int, store_path: str, messages: Any, ha
     """Entry point of a rank process: run, then send (status, rank, payload, traceback) and flush."""
     from mbtune.worker import die_with_parent
 
+    # Ctrl-C reaches the whole terminal process group; the launcher decides what happens to ranks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     try:
         from mbtune.pipeline.runner import run_rank

@@ -1,0 +1,354 @@
+"""Benchmark: fault survival. Injects each fault mbtune must survive N times against the real CLI (fresh
+subprocesses, CPU, small workloads) and counts per fault: injected; survived (the documented exit code and
+outcome, nothing lost, nothing left running); result rows lost (trials reported finished but missing from
+what was saved; must be 0); orphan processes left (carrying the injection's tag after it ended; must be 0).
+
+Run: .venv/bin/python bench/faults.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mbtune.records import SweepPoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["-w", "mlp", "-O", "layers=2", "-O", "width=64", "-d", "cpu"]
+SWEEP = ["sweep", *SMALL, "-p", "2", "--schedules", "gpipe,1f1b", "-m", "2,4,8", "--accum", "1,2",
+         "--micro-batch-size", "4", "--steps", "3"]
+GRID = 12  # points in SWEEP
+TWO_POINTS = ["-d", "cpu", "-p", "2", "--schedules", "gpipe", "-m", "2,4", "--accum", "1", "--micro-batch-size", "2",
+              "--steps", "1", "--format", "json"]
+TRIAL_LINE = re.compile(r"^\s*trial (\d+): (.+?) -> (\w+)", re.MULTILINE)
+ORPHAN_WAIT_S = 15
+
+
+def tagged_processes(tag: str) -> set[int]:
+    """Live (non-zombie) processes whose environment carries MBTUNE_TEST_TAG=tag."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"MBTUNE_TEST_TAG={tag}".encode() in environ and state != "Z":
+            found.add(int(entry))
+    return found
+
+
+def orphans(tag: str) -> set[int]:
+    """Tagged processes still alive after waiting up to ORPHAN_WAIT_S for them to go."""
+    deadline = time.monotonic() + ORPHAN_WAIT_S
+    while (left := tagged_processes(tag)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@dataclass
+class Injection:
+    """One injected fault: a tag in every process it starts, a scratch folder, and what it found."""
+
+    work: Path
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex)
+    problems: list[str] = field(default_factory=list)
+    lost: int = 0
+    left: set[int] = field(default_factory=set)
+
+    @property
+    def profiles(self) -> Path:
+        """The --profiles-dir this injection's runs write to."""
+        return self.work / "profiles"
+
+    def start(self, *args: str) -> subprocess.Popen:
+        """Start mbtune with the tag in its environment."""
+        env = {**os.environ, "COLUMNS": "200", "MBTUNE_TEST_TAG": self.tag}
+        return subprocess.Popen([sys.executable, "-m", "mbtune", *args], cwd=ROOT, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """Run mbtune to the end and collect its output."""
+        process = self.start(*args)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+            stderr += f"\n[bench: killed after {timeout} s]"
+        return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+    def check(self, ok: bool, expected: str, result: subprocess.CompletedProcess | None = None) -> None:
+        """Record a problem unless ok, with the command, exit code and stderr tail that showed it."""
+        if not ok:
+            self.problems.append(expected + (f"\n    {describe(result)}" if result is not None else ""))
+
+    @property
+    def survived(self) -> bool:
+        """The documented outcome, nothing lost and nothing left running."""
+        return not (self.problems or self.lost or self.left)
+
+    def reap(self) -> None:
+        """Add the tagged processes still alive to the orphans."""
+        self.left |= orphans(self.tag)
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    """The command, its exit code and the tail of its stderr."""
+    command = " ".join(str(a) for a in result.args[2:])
+    tail = "\n      ".join(result.stderr.strip().splitlines()[-6:])
+    return f"command: {command}\n    exit code: {result.returncode}\n    stderr tail:\n      {tail}"
+
+
+def finished(stderr: str) -> Counter[str]:
+    """Labels of the trials mbtune reported as ended ("trial k: LABEL -> STATUS"), each k counted once."""
+    by_number = {number: label for number, label, _ in TRIAL_LINE.findall(stderr)}
+    return Counter(by_number.values())
+
+
+def journal_records(profiles: Path, kind: str) -> list[dict]:
+    """The records of one kind in every journal under a profiles folder."""
+    records = []
+    for journal in profiles.glob("*/*.journal.jsonl"):
+        for line in journal.read_text().splitlines()[1:]:
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a last line cut short by a kill
+                continue
+            records += [entry["record"]] if entry.get("kind") == kind else []
+    return records
+
+
+def row_label(kind: str, record: dict) -> str:
+    """The progress label of a saved probe trial or sweep result."""
+    return f"batch {record['batch_size']}" if kind == "probe_trial" else SweepPoint.from_dict(record["point"]).label
+
+
+def saved(profiles: Path, skip: tuple[Path, ...] = ()) -> Counter[str]:
+    """Labels of every trial held by the profiles (except skip) or by a journal beside them."""
+    in_profiles: Counter[str] = Counter()
+    for path in profiles.glob("*/*.json"):
+        if path in skip:
+            continue
+        data = json.loads(path.read_text())
+        in_profiles += Counter(row_label("probe_trial", t) for t in (data.get("probe") or {}).get("trials", []))
+        in_profiles += Counter(row_label("sweep_point", r) for r in (data.get("sweep") or {}).get("results", []))
+    journaled = Counter(row_label(kind, r) for kind in ("probe_trial", "sweep_point")
+                        for r in journal_records(profiles, kind))
+    return in_profiles | journaled
+
+
+def count_lost(injection: Injection, stderr: str, skip: tuple[Path, ...] = ()) -> None:
+    """Add the trials reported finished on stderr but missing from what was saved."""
+    injection.lost += sum((finished(stderr) - saved(injection.profiles, skip)).values())
+
+
+def results_of(injection: Injection, result: subprocess.CompletedProcess) -> list[dict]:
+    """The sweep results in a --format json stdout (none, and a problem, when it does not parse)."""
+    try:
+        return json.loads(result.stdout)["results"]
+    except (json.JSONDecodeError, KeyError):
+        injection.check(False, "expected a JSON report on stdout", result)
+        return []
+
+
+def oom_at_batch_1(inj: Injection) -> None:
+    """Probe under a 1 MiB budget: exit 2, "runs out of memory"."""
+    result = inj.run("probe", *SMALL, "--memory-budget", "1MiB", "--profiles-dir", str(inj.profiles))
+    inj.check(result.returncode == 2 and "runs out of memory" in result.stderr,
+              "expected exit 2 and 'runs out of memory'", result)
+    count_lost(inj, result.stderr)
+
+
+def oom_above_ceiling(inj: Injection) -> None:
+    """Probe where large batches run out of memory: exit 0, at least one trial ended as oom."""
+    result = inj.run("probe", "-w", "mlp", "-O", "layers=2", "-O", "width=256", "-d", "cpu", "--memory-budget",
+                     "200MiB", "--threads", "1", "--granularity", "256", "--profiles-dir", str(inj.profiles))
+    statuses = [status for _, _, status in TRIAL_LINE.findall(result.stderr)]
+    inj.check(result.returncode == 0 and "oom" in statuses, "expected exit 0 with an oom trial", result)
+    count_lost(inj, result.stderr)
+
+
+def oom_killed(inj: Injection) -> None:
+    """A trial SIGKILLed like the kernel's OOM killer does: exit 3, SIGKILL named, no traceback."""
+    result = inj.run("probe", "-w", "tests.fixtures.workloads:oom_killed", "-d", "cpu",
+                     "--profiles-dir", str(inj.profiles))
+    inj.check(result.returncode == 3 and "SIGKILL" in result.stderr and "Traceback" not in result.stderr,
+              "expected exit 3 naming SIGKILL, without a traceback", result)
+    count_lost(inj, result.stderr)
+
+
+def rank_fault(workload: str, first: str) -> Callable[[Injection], None]:
+    """A two-point sweep whose first point hangs or crashes in one rank: that point `first`, then ok, exit 0."""
+    def inject(inj: Injection) -> None:
+        result = inj.run("sweep", "-w", f"tests.fixtures.workloads:{workload}", "-O", f"marker={inj.work / 'marker'}",
+                         *TWO_POINTS, "--point-timeout", "8", "--profiles-dir", str(inj.profiles))
+        statuses = [r["status"] for r in results_of(inj, result)]
+        inj.check(result.returncode == 0 and statuses == [first, "ok"],
+                  f"expected exit 0 and statuses [{first}, ok], got {statuses}", result)
+        count_lost(inj, result.stderr)
+    inject.__doc__ = f"A rank fault ({workload}): the point ends as {first}, the sweep goes on."
+    return inject
+
+
+def start_sweep_until(inj: Injection, marker: str) -> tuple[subprocess.Popen, str]:
+    """Start SWEEP and read its stderr until marker shows; returns the process and what it read.
+
+    Reads the pipe unbuffered, so that communicate() afterwards gets exactly the rest."""
+    process = inj.start(*SWEEP, "--profiles-dir", str(inj.profiles))
+    seen = b""
+    while marker.encode() not in seen:
+        chunk = os.read(process.stderr.fileno(), 4096)
+        if not chunk:
+            break
+        seen += chunk
+    return process, seen.decode(errors="replace")
+
+
+def sigint_mid_sweep(inj: Injection) -> None:
+    """Ctrl-C during a sweep: exit 130; the saved profile holds every finished point, marked interrupted."""
+    process, seen = start_sweep_until(inj, "trial 3:")
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, seen + stderr)
+    saved_profiles = list(inj.profiles.glob("*/mlp.json"))
+    interrupted = bool(saved_profiles) and json.loads(saved_profiles[0].read_text())["sweep"]["interrupted"]
+    inj.check(result.returncode == 130 and interrupted, "expected exit 130 and a profile marked interrupted", result)
+    count_lost(inj, result.stderr)
+
+
+def sigkill_then_resume(inj: Injection) -> None:
+    """kill -9 during a sweep, then --resume: nothing finished is lost or run again, the grid completes."""
+    process, seen = start_sweep_until(inj, "trial 3:")
+    process.kill()
+    _, stderr = process.communicate(timeout=60)
+    inj.reap()
+    journaled = journal_records(inj.profiles, "sweep_point")
+    count_lost(inj, seen + stderr)
+    result = inj.run(*SWEEP, "--profiles-dir", str(inj.profiles), "--resume", "--format", "json")
+    results = results_of(inj, result)
+    replayed = result.stderr.count("replayed from the journal")
+    ran_again = finished(result.stderr).total() - replayed
+    inj.check(result.returncode == 0 and len(results) == GRID and replayed == len(journaled) >= 3
+              and ran_again == GRID - len(journaled),
+              f"expected exit 0, {GRID} results, {len(journaled)} replayed and {GRID - len(journaled)} run; got "
+              f"{len(results)} results, {replayed} replayed, {ran_again} run", result)
+    inj.lost += sum(record not in results for record in journaled)
+
+
+def damaged_profile(damage: str) -> Callable[[Injection], None]:
+    """A saved profile made corrupt or of a newer schema: show exits 2; a new probe exits 0 and leaves it as it was."""
+    def inject(inj: Injection) -> None:
+        probe = ["probe", *SMALL, "--max-batch", "2", "--profiles-dir", str(inj.profiles)]
+        first = inj.run(*probe)
+        profiles = list(inj.profiles.glob("*/mlp.json"))
+        inj.check(first.returncode == 0 and len(profiles) == 1, "expected the first probe to save mlp.json", first)
+        if not profiles:
+            return
+        path, text = profiles[0], profiles[0].read_text()
+        data = json.loads(text)
+        data["schema_version"] += 1
+        path.write_text(text[:100] if damage == "corrupt" else json.dumps(data))
+        damaged = path.read_bytes()
+        shown = inj.run("show", str(path))
+        inj.check(shown.returncode == 2, "expected show to exit 2", shown)
+        again = inj.run(*probe)
+        inj.check(again.returncode == 0 and path.read_bytes() == damaged,
+                  "expected the new probe to exit 0 and leave the damaged profile byte-identical", again)
+        count_lost(inj, again.stderr, skip=(path,))
+    inject.__doc__ = f"A {damage} profile is reported and never overwritten."
+    return inject
+
+
+def nvml_missing(inj: Injection) -> None:
+    """No NVIDIA driver: the sweep completes and every result says NVML is not available."""
+    result = inj.run(*SWEEP, "--profiles-dir", str(inj.profiles), "--format", "json")
+    results = results_of(inj, result)
+    inj.check(result.returncode == 0 and len(results) == GRID and not any(r["nvml"]["available"] for r in results),
+              "expected exit 0 and every result with nvml.available false", result)
+    count_lost(inj, result.stderr)
+
+
+def unwritable_output(inj: Injection) -> None:
+    """--profiles-dir is a regular file: exit 2, "cannot write under", before any trial."""
+    blocker = inj.work / "not-a-folder"
+    blocker.write_text("x")
+    result = inj.run("probe", *SMALL, "--profiles-dir", str(blocker))
+    inj.check(result.returncode == 2 and "cannot write under" in result.stderr and "trial 1" not in result.stderr,
+              "expected exit 2 with 'cannot write under' before any trial", result)
+
+
+FAULTS: list[tuple[str, Callable[[Injection], None]]] = [
+    ("trial OOM at batch 1 (1 MiB budget)", oom_at_batch_1),
+    ("trial OOM above the ceiling", oom_above_ceiling),
+    ("trial SIGKILLed (OOM killer)", oom_killed),
+    ("rank hangs", rank_fault("hang_once", "timeout")),
+    ("rank crashes mid-step", rank_fault("crash_once", "error")),
+    ("SIGINT mid-sweep", sigint_mid_sweep),
+    ("SIGKILL mid-sweep, then --resume", sigkill_then_resume),
+    ("corrupt profile", damaged_profile("corrupt")),
+    ("profile of a newer schema", damaged_profile("newer")),
+    ("NVML missing", nvml_missing),
+    ("unwritable --profiles-dir", unwritable_output),
+]
+
+
+def inject_once(fault: Callable[[Injection], None]) -> Injection:
+    """Run one injection in a fresh scratch folder; an exception in the bench itself is a problem, not a crash."""
+    with tempfile.TemporaryDirectory(prefix="mbtune-faults-") as work:
+        injection = Injection(Path(work))
+        try:
+            fault(injection)
+        except Exception as exc:  # noqa: BLE001 - report it beside the others
+            injection.problems.append(f"the check itself failed: {type(exc).__name__}: {exc}")
+        injection.reap()
+    return injection
+
+
+def print_row(name: str, injections: list[Injection], seconds: float) -> None:
+    """One table row: injected, survived, rows lost, orphans left, wall seconds."""
+    survived = sum(i.survived for i in injections)
+    lost = sum(i.lost for i in injections)
+    left = sum(len(i.left) for i in injections)
+    print(f"{name:<38}{len(injections):>9}{survived:>9}{lost:>11}{left:>9}{seconds:>9.1f}", flush=True)
+
+
+def main() -> int:
+    """Inject every fault --repeats times, print the table and any failures; non-zero if anything went wrong."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="injections of each fault (default 3)")
+    args = parser.parse_args()
+    print(f"fault survival: each fault injected {args.repeats}x into the real mbtune CLI on CPU; "
+          "rows lost and orphans must be 0")
+    print(f"{'fault':<38}{'injected':>9}{'survived':>9}{'rows lost':>11}{'orphans':>9}{'wall s':>9}")
+    everything, failures, started = [], [], time.monotonic()
+    for name, fault in FAULTS:
+        fault_started = time.monotonic()
+        injections = [inject_once(fault) for _ in range(args.repeats)]
+        print_row(name, injections, time.monotonic() - fault_started)
+        everything += injections
+        failures += [(name, i) for i in injections if not i.survived]
+    print_row("total", everything, time.monotonic() - started)
+    for name, injection in failures:
+        print(f"\nNOT SURVIVED: {name} (rows lost {injection.lost}, orphans {sorted(injection.left)})")
+        for problem in injection.problems:
+            print(f"  - {problem}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
