@@ -108,6 +108,7 @@ def sweep(
     warmup: Warmup = 1,
     virtual_stages: VirtualStages = 2,
     optimizer: Optimizer = "adamw",
+    precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast in every stage).")] = "fp32",
     threads: Annotated[Optional[int], typer.Option(help="torch threads per stage process (default: cores / stages on CPU).")] = None,
     point_timeout: PointTimeout = 600.0,
     profiles_dir: ProfilesDir = Path("profiles"),
@@ -123,7 +124,8 @@ def sweep(
         workload=workload, option=option, device=device, stages=stages, schedules=schedules,
         micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
         from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
-        optimizer=optimizer, threads=threads, point_timeout=point_timeout, profiles_dir=profiles_dir,
+        optimizer=optimizer, precision=precision, threads=threads, point_timeout=point_timeout,
+        profiles_dir=profiles_dir,
     )
     outcome = _with_progress("sweep", lambda p: run_sweep(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
@@ -146,6 +148,7 @@ def tune(
     objective: Objective = "throughput",
     steps: SweepSteps = 3,
     optimizer: Optimizer = "adamw",
+    precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast), for the probe and the sweep.")] = "fp32",
     point_timeout: PointTimeout = 600.0,
     profiles_dir: ProfilesDir = Path("profiles"),
     save: Save = True,
@@ -158,10 +161,10 @@ def tune(
     fmt = _check_format(format)
     probe_config = _probe_config(workload=workload, option=option, device=device, memory_budget=memory_budget,
                                  margin=margin, granularity=granularity, max_batch=max_batch, optimizer=optimizer,
-                                 trial_timeout_s=point_timeout)
+                                 precision=precision, trial_timeout_s=point_timeout)
     sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
                                  schedules=schedules, micro_batches=micro_batches, accum=accum, objective=objective,
-                                 steps=steps, optimizer=optimizer, point_timeout=point_timeout)
+                                 steps=steps, optimizer=optimizer, precision=precision, point_timeout=point_timeout)
     outcome = _with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p,
                                                          profiles_dir=_target(profiles_dir, save), resume=resume))
     _finish(fmt, outcome)
@@ -180,7 +183,7 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
                   micro_batches: str | None, accum: str, objective: str, steps: int, optimizer: str,
                   point_timeout: float, micro_batch_size: int | None = None, global_batch: int | None = None,
                   from_profile: Path | None = None, warmup: int = 1, virtual_stages: int = 2,
-                  threads: int | None = None, profiles_dir: Path | None = None) -> object:
+                  threads: int | None = None, profiles_dir: Path | None = None, precision: str = "fp32") -> object:
     from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
     from mbtune.profiles import command_line
 
@@ -194,7 +197,7 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
         schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
         micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
         micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective, measured_steps=steps,
-        warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, threads=threads,
+        warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, precision=precision, threads=threads,
         point_timeout_s=point_timeout, profiles_dir=str(profiles_dir) if profiles_dir else None,
         command_line=command_line(), **limits,
     )

@@ -190,6 +190,7 @@ class SweepConfig:
     warmup_steps: int = 1
     measured_steps: int = 3
     optimizer: str = "adamw"
+    precision: str = "fp32"
     threads: int | None = None
     point_timeout_s: float = 600.0
     objective: str = "throughput"
@@ -219,6 +220,8 @@ class SweepConfig:
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(self.measured_steps >= 1, "steps", self.measured_steps, "an integer >= 1")
         _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
+        _require(self.precision in ("fp32", "bf16"), "precision", self.precision,
+                 "fp32 | bf16 for pipelined steps (fp16 would need one loss scale across all ranks)")
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
         _require(self.point_timeout_s > 0, "point_timeout", self.point_timeout_s, "seconds > 0")
         _require(self.objective in OBJECTIVES, "objective", self.objective, " | ".join(OBJECTIVES))

@@ -169,7 +169,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     num_stages, threads, warnings = _placement(config, device)
     config = _with_saved_limits(config, info, warnings)
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages)
-    peak = peak_flops(info.name, "fp32")
+    peak = peak_flops(info.name, config.precision)
     results: list[TrialResult] = []
     interrupted = False
     if progress:
@@ -258,7 +258,7 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
         num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
         grad_accum_steps=point.grad_accum_steps, warmup_steps=config.warmup_steps,
         measured_steps=config.measured_steps, seed=config.seed, device="cuda" if device.startswith("cuda") else "cpu",
-        optimizer=config.optimizer, threads=threads,
+        optimizer=config.optimizer, precision=config.precision, threads=threads,
     )
     with NvmlSampler() as sampler:
         outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)

@@ -97,6 +97,22 @@ class _StepTimes:
     losses: list[float]
 
 
+class _Autocast(nn.Module):
+    """Runs a stage's blocks under autocast; the parameters stay the blocks' own (fp32 master weights)."""
+
+    def __init__(self, inner: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner, self.device_type, self.dtype = inner, device.type, dtype
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=self.device_type, dtype=self.dtype):
+            return self.inner(*args)
+
+
+def _with_precision(module: nn.Module, precision: str, device: torch.device) -> nn.Module:
+    return _Autocast(module, device, torch.bfloat16) if precision == "bf16" else module
+
+
 class _RankRun:
     """One rank's stages, schedule, optimizer and timers."""
 
@@ -110,15 +126,18 @@ class _RankRun:
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_stages - 1 in self.stage_indices
         self.timer = ActionTimer(synchronize=self._synchronize)
-        stages = [build_stage(m, stage_index=s, num_stages=spec.num_stages, device=device)
+        stages = [build_stage(_with_precision(m, spec.precision, device), stage_index=s,
+                              num_stages=spec.num_stages, device=device)
                   for m, s in zip(self.modules, self.stage_indices)]
         for stage in stages:
             self.timer.instrument(stage)
         self.schedule = build_schedule(spec.schedule, stages, num_microbatches=spec.num_microbatches,
                                        loss_fn=self.timer.wrap_loss(self._scaled_loss))
         self.optimizer = _make_optimizer(spec, [p for m in self.modules for p in m.parameters()])
+        self.output_dtype = ""
 
     def _scaled_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.output_dtype = str(output.dtype).removeprefix("torch.")
         return self.workload.loss(output, target) / (self.spec.num_microbatches * self.spec.grad_accum_steps)
 
     def _synchronize(self) -> None:
@@ -204,6 +223,7 @@ class _RankRun:
             step_times_s=tuple(measured.step_s), pipeline_times_s=tuple(measured.pipeline_s),
             warmup_step_times_s=tuple(warmup.step_s), actions=tuple(self.timer.records),
             losses=tuple(measured.losses), peak_memory_bytes=peak, memory_source=source, grads=grads,
+            output_dtype=self.output_dtype,
         )
 
 

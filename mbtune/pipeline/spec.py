@@ -40,6 +40,7 @@ class PipelineSpec:
     seed: int = 0
     device: str = "cpu"  # "cpu" (gloo) or "cuda" (nccl, rank r on cuda:r)
     optimizer: str = "adamw"
+    precision: str = "fp32"  # fp32 or bf16 (autocast per stage); fp16 needs a pipeline-wide scaler: not here
     learning_rate: float = 1e-4
     threads: int | None = 1  # torch threads per rank process
     balance: str = "parameters"  # split blocks by parameter count, or by block count
@@ -55,6 +56,8 @@ class PipelineSpec:
         _require(self.measured_steps >= 1, "measured_steps", self.measured_steps, "an integer >= 1")
         _require(self.device in ("cpu", "cuda"), "device", self.device, "cpu | cuda")
         _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
+        _require(self.precision in ("fp32", "bf16"), "precision", self.precision,
+                 "fp32 | bf16 (pipelined fp16 would need one loss scale across ranks)")
         _require(self.balance in BALANCES, "balance", self.balance, " | ".join(BALANCES))
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
         _require(math.isfinite(self.pg_timeout_s) and self.pg_timeout_s > 0, "pg_timeout_s", self.pg_timeout_s,
