@@ -25,6 +25,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/probe.py
 	$(BIN)/python bench/sweep.py
+	$(BIN)/python bench/plan.py
+	$(BIN)/python bench/faults.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

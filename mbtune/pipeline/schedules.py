@@ -3,6 +3,10 @@
 Besides the public classes (PipelineStage and the schedules), the action timer reaches into stage methods
 that torch marks as public but that schedules call internally (forward_one_chunk, backward_one_chunk,
 backward_weight_one_chunk). Their signatures are those of torch 2.6-2.14; pyproject pins that range.
+
+`schedule_action_orders` reads a schedule's per-rank action order for the planner's simulator without modules
+or a process group: it builds the schedule over stand-in stages and reads `pipeline_order`, skipping torch's
+private lowering to send/recv actions (`_prepare_schedule_with_comms`) but keeping its validation.
 """
 
 from __future__ import annotations
@@ -166,7 +170,7 @@ def _order_only_class(cls: type) -> type:
     if not hasattr(cls, "_prepare_schedule_with_comms"):
         return cls
 
-    def validate_only(self: Any, actions: dict, format: str = "compute_only") -> None:  # noqa: A002 (torch's name)
+    def validate_only(self: Any, actions: dict, format: str = "compute_only") -> None:
         self._validate_and_set_stage_mapping(actions)
 
     return type(f"OrderOnly{cls.__name__}", (cls,), {"_prepare_schedule_with_comms": validate_only})

@@ -1,7 +1,8 @@
 """Fit the simulator's cost model to measured timelines. Pure: no torch.
 
 What is measured, and how each cost is read from it (every TrialResult keeps the action timeline of its first
-measured optimizer step, each rank's times relative to its own start after the step's barrier):
+measured optimizer step, each rank's times relative to its own start after the step's barrier; its times are
+first scaled by the point's median step over that step, so a first step a neighbour slowed does not skew it):
 
 - Compute. Each action's duration, shared among the stage's blocks in proportion to the blocks' weights
   (forward FLOPs, see BlockFacts), gives per-block samples; per block and kind, the trimmed mean at each
@@ -15,8 +16,10 @@ measured optimizer step, each rank's times relative to its own start after the s
 - Transfer. Ranks leave the step's barrier a few milliseconds apart, so their clocks disagree by an unknown
   offset. The forward gap (stage s ends, stage s+1 starts on the same micro-batch) carries +offset and the
   backward gap (stage s+1's backward ends, stage s's starts) -offset; the smallest of each is a hand-over
-  where the receiver was idle, so their mean cancels the offset (as NTP does) and, less the sender's
-  `send_s`, is the transfer time of that boundary.
+  to an idle receiver, which takes the same time both ways, so half their difference is the offset (as NTP
+  estimates it). With the offset taken out, every hand-over whose receiver was idle when the data left is a
+  sample; their trimmed mean less the sender's `send_s` is the transfer time (a mean, not the minimum: on a
+  busy machine hand-overs have a long tail, and a step pays for it).
 - Update. The measured step minus the end of its last action: optimizer step and barriers, charged per
   parameter of the rank that holds the most.
 - Memory. Each rank's measured peak less its parameter state (weights, gradients, optimizer state) and its
@@ -26,6 +29,7 @@ measured optimizer step, each rank's times relative to its own start after the s
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -116,12 +120,11 @@ def _read(result: TrialResult, facts: BlockFacts, samples: _Samples) -> None:
     split = point_split(point, facts)
     owners = stage_to_rank(point.schedule, point.num_stages, len(split))
     size = point.micro_batch_size
-    spans = _spans(result.timeline)
+    spans = _spans(result.timeline, typical_step_scale(result))
     for span in spans.values():
         _share(span, split, facts, size, samples)
     _rank_gaps(spans, owners, samples)
-    for gaps in _transfer_gaps(spans, owners):
-        samples.transfer_gaps[size].append(gaps)
+    samples.transfer_gaps[size].extend(_transfer_gaps(spans, owners))
     first = [s.start_s for s in spans.values() if s.stage == 0 and s.accum == 0]
     if first:
         samples.start.append(min(first))
@@ -142,19 +145,28 @@ class _Span:
     end_s: float
 
 
-def _spans(timeline: Sequence[TimelineAction]) -> dict[tuple[str, int, int, int], _Span]:
+def typical_step_scale(result: TrialResult) -> float:
+    """Median step over the step the timeline was taken from (the first measured one): a first step that
+    ran slower or faster than usual (a neighbour on a shared machine, a cold cache) is scaled to a typical
+    one, assuming the difference spread evenly over its actions."""
+    if not result.step_times_s or not result.step_time_median_s or result.step_times_s[0] <= 0:
+        return 1.0
+    return result.step_time_median_s / result.step_times_s[0]
+
+
+def _spans(timeline: Sequence[TimelineAction], scale: float = 1.0) -> dict[tuple[str, int, int, int], _Span]:
     spans: dict[tuple[str, int, int, int], _Span] = {}
     losses = []
     for a in timeline:
         if a.kind == LOSS:
             losses.append(a)
             continue
-        spans[(a.kind, a.stage, a.accum, a.microbatch)] = _Span(a.rank, a.stage, a.kind, a.accum, a.microbatch,
-                                                               a.start_s, a.end_s, a.end_s)
+        spans[(a.kind, a.stage, a.accum, a.microbatch)] = _Span(
+            a.rank, a.stage, a.kind, a.accum, a.microbatch, a.start_s * scale, a.end_s * scale, a.end_s * scale)
     for a in losses:
         owner = spans.get((FORWARD, a.stage, a.accum, a.microbatch))
         if owner is not None:
-            owner.end_s = max(owner.end_s, a.end_s)
+            owner.end_s = max(owner.end_s, a.end_s * scale)
     return spans
 
 
@@ -193,7 +205,7 @@ def _rank_gaps(spans: dict, owners: Sequence[int], samples: _Samples) -> None:
         by_rank[span.rank].append(span)
     for rank_spans in by_rank.values():
         rank_spans.sort(key=lambda s: s.start_s)
-        for before, after in zip(rank_spans, rank_spans[1:]):
+        for before, after in itertools.pairwise(rank_spans):
             if before.accum != after.accum or _needs_remote(after, owners):
                 continue
             gap = max(0.0, after.start_s - before.end_s)
@@ -201,23 +213,52 @@ def _rank_gaps(spans: dict, owners: Sequence[int], samples: _Samples) -> None:
 
 
 def _transfer_gaps(spans: dict, owners: Sequence[int]) -> list[float]:
-    """Per stage boundary between two ranks: (smallest forward gap + smallest backward gap) / 2."""
+    """Hand-over gaps where the receiver was idle, with the two ranks' clock offset taken out.
+
+    Per stage boundary between two ranks, the offset is half the difference between the smallest backward
+    and the smallest forward gap (a hand-over to an idle receiver takes the same time both ways)."""
+    previous = _previous_on_rank(spans)
     found = []
     for s in range(len(owners) - 1):
         if owners[s] == owners[s + 1]:
             continue
-        forward, backward = [], []
-        for (kind, stage, accum, mb), span in spans.items():
-            if kind == FORWARD and stage == s + 1 and (FORWARD, s, accum, mb) in spans:
-                forward.append(span.start_s - spans[(FORWARD, s, accum, mb)].end_s)
-            if kind in (BACKWARD, BACKWARD_INPUT) and stage == s:
-                sender = spans.get((kind, s + 1, accum, mb)) or spans.get((BACKWARD, s + 1, accum, mb)) \
-                    or spans.get((BACKWARD_INPUT, s + 1, accum, mb))
-                if sender is not None:
-                    backward.append(span.start_s - sender.compute_end_s)
-        if forward and backward:
-            found.append((min(forward) + min(backward)) / 2)
+        forward = [(span, spans[(FORWARD, s, span.accum, span.microbatch)]) for span in spans.values()
+                   if span.kind == FORWARD and span.stage == s + 1 and (FORWARD, s, span.accum, span.microbatch) in spans]
+        backward = [(span, sender) for span in spans.values() if span.kind in (BACKWARD, BACKWARD_INPUT)
+                    and span.stage == s and (sender := _gradient_sender(spans, span)) is not None]
+        if not forward or not backward:
+            continue
+        forward_gaps = [r.start_s - snd.end_s for r, snd in forward]
+        backward_gaps = [r.start_s - snd.compute_end_s for r, snd in backward]
+        offset = (min(backward_gaps) - min(forward_gaps)) / 2  # receiver's clock origin minus sender's
+        for (receiver, sender), gap in zip(forward, forward_gaps):
+            before = previous.get(id(receiver))
+            if before is None or before.end_s + offset <= sender.end_s:
+                found.append(gap + offset)
+        for (receiver, sender), gap in zip(backward, backward_gaps):
+            before = previous.get(id(receiver))
+            if before is None or before.end_s - offset <= sender.compute_end_s:
+                found.append(gap - offset)
     return found
+
+
+def _gradient_sender(spans: dict, receiver: _Span) -> _Span | None:
+    for kind in (BACKWARD, BACKWARD_INPUT):
+        sender = spans.get((kind, receiver.stage + 1, receiver.accum, receiver.microbatch))
+        if sender is not None:
+            return sender
+    return None
+
+
+def _previous_on_rank(spans: dict) -> dict[int, _Span]:
+    by_rank: dict[int, list[_Span]] = defaultdict(list)
+    for span in spans.values():
+        by_rank[span.rank].append(span)
+    previous = {}
+    for rank_spans in by_rank.values():
+        rank_spans.sort(key=lambda s: s.start_s)
+        previous.update({id(after): before for before, after in itertools.pairwise(rank_spans)})
+    return previous
 
 
 def _rank_parameters(split: Sequence[Sequence[int]], owners: Sequence[int], facts: BlockFacts) -> list[int]:
@@ -229,7 +270,7 @@ def _rank_parameters(split: Sequence[Sequence[int]], owners: Sequence[int], fact
 
 def _update(result: TrialResult, spans: dict, split: Sequence[Sequence[int]], owners: Sequence[int],
             facts: BlockFacts, samples: _Samples) -> None:
-    step_s = result.step_times_s[0] if result.step_times_s else result.step_time_median_s
+    step_s = result.step_time_median_s  # the spans are scaled to a typical step
     last_end = max(s.end_s for s in spans.values())
     most = max(_rank_parameters(split, owners, facts))
     if step_s and most > 0:

@@ -15,7 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from mbtune.pipeline.split import split_blocks
-from mbtune.pipeline.theory import check_point, stage_to_rank, stages_per_rank, theoretical_bubble
+from mbtune.pipeline.theory import (
+    check_point,
+    stage_to_rank,
+    stages_per_rank,
+    theoretical_bubble,
+)
 from mbtune.plan.calibrate import point_orders
 from mbtune.plan.orders import RankOrders
 from mbtune.plan.records import (
@@ -28,6 +33,7 @@ from mbtune.plan.records import (
     Prediction,
     Simulation,
     StageCost,
+    Validation,
 )
 from mbtune.plan.simulate import Overheads, simulate
 from mbtune.records import SweepPoint
@@ -146,7 +152,10 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
     allreduce = _allreduce_s(max(params), point.data_parallel_size, link)
     update = model.update_fixed_s + model.update_per_parameter_s * max(params)
     step = sim.pipeline_s + allreduce + update
-    memory = _memory_per_rank(model, split, owners, params, sim.peak_in_flight, point.micro_batch_size)
+    per_stage = stage_memory_bytes(model, split, sim.peak_in_flight, point.micro_batch_size)
+    memory = [model.base_bytes] * point.num_stages
+    for stage, stage_bytes in enumerate(per_stage):
+        memory[owners[stage]] += stage_bytes
     rate = point.global_batch / step if step > 0 else 0.0
     return Prediction(
         point=point, blocks_per_stage=tuple(len(b) for b in split), step_time_s=step, pipeline_s=sim.pipeline_s,
@@ -155,7 +164,8 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
         bubble_theoretical=theoretical_bubble(point.schedule, num_ranks=point.num_stages,
                                               num_microbatches=point.num_microbatches,
                                               virtual_stages=point.virtual_stages),
-        peak_in_flight=sim.peak_in_flight, memory_bytes=memory, memory_limit_bytes=memory_limit_bytes,
+        peak_in_flight=sim.peak_in_flight, stage_memory_bytes=per_stage, memory_bytes=tuple(memory),
+        memory_limit_bytes=memory_limit_bytes,
         fits=None if memory_limit_bytes is None else max(memory) <= memory_limit_bytes, timeline=sim.timeline,
     )
 
@@ -169,14 +179,15 @@ def _allreduce_s(parameters: int, replicas: int, link: Link | None) -> float:
     return bandwidth + 2 * (replicas - 1) * (link.latency_s or 0.0)
 
 
-def _memory_per_rank(model: CostModel, split: Sequence[Sequence[int]], owners: Sequence[int], params: Sequence[int],
-                     held: Sequence[int], micro_batch_size: int) -> tuple[float, ...]:
-    memory = [model.base_bytes + model.state_bytes_per_parameter * p for p in params]
+def stage_memory_bytes(model: CostModel, split: Sequence[Sequence[int]], held: Sequence[int],
+                       micro_batch_size: int) -> tuple[float, ...]:
+    """Per stage: its parameter state (weights, gradients, optimizer state) and its peak in-flight activations
+    (micro-batches held x micro-batch size x saved bytes per sample of its blocks)."""
     saved = model.facts.saved_bytes_per_sample
-    for stage, blocks in enumerate(split):
-        if saved:
-            memory[owners[stage]] += held[stage] * micro_batch_size * sum(saved[b] for b in blocks)
-    return tuple(memory)
+    return tuple(
+        model.state_bytes_per_parameter * sum(model.facts.parameters[b] for b in blocks)
+        + (held[stage] * micro_batch_size * sum(saved[b] for b in blocks) if saved else 0.0)
+        for stage, blocks in enumerate(split))
 
 
 def grid_points(grid: PlanGrid, num_blocks: int) -> tuple[list[SweepPoint], list[PlanSkipped]]:
@@ -208,7 +219,8 @@ def _micro_batch_size(grid: PlanGrid, m: int) -> tuple[int, str | None]:
 
 
 def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_limit_bytes: float | None = None,
-         tokens_per_sample: int | None = None, orders_of: Callable[[SweepPoint], RankOrders] = point_orders,
+         memory_limit_source: str = "", tokens_per_sample: int | None = None,
+         orders_of: Callable[[SweepPoint], RankOrders] = point_orders, validation: Validation | None = None,
          warnings: Sequence[str] = ()) -> PlanReport:
     """Predict every point of the grid, rank them (fitting ones by throughput first, then those whose memory
     is unknown, then those that do not fit) and recommend the best that fits."""
@@ -231,6 +243,7 @@ def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_l
         notes.append("no probed ceiling: memory per rank is predicted but not checked")
     return PlanReport(workload=model.workload, workload_options=dict(model.workload_options), model=model,
                       num_blocks=model.facts.num_blocks, predictions=tuple(ranked), skipped=tuple(skipped),
-                      recommended=recommended, warnings=tuple(notes),
+                      recommended=recommended, validation=validation, warnings=tuple(notes),
+                      memory_limit_bytes=memory_limit_bytes, memory_limit_source=memory_limit_source,
                       link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s if link else None,
                       link_latency_s=link.latency_s if link else None)

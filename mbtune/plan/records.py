@@ -11,6 +11,8 @@ from mbtune.records import DeviceInfo, Record, SweepPoint, TimelineAction, Trial
 FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS = (
     "forward", "backward", "backward_input", "backward_weight", "loss")
 COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+_COST_FIELD = {FORWARD: "forward_s", BACKWARD: "backward_s", BACKWARD_INPUT: "backward_input_s",
+               BACKWARD_WEIGHT: "backward_weight_s"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,9 +36,11 @@ class LinearCost(Record):
         return max(0.0, self.fixed_s + self.per_sample_s * micro_batch_size)
 
     def scaled(self, factor: float) -> LinearCost:
+        """Both terms times `factor`."""
         return LinearCost(fixed_s=self.fixed_s * factor, per_sample_s=self.per_sample_s * factor)
 
     def plus(self, other: LinearCost) -> LinearCost:
+        """The cost of doing both."""
         return LinearCost(fixed_s=self.fixed_s + other.fixed_s, per_sample_s=self.per_sample_s + other.per_sample_s)
 
 
@@ -84,8 +88,8 @@ class StageCost(Record):
     loss_s: float = 0.0  # only on the last stage: added to its forward
 
     def of(self, kind: str) -> float:
-        return {FORWARD: self.forward_s, BACKWARD: self.backward_s, BACKWARD_INPUT: self.backward_input_s,
-                BACKWARD_WEIGHT: self.backward_weight_s}[kind]
+        """Seconds of one action kind (forward | backward | backward_input | backward_weight)."""
+        return getattr(self, _COST_FIELD[kind])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,43 +149,16 @@ class Prediction(Record):
     bubble: float
     bubble_theoretical: float
     peak_in_flight: tuple[int, ...]  # per stage
-    memory_bytes: tuple[float, ...]  # per rank (every stage it holds)
+    stage_memory_bytes: tuple[float, ...] = ()  # per stage: parameter state + peak in-flight activations
+    memory_bytes: tuple[float, ...]  # per rank: the runtime's base + every stage it holds
     memory_limit_bytes: float | None = None
     fits: bool | None = None  # None when no limit is known
     timeline: tuple[TimelineAction, ...] = ()
 
     @property
     def max_memory_bytes(self) -> float:
+        """The busiest rank's predicted memory."""
         return max(self.memory_bytes) if self.memory_bytes else 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanSkipped(Record):
-    """A configuration the planner did not predict, and why."""
-
-    point: SweepPoint
-    reason: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanReport(Record):
-    """Ranked predictions for configurations beyond this machine, and the one recommended."""
-
-    workload: str
-    workload_options: dict[str, Any] = field(default_factory=dict)
-    device: DeviceInfo | None = None
-    model: CostModel
-    num_blocks: int
-    link_bandwidth_bytes_per_s: float | None = None
-    link_latency_s: float | None = None
-    predictions: tuple[Prediction, ...] = ()  # best first: fitting ones by throughput, then the rest
-    skipped: tuple[PlanSkipped, ...] = ()
-    recommended: int | None = None  # index into predictions
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def best(self) -> Prediction | None:
-        return self.predictions[self.recommended] if self.recommended is not None else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +189,39 @@ class Validation(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PlanSkipped(Record):
+    """A configuration the planner did not predict, and why."""
+
+    point: SweepPoint
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanReport(Record):
+    """Ranked predictions for configurations beyond this machine, and the one recommended."""
+
+    workload: str
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    device: DeviceInfo | None = None
+    model: CostModel
+    num_blocks: int
+    link_bandwidth_bytes_per_s: float | None = None
+    link_latency_s: float | None = None
+    memory_limit_bytes: float | None = None
+    memory_limit_source: str = ""  # what the limit is (the probe's peak at its ceiling, ...)
+    predictions: tuple[Prediction, ...] = ()  # best first: fitting ones by throughput, then the rest
+    skipped: tuple[PlanSkipped, ...] = ()
+    recommended: int | None = None  # index into predictions
+    validation: Validation | None = None  # the simulator against the points the profile's sweep ran
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> Prediction | None:
+        """The recommended prediction, if any fits."""
+        return self.predictions[self.recommended] if self.recommended is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class QuickRound(Record):
     """One round of the quick strategy: which points it ran and the best it knew afterwards."""
 
@@ -230,3 +240,5 @@ class QuickResult(Record):
     best: int | None  # index into results
     rounds: tuple[QuickRound, ...] = ()
     stopped_because: str = ""
+    unrun: tuple[SweepPoint, ...] = ()  # the grid points it left out
+    unrun_predicted_samples_per_s: tuple[float | None, ...] = ()  # what the final model predicts for them

@@ -93,13 +93,14 @@ class _Run:
             rank = ready.pop()
             while self.cursor[rank] < self.length[rank]:
                 accum, act = self.action(rank, self.cursor[rank])
-                missing = next((key for key in self.needs(accum, act) if key not in self.end_s), None)
+                deps = self.needs(accum, act)
+                missing = next((key for key in deps if key not in self.end_s), None)
                 if missing is not None:
                     self.waiting.setdefault(missing, []).append(rank)
                     break
                 if accum > 0 and self.cursor[rank] % len(self.orders[rank]) == 0:
                     self.free_s[rank] += self.over.start_s  # each pipeline step starts afresh
-                ready.extend(self.run(rank, accum, act))
+                ready.extend(self.run(rank, accum, act, deps))
                 self.cursor[rank] += 1
         stuck = [r for r in range(len(self.orders)) if self.cursor[r] < self.length[r]]
         if stuck:
@@ -126,9 +127,11 @@ class _Run:
         boundary = stage if kind == FORWARD else stage - 1
         return end + self.over.send_s + self.over.transfer(boundary)
 
-    def run(self, rank: int, accum: int, act: OrderedAction) -> list[int]:
-        """Schedule one action; return the ranks its result wakes up."""
-        start = max([self.free_s[rank]] + [self.arrival(key, rank) for key in self.needs(accum, act)])
+    def run(self, rank: int, accum: int, act: OrderedAction, deps: list[tuple]) -> list[int]:
+        """Schedule one action whose inputs are all done; return the ranks its result wakes up."""
+        start = self.free_s[rank]
+        for key in deps:
+            start = max(start, self.arrival(key, rank))
         cost = self.costs[act.stage]
         duration = cost.of(act.kind)
         end = start + duration

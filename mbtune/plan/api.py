@@ -1,0 +1,226 @@
+"""Library entry points of planning: what `mbtune plan`, `mbtune sweep --strategy quick` and the pictures call.
+
+Everything here takes a saved Profile (or sweep results) and returns a typed record; torch is imported only
+to read the workload's blocks on the meta device (no weights allocated, no device touched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from mbtune.errors import ConfigError, ProfileError
+from mbtune.plan.calibrate import calibrate
+from mbtune.plan.planner import Link, PlanGrid, plan, predict
+from mbtune.plan.quick import quick_search, simulator_predictor
+from mbtune.plan.records import (
+    BlockFacts,
+    CostModel,
+    PlanReport,
+    Prediction,
+    QuickResult,
+    Validation,
+)
+from mbtune.plan.validate import LEAVE_ONE_OUT, validate
+from mbtune.records import Profile, SweepPoint, SweepReport, TrialResult
+
+
+def block_facts(workload: str, workload_options: Sequence[tuple[str, Any]] | dict[str, Any] = ()) -> BlockFacts:
+    """Parameters, forward FLOPs, output and saved-activation bytes per sample of every block, read on the
+    meta device. Where a block cannot run on the meta device, weights fall back to parameter counts and the
+    activation sizes are left unknown."""
+    from mbtune.workloads import load_workload
+
+    options = tuple(sorted(dict(workload_options).items()))
+    loaded = load_workload(workload, options)
+    try:
+        return _meta_facts(loaded)
+    except Exception:  # noqa: BLE001 - any failure of user code on the meta device: fall back to parameters
+        parameters = tuple(_parameters(loaded))
+        source = "parameters" if any(parameters) else "equal"
+        weights = tuple(float(p) for p in parameters) if any(parameters) else (1.0,) * len(parameters)
+        return BlockFacts(num_blocks=len(parameters), parameters=parameters, weights=weights, weight_source=source)
+
+
+def _parameters(workload: Any) -> list[int]:
+    import torch
+
+    with torch.device("meta"):
+        return [sum(p.numel() for p in build().parameters()) for build in workload.blocks]
+
+
+def _meta_facts(workload: Any) -> BlockFacts:
+    """Run every block at batch sizes 1 and 2 on meta tensors: the differences are per sample, so weights
+    (which autograd also saves) drop out of the saved-activation count."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    inputs = {b: workload.make_batch(b, torch.Generator().manual_seed(0))[0].to("meta") for b in (1, 2)}
+    parameters, flops, outputs, saved = [], [], [], []
+    for build in workload.blocks:
+        with torch.device("meta"):
+            module = build()
+        parameters.append(sum(p.numel() for p in module.parameters()))
+        measured = {}
+        for b in (1, 2):
+            sizes: list[int] = []
+
+            def pack(tensor: torch.Tensor, sizes: list[int] = sizes) -> torch.Tensor:
+                sizes.append(tensor.numel() * tensor.element_size())
+                return tensor
+
+            with FlopCounterMode(display=False) as counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = module(inputs[b])
+            measured[b] = (counter.get_total_flops(), out.numel() * out.element_size(), sum(sizes))
+            inputs[b] = out.detach().requires_grad_(out.is_floating_point())
+        flops.append(max(0, measured[2][0] - measured[1][0]))
+        outputs.append(max(0, measured[2][1] - measured[1][1]))
+        saved.append(max(0, measured[2][2] - measured[1][2]))
+    source = "flops" if any(flops) else "parameters" if any(parameters) else "equal"
+    weights = {"flops": flops, "parameters": parameters, "equal": [1] * len(flops)}[source]
+    return BlockFacts(num_blocks=len(parameters), parameters=tuple(parameters), weights=tuple(float(w) for w in weights),
+                      weight_source=source, output_bytes_per_sample=tuple(outputs), saved_bytes_per_sample=tuple(saved))
+
+
+def _sweep_of(profile: Profile) -> SweepReport:
+    sweep = profile.sweep
+    if sweep is None or not any(r.ok and r.timeline for r in sweep.results):
+        raise ProfileError("the profile holds no sweep with measured timelines to calibrate the simulator from",
+                           hint="Run mbtune sweep (or mbtune tune) for this workload first.")
+    return sweep
+
+
+def _optimizer(profile: Profile) -> str:
+    return profile.probe.optimizer if profile.probe is not None else "adamw"
+
+
+def calibrate_results(results: Sequence[TrialResult], *, workload: str, workload_options: dict[str, Any] | None = None,
+                      device: str = "", optimizer: str = "adamw", facts: BlockFacts | None = None) -> CostModel:
+    """The cost model fitted to sweep results (see mbtune.plan.calibrate)."""
+    facts = facts or block_facts(workload, workload_options or {})
+    return calibrate(results, facts, workload=workload, workload_options=workload_options, device=device,
+                     optimizer=optimizer)
+
+
+def calibrate_profile(profile: Profile) -> CostModel:
+    """The cost model fitted to the timelines of a profile's sweep."""
+    sweep = _sweep_of(profile)
+    return calibrate_results(sweep.results, workload=sweep.workload, workload_options=sweep.workload_options,
+                             device=sweep.device.name, optimizer=_optimizer(profile))
+
+
+def validate_results(results: Sequence[TrialResult], *, workload: str, workload_options: dict[str, Any] | None = None,
+                     optimizer: str = "adamw", method: str = LEAVE_ONE_OUT, facts: BlockFacts | None = None) -> Validation:
+    """Predicted against measured step time and bubble for every point that ran (median and worst error)."""
+    facts = facts or block_facts(workload, workload_options or {})
+    return validate(results, lambda runs: calibrate(runs, facts, workload=workload, optimizer=optimizer),
+                    method=method)
+
+
+def validate_profile(profile: Profile, *, method: str = LEAVE_ONE_OUT) -> Validation:
+    """validate_results over a profile's sweep."""
+    sweep = _sweep_of(profile)
+    return validate_results(sweep.results, workload=sweep.workload, workload_options=sweep.workload_options,
+                            optimizer=_optimizer(profile), method=method)
+
+
+def memory_limit(profile: Profile) -> tuple[float | None, str]:
+    """The memory a rank may use, and what it is: the probe's peak at its ceiling (the same measure as the
+    stage peaks), else the probe's budget."""
+    sweep, probe = profile.sweep, profile.probe
+    if sweep is not None and sweep.ceiling_peak_memory_bytes:
+        return float(sweep.ceiling_peak_memory_bytes), f"peak at the probed ceiling (batch {sweep.ceiling})"
+    if probe is not None:
+        peaks = [t.peak_memory_bytes for t in probe.trials if t.ok and t.batch_size == probe.ceiling and t.peak_memory_bytes]
+        if peaks:
+            return float(max(peaks)), f"peak at the probed ceiling (batch {probe.ceiling})"
+        if probe.memory_budget_bytes:
+            return float(probe.memory_budget_bytes), "the probe's memory budget"
+    return None, ""
+
+
+def _tokens_per_sample(results: Sequence[TrialResult]) -> int | None:
+    for r in results:
+        if r.ok and r.tokens_per_s and r.samples_per_s:
+            return round(r.tokens_per_s / r.samples_per_s)
+    return None
+
+
+def plan_from_profile(profile: Profile, *, num_stages: int, micro_batches: Sequence[int], schedules: Sequence[str],
+                      data_parallel: int = 1, link_bandwidth_bytes_per_s: float | None = None,
+                      link_latency_s: float | None = None, micro_batch_size: int | None = None,
+                      global_batch: int | None = None, grad_accum_steps: int = 1, num_blocks: int | None = None,
+                      virtual_stages: int = 2, validation_method: str | None = LEAVE_ONE_OUT) -> PlanReport:
+    """Calibrate on the profile's sweep, validate against it, and predict, rank and recommend the grid
+    (schedules x micro-batches at `num_stages` ranks and `data_parallel` replicas), with memory per rank
+    checked against the probed ceiling. Without a micro-batch size or global batch, the most-measured size.
+    `validation_method` None skips the validation (leave-one-out refits the model once per measured point)."""
+    sweep = _sweep_of(profile)
+    _check_plan_inputs(num_stages, micro_batches, schedules, data_parallel, link_bandwidth_bytes_per_s,
+                       link_latency_s, micro_batch_size, global_batch, num_blocks)
+    facts = block_facts(sweep.workload, sweep.workload_options)
+    optimizer = _optimizer(profile)
+    model = calibrate(sweep.results, facts, workload=sweep.workload, workload_options=sweep.workload_options,
+                      device=sweep.device.name, optimizer=optimizer)
+    validation = None if validation_method is None else validate(
+        sweep.results, lambda runs: calibrate(runs, facts, workload=sweep.workload, optimizer=optimizer),
+        method=validation_method)
+    if micro_batch_size is None and global_batch is None:
+        sizes = [r.point.micro_batch_size for r in sweep.results if r.ok]
+        micro_batch_size = max(sorted(set(sizes), reverse=True), key=sizes.count)  # ties: the largest
+    grid = PlanGrid(num_stages=num_stages, micro_batches=tuple(micro_batches), schedules=tuple(schedules),
+                    data_parallel=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
+                    grad_accum_steps=grad_accum_steps, virtual_stages=virtual_stages, num_blocks=num_blocks)
+    limit, source = memory_limit(profile)
+    link = Link(bandwidth_bytes_per_s=link_bandwidth_bytes_per_s, latency_s=link_latency_s)
+    warnings = [] if link_bandwidth_bytes_per_s or link_latency_s is not None else [
+        "no link given: stage-to-stage hand-overs cost what they cost on the profiled machine"]
+    report = plan(model, grid, link=link, memory_limit_bytes=limit, memory_limit_source=source,
+                  tokens_per_sample=_tokens_per_sample(sweep.results), validation=validation, warnings=warnings)
+    return replace(report, device=sweep.device)
+
+
+def _check_plan_inputs(num_stages: int, micro_batches: Sequence[int], schedules: Sequence[str], data_parallel: int,
+                       bandwidth: float | None, latency: float | None, micro_batch_size: int | None,
+                       global_batch: int | None, num_blocks: int | None) -> None:
+    from mbtune.pipeline.theory import SCHEDULE_NAMES
+
+    def require(ok: bool, name: str, value: object, valid: str) -> None:
+        if not ok:
+            raise ConfigError(f"{name}={value!r} is out of range: expected {valid}",
+                              hint=f"Fix --{name.replace('_', '-')}.")
+
+    require(num_stages >= 1, "stages", num_stages, "an integer >= 1")
+    require(bool(micro_batches) and min(micro_batches) >= 1, "micro_batches", tuple(micro_batches), "integers >= 1")
+    unknown = [s for s in schedules if s not in SCHEDULE_NAMES]
+    require(bool(schedules) and not unknown, "schedules", ",".join(unknown) or "", " | ".join(SCHEDULE_NAMES))
+    require(data_parallel >= 1, "data_parallel", data_parallel, "an integer >= 1")
+    require(bandwidth is None or bandwidth > 0, "link_bandwidth", bandwidth, "bytes/s > 0")
+    require(latency is None or latency >= 0, "link_latency", latency, "seconds >= 0")
+    require(micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "an integer >= 1")
+    require(global_batch is None or global_batch >= 1, "global_batch", global_batch, "an integer >= 1")
+    require(num_blocks is None or num_blocks >= 3, "blocks", num_blocks, "an integer >= 3")
+    if micro_batch_size is not None and global_batch is not None:
+        raise ConfigError("--micro-batch-size and --global-batch both given",
+                          hint="Give one: the other follows from micro-batches, accumulation and data-parallel size.")
+
+
+def recommended_timeline(report: PlanReport) -> Prediction | None:
+    """The recommended prediction again, with its simulated timeline (for pictures and traces)."""
+    best = report.best
+    if best is None:
+        return None
+    return predict(report.model, best.point, memory_limit_bytes=report.memory_limit_bytes,
+                   link=Link(bandwidth_bytes_per_s=report.link_bandwidth_bytes_per_s, latency_s=report.link_latency_s),
+                   keep_timeline=True)
+
+
+def quick_sweep(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint], TrialResult], *, workload: str,
+                workload_options: Sequence[tuple[str, Any]] | dict[str, Any] = (), optimizer: str = "adamw",
+                num_calibration: int = 3, min_gain: float = 0.02, max_fraction: float = 1 / 3) -> QuickResult:
+    """`mbtune sweep --strategy quick`: quick_search over the grid's runnable points with the simulator as
+    the predictor; `run_point` runs one point for real (the sweep's own runner)."""
+    facts = block_facts(workload, workload_options)
+    return quick_search(points, run_point, predict_rates=simulator_predictor(facts, workload=workload, optimizer=optimizer),
+                        num_calibration=num_calibration, min_gain=min_gain, max_fraction=max_fraction)

@@ -1,0 +1,159 @@
+"""Plans and simulator validation for people (rich tables, a recommendation panel) and machines (JSON, CSV)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from mbtune.plan.records import PlanReport, Prediction, QuickResult, Validation
+from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, print_json, print_warnings
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _signed_pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:+.1f}%"
+
+
+def predictions_table(report: PlanReport, *, limit: int | None = 20) -> Table:
+    """The ranked predictions, recommended first and highlighted; memory per rank against the ceiling."""
+    table = Table(title=f"Plan: {report.workload}, {report.num_blocks} blocks, predicted by the calibrated simulator",
+                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
+    for header, justify in (("#", "right"), ("schedule", "left"), ("p", "right"), ("v", "right"), ("m", "right"),
+                            ("mbs", "right"), ("dp", "right"), ("global", "right"), ("samples/s", "right"),
+                            ("step", "right"), ("bubble", "right"), ("mem/rank", "right"), ("fits", "left")):
+        table.add_column(header, justify=justify, no_wrap=True)
+    shown = report.predictions if limit is None else report.predictions[:limit]
+    for index, p in enumerate(shown):
+        table.add_row(*_prediction_row(index + 1, p), style="bold green" if index == report.recommended else "")
+    hidden = len(report.predictions) - len(shown)
+    table.caption = ("bubble: simulated / theoretical  mem/rank: the busiest rank"
+                     + (f"  ({hidden} more not shown)" if hidden > 0 else ""))
+    return table
+
+
+def _prediction_row(position: int, p: Prediction) -> list[str]:
+    point = p.point
+    fits = {True: "yes", False: "[red]no[/]", None: "unchecked"}[p.fits]
+    return [str(position), point.schedule, str(point.num_stages), str(point.virtual_stages),
+            str(point.num_microbatches), str(point.micro_batch_size), str(point.data_parallel_size),
+            str(point.global_batch), fmt_rate(p.samples_per_s), fmt_seconds(p.step_time_s),
+            f"{_pct(p.bubble)} / {_pct(p.bubble_theoretical)}", fmt_bytes(p.max_memory_bytes), fits]
+
+
+def validation_table(validation: Validation) -> Table:
+    """Predicted against measured for every point that ran, with the median and worst errors below."""
+    table = Table(title=f"Simulator against the measured sweep ({validation.method})", title_justify="left",
+                  box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
+    for header in ("point", "measured", "predicted", "error", "bubble measured", "bubble predicted", "diff"):
+        table.add_column(header, justify="left" if header == "point" else "right", no_wrap=True)
+    for row in validation.rows:
+        table.add_row(row.point.label, fmt_seconds(row.measured_step_s), fmt_seconds(row.predicted_step_s),
+                      _signed_pct(row.step_error), _pct(row.measured_bubble), _pct(row.predicted_bubble),
+                      "n/a" if row.bubble_error is None else f"{100 * row.bubble_error:+.1f} pts")
+    table.caption = (f"step time error: median {_pct(validation.median_step_error)}, worst "
+                     f"{_pct(validation.worst_step_error)}; bubble: median {_points(validation.median_bubble_error)}, "
+                     f"worst {_points(validation.worst_bubble_error)}")
+    return table
+
+
+def _points(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f} pts"
+
+
+def recommendation_panel(report: PlanReport) -> Panel:
+    """The recommended configuration spelled out, with its memory against the ceiling."""
+    best = report.best
+    if best is None:
+        reason = "no configuration fits the probed ceiling" if report.predictions else "no configuration could run"
+        return Panel(reason, title="Recommendation", title_align="left", expand=False)
+    point = best.point
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("schedule", point.schedule)
+    grid.add_row("stages", f"{point.num_stages * point.virtual_stages} ({point.num_stages} rank(s) x "
+                 f"{point.virtual_stages} stage(s) per rank; blocks per stage {_range(best.blocks_per_stage)})")
+    grid.add_row("micro-batches", f"{point.num_microbatches} of {point.micro_batch_size} samples, "
+                 f"{point.grad_accum_steps} accumulation step(s), {point.data_parallel_size} data-parallel")
+    grid.add_row("global batch", str(point.global_batch))
+    grid.add_row("throughput", f"{fmt_rate(best.samples_per_s)} samples/s"
+                 + (f", {fmt_rate(best.tokens_per_s)} tokens/s" if best.tokens_per_s else "") + " (predicted)")
+    grid.add_row("step", f"{fmt_seconds(best.step_time_s)} = pipeline {fmt_seconds(best.pipeline_s)} + all-reduce "
+                 f"{fmt_seconds(best.allreduce_s)} + update {fmt_seconds(best.update_s)}")
+    grid.add_row("bubble", f"simulated {_pct(best.bubble)}, theory {_pct(best.bubble_theoretical)}")
+    limit = "unchecked (no probed ceiling)" if report.memory_limit_bytes is None else (
+        f"ceiling {fmt_bytes(report.memory_limit_bytes)}: {report.memory_limit_source}")
+    grid.add_row("memory", f"{fmt_bytes(best.max_memory_bytes)} on the busiest rank; {limit}")
+    return Panel(grid, title="Recommendation", title_align="left", expand=False)
+
+
+def _range(values: tuple[int, ...]) -> str:
+    return str(values[0]) if min(values) == max(values) else f"{min(values)}-{max(values)}"
+
+
+def quick_panel(result: QuickResult) -> Panel:
+    """What the quick strategy ran, the best it found, and why it stopped."""
+    best = result.results[result.best] if result.best is not None else None
+    lines = [f"ran {len(result.results)} of {result.num_grid_points} grid points ({result.fraction_run:.0%})",
+             f"best found: {best.point.label}, {fmt_rate(best.samples_per_s)} samples/s" if best else "no point ran ok",
+             f"stopped: {result.stopped_because}"]
+    return Panel("\n".join(lines), title="Quick strategy", title_align="left", expand=False)
+
+
+def plan_dict(report: PlanReport) -> dict[str, Any]:
+    """The plan as JSON-ready data: the full record plus a summary of the recommendation and validation."""
+    data = report.to_dict()
+    best = report.best
+    validation = report.validation
+    data["summary"] = {
+        "recommended": best.point.label if best else None,
+        "recommended_samples_per_s": best.samples_per_s if best else None,
+        "validation_method": validation.method if validation else None,
+        "median_step_error": validation.median_step_error if validation else None,
+        "worst_step_error": validation.worst_step_error if validation else None,
+    }
+    return data
+
+
+def plan_frame(report: PlanReport) -> Any:
+    """The predictions as a pandas DataFrame, ranked, in SI units."""
+    import pandas as pd
+
+    rows = [{"rank": i + 1, "schedule": p.point.schedule, "num_stages": p.point.num_stages,
+             "virtual_stages": p.point.virtual_stages, "num_microbatches": p.point.num_microbatches,
+             "micro_batch_size": p.point.micro_batch_size, "data_parallel_size": p.point.data_parallel_size,
+             "global_batch": p.point.global_batch, "samples_per_s": p.samples_per_s, "step_time_s": p.step_time_s,
+             "bubble": p.bubble, "bubble_theoretical": p.bubble_theoretical,
+             "memory_bytes_max": p.max_memory_bytes, "fits": p.fits, "recommended": i == report.recommended}
+            for i, p in enumerate(report.predictions)]
+    return pd.DataFrame(rows)
+
+
+def print_plan(console: Console, report: PlanReport, fmt: str) -> None:
+    """Print a plan in the chosen format (table, json or csv)."""
+    if fmt == "json":
+        print_json(plan_dict(report))
+        return
+    if fmt == "csv":
+        plan_frame(report).to_csv(sys.stdout, index=False)
+        return
+    if report.validation is not None:
+        console.print(validation_table(report.validation))
+    console.print(predictions_table(report))
+    if report.skipped:
+        skipped = Table(title=f"Not predicted ({len(report.skipped)})", title_justify="left")
+        skipped.add_column("point")
+        skipped.add_column("reason")
+        for s in report.skipped:
+            skipped.add_row(s.point.label, s.reason)
+        console.print(skipped)
+    console.print(recommendation_panel(report))
+    print_warnings(console, list(report.warnings))

@@ -1,0 +1,62 @@
+"""The action timeline as Chrome trace-event JSON (opens in Perfetto or chrome://tracing): one process per
+rank, one thread (track) per stage, one complete event per action, times in microseconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mbtune.records import TimelineAction, TrialResult
+
+# Reserved trace-viewer colour names, so each kind keeps its colour in chrome://tracing.
+_COLOURS = {"forward": "thread_state_running", "backward": "thread_state_iowait", "backward_input": "rail_load",
+            "backward_weight": "rail_animation", "loss": "yellow"}
+
+
+def trace_events(actions: Sequence[TimelineAction], *, label: str = "") -> dict[str, Any]:
+    """The trace document: metadata naming every rank and stage track, then one 'X' event per action."""
+    events: list[dict[str, Any]] = []
+    tracks = sorted({(a.rank, a.stage) for a in actions})
+    for rank in sorted({rank for rank, _ in tracks}):
+        name = f"rank {rank}" + (f" - {label}" if label else "")
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": name}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+    for rank, stage in tracks:
+        events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": stage, "args": {"name": f"stage {stage}"}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": stage,
+                       "args": {"sort_index": stage}})
+    for a in sorted(actions, key=lambda a: (a.start_s, a.rank)):
+        event = {"name": f"{a.kind} {a.microbatch}", "cat": a.kind, "ph": "X", "pid": a.rank, "tid": a.stage,
+                 "ts": round(a.start_s * 1e6, 3), "dur": round(max(0.0, a.end_s - a.start_s) * 1e6, 3),
+                 "args": {"microbatch": a.microbatch, "accum": a.accum, "stage": a.stage, "rank": a.rank}}
+        if a.kind in _COLOURS:
+            event["cname"] = _COLOURS[a.kind]
+        events.append(event)
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"source": "mbtune", "label": label}}
+
+
+def write_trace(result: TrialResult | Sequence[TimelineAction], path: str | os.PathLike[str], *,
+                label: str = "") -> Path:
+    """Write the timeline (of a TrialResult's first measured step, or any actions) as trace-event JSON,
+    atomically; returns the path written."""
+    if isinstance(result, TrialResult):
+        label = label or result.point.label
+        actions: Sequence[TimelineAction] = result.timeline
+    else:
+        actions = result
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    document = trace_events(actions, label=label)
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(document, handle)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return target

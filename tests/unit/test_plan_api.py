@@ -1,0 +1,118 @@
+"""The planning entry points over saved profiles: block facts on the meta device, plans with the ceiling
+checked, and the errors a user can cause."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from torch import nn
+
+from mbtune.errors import ConfigError, ProfileError
+from mbtune.plan.api import (
+    block_facts,
+    calibrate_profile,
+    memory_limit,
+    plan_from_profile,
+    validate_profile,
+)
+from mbtune.records import DeviceInfo, Metadata, Profile, SweepPoint, SweepReport
+from mbtune.workloads import Workload
+from mbtune.workloads.mlp import mlp
+from tests.unit.test_plan_calibrate import TRUTH, measured
+from tests.unit.test_records import sample_probe
+
+OPTIONS = {"layers": 2, "width": 8, "classes": 4}
+METADATA = Metadata(mbtune_version="test", torch_version="", python_version="", host="", platform="",
+                    command_line="", created_at="")
+
+
+def test_block_facts_of_the_mlp() -> None:
+    facts = block_facts("mlp", OPTIONS)
+    assert facts.num_blocks == 4 and facts.weight_source == "flops"
+    # Linear(8, 8); LayerNorm(8) + Linear(8, 16) + Linear(16, 8), twice; Linear(8, 4).
+    assert facts.parameters == (72, 296, 296, 36)
+    assert facts.weights == (2 * 64, 2 * (128 + 128), 2 * (128 + 128), 2 * 32)  # forward FLOPs per sample
+    assert facts.output_bytes_per_sample == (32, 32, 32, 16)  # fp32 widths 8, 8, 8 and 4 classes
+    assert all(saved > 0 for saved in facts.saved_bytes_per_sample[1:3])  # norm, up, gelu kept for backward
+
+
+def no_meta() -> Workload:
+    """A workload whose blocks cannot run on the meta device (they read a real tensor's values)."""
+    class Item(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.linear(x) * float(x.sum().item() > 0)
+
+    base = mlp(layers=1, width=8)
+    return Workload(name="no-meta", blocks=[Item, Item], make_batch=base.make_batch, loss=base.loss)
+
+
+def test_blocks_the_meta_device_cannot_run_fall_back_to_parameters() -> None:
+    facts = block_facts("tests.unit.test_plan_api:no_meta")
+    assert facts.weight_source == "parameters" and facts.parameters == (72, 72)
+    assert facts.saved_bytes_per_sample == ()
+
+
+def profile(with_probe: bool = True) -> Profile:
+    facts = block_facts("mlp", OPTIONS)
+    model = replace(TRUTH, facts=facts, blocks=(TRUTH.blocks[0],) * facts.num_blocks)
+    points = [SweepPoint(schedule=s, num_stages=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+              for s in ("gpipe", "1f1b") for m in (2, 4)]
+    results = tuple(measured(p, model) for p in points)
+    sweep = SweepReport(workload="mlp", workload_options=OPTIONS, device=DeviceInfo(backend="cpu", name="Test CPU"),
+                        objective="throughput", results=results, ranking=(0, 1, 2, 3),
+                        ceiling_peak_memory_bytes=int(TRUTH.base_bytes * 1.1) if with_probe else None, ceiling=40)
+    return Profile(schema_version=1, metadata=METADATA, sweep=sweep)
+
+
+def test_plan_from_a_profile_checks_memory_against_the_ceiling() -> None:
+    report = plan_from_profile(profile(), num_stages=2, micro_batches=(4, 8, 64), schedules=("gpipe", "1f1b"))
+    assert report.memory_limit_bytes == pytest.approx(TRUTH.base_bytes * 1.1)
+    assert "probed ceiling" in report.memory_limit_source
+    assert report.validation is not None and report.validation.median_step_error == pytest.approx(0.0, abs=1e-9)
+    assert report.best is not None and report.best.fits
+    assert {p.point.micro_batch_size for p in report.predictions} == {4}  # the measured size by default
+    assert report.device is not None and report.device.name == "Test CPU"
+    unlimited = plan_from_profile(profile(with_probe=False), num_stages=2, micro_batches=(4,), schedules=("gpipe",),
+                                  validation_method=None)
+    assert unlimited.memory_limit_bytes is None and unlimited.validation is None
+    assert unlimited.predictions[0].fits is None
+
+
+def test_model_and_validation_of_a_profile() -> None:
+    assert calibrate_profile(profile()).num_points == 4
+    assert validate_profile(profile(), method="in-sample").method == "in-sample"
+
+
+def test_memory_limit_falls_back_to_the_probe() -> None:
+    probe = sample_probe()
+    assert memory_limit(Profile(schema_version=1, metadata=METADATA, probe=probe)) == (
+        float(2**30), "the probe's memory budget")
+    at_ceiling = replace(probe, trials=(replace(probe.trials[0], batch_size=4),))
+    assert memory_limit(Profile(schema_version=1, metadata=METADATA, probe=at_ceiling)) == (
+        10.0, "peak at the probed ceiling (batch 4)")
+    assert memory_limit(Profile(schema_version=1, metadata=METADATA)) == (None, "")
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"num_stages": 0}, "stages=0 is out of range"),
+    ({"schedules": ("gpipe", "pipedream")}, "schedules='pipedream' is out of range"),
+    ({"micro_batch_size": 4, "global_batch": 64}, "both given"),
+    ({"link_bandwidth_bytes_per_s": 0.0}, "link_bandwidth=0.0 is out of range"),
+    ({"num_blocks": 2}, "blocks=2 is out of range"),
+])
+def test_bad_plan_inputs_are_config_errors(changes, message) -> None:
+    arguments = {"num_stages": 2, "micro_batches": (4,), "schedules": ("gpipe",), **changes}
+    with pytest.raises(ConfigError, match=message):
+        plan_from_profile(profile(), **arguments)
+
+
+def test_a_profile_without_a_timed_sweep_cannot_be_planned_from() -> None:
+    with pytest.raises(ProfileError, match="no sweep with measured timelines") as info:
+        plan_from_profile(Profile(schema_version=1, metadata=METADATA, probe=sample_probe()), num_stages=2,
+                          micro_batches=(4,), schedules=("gpipe",))
+    assert "Run mbtune sweep" in info.value.one_line()

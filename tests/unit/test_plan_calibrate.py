@@ -1,0 +1,141 @@
+"""Calibration recovers known costs from synthetic timelines (made by the simulator from those costs, with the
+ranks' clocks offset as real barriers leave them), and validation reports the errors it should."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from mbtune.plan.calibrate import calibrate, point_split
+from mbtune.plan.fit import fit_line, trimmed_mean
+from mbtune.plan.planner import predict
+from mbtune.plan.records import BlockCost, BlockFacts, CostModel, LinearCost
+from mbtune.plan.validate import IN_SAMPLE, LEAVE_ONE_OUT, summarize, validate
+from mbtune.records import SweepPoint, TimelineAction, TrialResult
+
+FACTS = BlockFacts(num_blocks=4, parameters=(1000, 1000, 1000, 1000), weights=(1.0, 1.0, 1.0, 1.0),
+                   weight_source="equal", output_bytes_per_sample=(64, 64, 64, 64),
+                   saved_bytes_per_sample=(100, 100, 100, 100))
+CLOCK_OFFSET_S = 0.0037  # rank 1 leaves the barrier this much later, so its clock reads less
+
+
+def block(fixed_s: float, per_sample_s: float) -> BlockCost:
+    forward = LinearCost(fixed_s=fixed_s, per_sample_s=per_sample_s)
+    return BlockCost(forward=forward, backward=forward.scaled(2.0), backward_input=forward.scaled(0.8),
+                     backward_weight=forward.scaled(1.4))
+
+
+TRUTH = CostModel(
+    workload="synthetic", blocks=(block(1e-4, 1e-3), block(2e-4, 2e-3), block(2e-4, 2e-3), block(0.0, 5e-4)),
+    facts=FACTS, loss=LinearCost(per_sample_s=2e-5), transfer=LinearCost(fixed_s=4e-4), send_s=3e-4, gap_s=5e-5,
+    start_s=8e-4, update_per_parameter_s=2e-6, base_bytes=5e8, state_bytes_per_parameter=16.0,
+)
+
+
+def measured(point: SweepPoint, model: CostModel = TRUTH) -> TrialResult:
+    """What the runner would report for this point if the world were the model."""
+    p = predict(model, point, keep_timeline=True)
+    shifted = tuple(replace(a, start_s=a.start_s - CLOCK_OFFSET_S * a.rank, end_s=a.end_s - CLOCK_OFFSET_S * a.rank)
+                    for a in p.timeline)
+    return TrialResult(point=point, status="ok", step_times_s=(p.step_time_s,), step_time_median_s=p.step_time_s,
+                       samples_per_s=p.samples_per_s, bubble_measured=p.bubble,
+                       peak_memory_bytes=tuple(int(b) for b in p.memory_bytes), timeline=shifted)
+
+
+def points(schedules=("gpipe", "1f1b"), sizes=(4, 8), ms=(2, 4)) -> list[SweepPoint]:
+    return [SweepPoint(schedule=s, num_stages=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b,
+                       virtual_stages=2 if s in ("zero-bubble", "zbv", "interleaved-1f1b") else 1)
+            for s in schedules for m in ms for b in sizes]
+
+
+def assert_cost(found: LinearCost, expected: LinearCost) -> None:
+    assert found.fixed_s == pytest.approx(expected.fixed_s, abs=1e-9)
+    assert found.per_sample_s == pytest.approx(expected.per_sample_s, rel=1e-6)
+
+
+def test_recovers_compute_overheads_transfer_update_and_memory() -> None:
+    results = [measured(p) for p in points()]
+    model = calibrate(results, FACTS, workload="synthetic")
+    # gpipe and 1f1b at two stages split the blocks (0, 1) | (2, 3): each block's share follows its weight,
+    # so blocks in one stage get the stage mean; the stage sums are exact.
+    for stage in point_split(results[0].point, FACTS):
+        for kind in ("forward", "backward"):
+            assert_cost(_sum(model, stage, kind), _sum(TRUTH, stage, kind))
+    assert_cost(model.loss, TRUTH.loss)
+    assert model.send_s == pytest.approx(TRUTH.send_s)
+    assert model.gap_s == pytest.approx(TRUTH.gap_s)
+    assert_cost(model.transfer, TRUTH.transfer)  # the clock offset cancels
+    assert model.start_s == pytest.approx(TRUTH.start_s)
+    assert model.update_per_parameter_s == pytest.approx(TRUTH.update_per_parameter_s)
+    assert model.base_bytes == pytest.approx(TRUTH.base_bytes, rel=1e-6)
+    assert model.micro_batch_sizes == (4, 8) and model.num_points == 8
+    assert not model.split_backward_measured
+    # With no split-backward point, the input and weight parts are half the full backward each.
+    assert_cost(model.blocks[0].backward_input, model.blocks[0].backward.scaled(0.5))
+
+
+def _sum(model: CostModel, blocks: tuple[int, ...], kind: str) -> LinearCost:
+    total = LinearCost()
+    for b in blocks:
+        total = total.plus(getattr(model.blocks[b], kind))
+    return total
+
+
+def test_a_zero_bubble_point_measures_the_input_and_weight_parts() -> None:
+    results = [measured(p) for p in points(schedules=("zero-bubble",), ms=(4,))]
+    model = calibrate(results, FACTS, workload="synthetic")
+    assert model.split_backward_measured
+    for b in range(4):  # four stages of one block each: per-block costs are exact
+        assert_cost(model.blocks[b].backward_input, TRUTH.blocks[b].backward_input)
+        assert_cost(model.blocks[b].backward_weight, TRUTH.blocks[b].backward_weight)
+        assert_cost(model.blocks[b].forward, TRUTH.blocks[b].forward)
+
+
+def test_one_measured_size_is_taken_as_proportional_and_says_so() -> None:
+    results = [measured(p) for p in points(sizes=(8,))]
+    model = calibrate(results, FACTS, workload="synthetic")
+    stage = point_split(results[0].point, FACTS)[0]
+    assert _sum(model, stage, "forward").fixed_s == 0.0
+    assert _sum(model, stage, "forward").at(8) == pytest.approx(_sum(TRUTH, stage, "forward").at(8))
+    assert any("one micro-batch size measured (8)" in note for note in model.notes)
+
+
+def test_calibrating_nothing_is_an_error() -> None:
+    failed = TrialResult(point=points()[0], status="oom")
+    with pytest.raises(ValueError, match="no point with a measured timeline"):
+        calibrate([failed], FACTS, workload="synthetic")
+
+
+def test_fit_line_and_trimmed_mean() -> None:
+    assert fit_line({4: 0.5, 8: 0.9}) == LinearCost(fixed_s=pytest.approx(0.1), per_sample_s=pytest.approx(0.1))
+    assert fit_line({4: 0.4}) == LinearCost(per_sample_s=0.1)
+    assert fit_line({4: 0.4}, proportional_when_single=False) == LinearCost(fixed_s=0.4)
+    assert fit_line({4: 0.9, 8: 0.5}) == LinearCost(fixed_s=pytest.approx(0.7))  # noise: no negative slope
+    assert trimmed_mean([1.0] * 9 + [100.0]) == 1.0
+    assert trimmed_mean([2.0, 4.0]) == 3.0
+
+
+def test_validation_of_a_world_the_model_describes_has_no_error() -> None:
+    results = [measured(p) for p in points()]
+    for method in (IN_SAMPLE, LEAVE_ONE_OUT):
+        check = validate(results, lambda runs: calibrate(runs, FACTS, workload="synthetic"), method=method)
+        assert check.method == method and len(check.rows) == 8
+        assert check.median_step_error == pytest.approx(0.0, abs=1e-9)
+        assert check.worst_bubble_error == pytest.approx(0.0, abs=1e-9)
+
+
+def test_validation_reports_relative_step_and_absolute_bubble_errors() -> None:
+    truth = [measured(p) for p in points(sizes=(8,), ms=(2, 4))]
+    slow = replace(truth[0], step_time_median_s=truth[0].step_time_median_s * 1.25, bubble_measured=0.5)
+    check = validate([slow, *truth[1:]], lambda runs: calibrate(truth, FACTS, workload="synthetic"), method=IN_SAMPLE)
+    assert check.rows[0].step_error == pytest.approx(1 / 1.25 - 1)
+    assert check.worst_step_error == pytest.approx(0.2)
+    assert check.rows[0].bubble_error == pytest.approx(check.rows[0].predicted_bubble - 0.5)
+    assert summarize([], IN_SAMPLE).median_step_error is None
+
+
+def test_timelines_from_the_runner_have_the_loss_as_its_own_action() -> None:
+    timeline = measured(points()[0]).timeline
+    assert {a.kind for a in timeline} == {"forward", "backward", "loss"}
+    assert all(isinstance(a, TimelineAction) for a in timeline)

@@ -1,0 +1,154 @@
+"""Pictures, traces, the terminal timeline and the plan tables, from small hand-made records."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+from rich.console import Console
+
+from mbtune.errors import ConfigError
+from mbtune.plan.planner import PlanGrid, plan
+from mbtune.plan.records import PlanReport, QuickResult
+from mbtune.plan.validate import IN_SAMPLE, summarize
+from mbtune.records import DeviceInfo, SweepPoint, SweepReport, TimelineAction
+from mbtune.report.plan import (
+    plan_dict,
+    predictions_table,
+    print_plan,
+    quick_panel,
+    validation_table,
+)
+from mbtune.report.plots import rank_idle_spans, write_plan_plots, write_plots
+from mbtune.report.timeline import timeline_renderable, timeline_rows
+from mbtune.report.trace import trace_events, write_trace
+from mbtune.sweep import rank_results
+from tests.unit.test_plan_calibrate import FACTS, TRUTH, measured
+from tests.unit.test_plan_planner import model
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def render(renderable, width: int = 120) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def action(rank, stage, kind, mb, start, end) -> TimelineAction:
+    return TimelineAction(rank=rank, stage=stage, kind=kind, microbatch=mb, accum=0, start_s=start, end_s=end)
+
+
+# Two ranks, three stages (rank 0 holds stages 0 and 2), times in seconds.
+TINY = (action(0, 0, "forward", 0, 0.0, 2.0), action(1, 1, "forward", 0, 2.0, 4.0), action(0, 2, "forward", 0, 4.0, 6.0),
+        action(0, 2, "backward_input", 0, 6.0, 8.0), action(1, 1, "backward", 0, 8.0, 10.0),
+        action(0, 2, "backward_weight", 0, 8.0, 10.0))
+
+
+def sweep_report() -> SweepReport:
+    points = [SweepPoint(schedule=s, num_stages=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+              for s in ("gpipe", "1f1b") for m in (2, 4)]
+    results = tuple(measured(p) for p in points)
+    results = tuple(r.__class__(**{**r.__dict__, "bubble_theoretical": 1 / (r.point.num_microbatches + 1)})
+                    for r in results)
+    ranking, pareto = rank_results(results, "throughput")
+    return SweepReport(workload="synthetic", device=DeviceInfo(backend="cpu", name="Test CPU"), objective="throughput",
+                       results=results, ranking=ranking, pareto=pareto, ceiling=40,
+                       ceiling_peak_memory_bytes=int(TRUTH.base_bytes * 1.2))
+
+
+def test_terminal_timeline_rows_show_kinds_idle_and_the_other_stage() -> None:
+    rows = timeline_rows(TINY, width=10)
+    # Blank: the stage's rank is busy with its other stage; dot: the rank computes nothing.
+    assert rows == {0: "FF··      ", 1: "··FF····BB", 2: "  ··FFIIWW"}
+    text = render(timeline_renderable(TINY, width=10, title="tiny"))
+    assert "stage 2 (rank 0)   ··FFIIWW" in text and "10.00 s" in text
+    assert "F forward" in text and "· idle" in text
+    assert "no timeline recorded" in render(timeline_renderable(()))
+
+
+def test_trace_has_one_track_per_stage_and_microsecond_events(tmp_path) -> None:
+    path = write_trace(TINY, tmp_path / "sub" / "trace.json", label="tiny")
+    document = json.loads(path.read_text())
+    events = document["traceEvents"]
+    threads = [e for e in events if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert sorted((e["pid"], e["tid"], e["args"]["name"]) for e in threads) == [
+        (0, 0, "stage 0"), (0, 2, "stage 2"), (1, 1, "stage 1")]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == len(TINY)
+    first = next(e for e in complete if e["tid"] == 1 and e["cat"] == "forward")
+    assert (first["ts"], first["dur"], first["pid"]) == (2_000_000.0, 2_000_000.0, 1)
+    assert {e["tid"] for e in complete} == {0, 1, 2}
+    assert trace_events((), label="x")["traceEvents"] == []
+
+
+def test_trace_of_a_trial_result(tmp_path) -> None:
+    result = measured(SweepPoint(schedule="1f1b", num_stages=2, num_microbatches=4, grad_accum_steps=1,
+                                 micro_batch_size=4))
+    document = json.loads(write_trace(result, tmp_path / "t.json").read_text())
+    assert document["otherData"]["label"] == result.point.label
+    assert len([e for e in document["traceEvents"] if e["name"] == "thread_name"]) == 2
+
+
+def test_rank_idle_spans() -> None:
+    assert rank_idle_spans(TINY) == {0: [(2.0, 4.0)], 1: [(0.0, 2.0), (4.0, 8.0)]}
+
+
+def test_sweep_plots_are_png_files(tmp_path) -> None:
+    written = write_plots(sweep_report(), tmp_path / "plots")
+    assert [p.name for p in written] == ["timeline.png", "throughput.png", "bubble.png", "memory.png"]
+    for path in written:
+        assert path.stat().st_size > 1000 and path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plan_plots_are_png_files(tmp_path) -> None:
+    report = plan(model(), PlanGrid(num_stages=4, micro_batches=(4, 8), schedules=("gpipe", "1f1b"), micro_batch_size=2),
+                  memory_limit_bytes=1e6, validation=summarize([], IN_SAMPLE))
+    from mbtune.plan.planner import predict
+
+    best = predict(report.model, report.best.point, keep_timeline=True)
+    written = write_plan_plots(report, tmp_path, recommended=best)
+    assert [p.name for p in written] == ["plan_throughput.png", "plan_bubble.png", "plan_memory.png",
+                                         "plan_timeline.png"]
+    assert all(p.read_bytes()[:8] == PNG_MAGIC for p in written)
+
+
+def test_pictures_without_matplotlib_say_how_to_get_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ConfigError, match="need matplotlib") as info:
+        write_plots(sweep_report(), tmp_path)
+    assert "pip install matplotlib" in info.value.one_line()
+
+
+def test_plan_tables_and_json() -> None:
+    results = [measured(SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=m, grad_accum_steps=1,
+                                   micro_batch_size=4)) for m in (2, 4)]
+    from mbtune.plan.calibrate import calibrate
+    from mbtune.plan.validate import validate
+
+    validation = validate(results, lambda runs: calibrate(runs, FACTS, workload="synthetic"), method=IN_SAMPLE)
+    text = render(validation_table(validation), 140)
+    assert "gpipe p=2 m=2 accum=1 mbs=4" in text and "+0.0%" in text and "median 0.0%" in text
+    report = plan(model(), PlanGrid(num_stages=4, micro_batches=(4, 8), schedules=("gpipe", "1f1b"), micro_batch_size=2),
+                  validation=validation)
+    table = render(predictions_table(report), 140)
+    lines = [line for line in table.splitlines() if line.strip()[:1].isdigit()]
+    assert len(lines) == 4 and lines[0].split()[1] in ("gpipe", "1f1b") and "unchecked" in lines[0]
+    assert PlanReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report  # lossless, as profiles are
+    data = json.loads(json.dumps(plan_dict(report)))
+    assert data["summary"]["recommended"] == report.best.point.label
+    assert data["summary"]["median_step_error"] == pytest.approx(0.0, abs=1e-9)
+    console = Console(file=io.StringIO(), width=140, color_system=None)
+    print_plan(console, report, "table")
+    out = console.file.getvalue()
+    assert "Recommendation" in out and "Simulator against the measured sweep (in-sample)" in out
+
+
+def test_quick_panel() -> None:
+    result = QuickResult(results=(measured(SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=2,
+                                                      grad_accum_steps=1, micro_batch_size=4)),),
+                         num_grid_points=10, fraction_run=0.1, best=0, stopped_because="test")
+    text = render(quick_panel(result))
+    assert "ran 1 of 10 grid points (10%)" in text and "stopped: test" in text
