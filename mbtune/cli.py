@@ -28,6 +28,8 @@ Precision = Annotated[str, typer.Option("--precision", help="fp32, bf16 (autocas
 Optimizer = Annotated[str, typer.Option("--optimizer", help="adamw or sgd (optimizer state counts toward memory).")]
 ProfilesDir = Annotated[Path, typer.Option("--profiles-dir", help="Folder that holds saved profiles.")]
 Save = Annotated[bool, typer.Option(help="Save results to profiles/<device>/<workload>.json, journaling each finished trial as it ends.")]
+Plot = Annotated[Optional[Path], typer.Option("--plot", help="Write PNG pictures (timeline, throughput, bubble, memory) into this folder (needs matplotlib).")]
+Trace = Annotated[Optional[Path], typer.Option("--trace", help="Write the best point's timeline as Chrome trace-event JSON (opens in Perfetto).")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run of the same command from its journal, without re-running finished trials.")]
 
 
@@ -104,6 +106,7 @@ def sweep(
     global_batch: GlobalBatch = None,
     from_profile: Annotated[Optional[Path], typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")] = None,
     objective: Objective = "throughput",
+    strategy: Annotated[str, typer.Option("--strategy", help="grid: run every runnable point; quick: the simulator, calibrated on a few points, picks what to run.")] = "grid",
     steps: SweepSteps = 3,
     warmup: Warmup = 1,
     virtual_stages: VirtualStages = 2,
@@ -114,6 +117,8 @@ def sweep(
     profiles_dir: ProfilesDir = Path("profiles"),
     save: Save = True,
     resume: Resume = False,
+    plot: Plot = None,
+    trace: Trace = None,
     format: Format = "table",
 ) -> None:
     """Run real pipelined training steps across micro-batches, accumulation steps and schedules."""
@@ -125,11 +130,11 @@ def sweep(
         micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
         from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
         optimizer=optimizer, precision=precision, threads=threads, point_timeout=point_timeout,
-        profiles_dir=profiles_dir,
+        profiles_dir=profiles_dir, strategy=strategy,
     )
     outcome = _with_progress("sweep", lambda p: run_sweep(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
-    _finish(fmt, outcome)
+    _finish(fmt, outcome, plot=plot, trace=trace)
 
 
 @app.command()
@@ -183,7 +188,8 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
                   micro_batches: str | None, accum: str, objective: str, steps: int, optimizer: str,
                   point_timeout: float, micro_batch_size: int | None = None, global_batch: int | None = None,
                   from_profile: Path | None = None, warmup: int = 1, virtual_stages: int = 2,
-                  threads: int | None = None, profiles_dir: Path | None = None, precision: str = "fp32") -> object:
+                  threads: int | None = None, profiles_dir: Path | None = None, precision: str = "fp32",
+                  strategy: str = "grid") -> object:
     from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
     from mbtune.profiles import command_line
 
@@ -198,6 +204,7 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
         micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
         micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective, measured_steps=steps,
         warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, precision=precision, threads=threads,
+        strategy=strategy,
         point_timeout_s=point_timeout, profiles_dir=str(profiles_dir) if profiles_dir else None,
         command_line=command_line(), **limits,
     )
@@ -215,15 +222,19 @@ def _target(profiles_dir: Path, save: bool) -> Path | None:
     return profiles_dir if save else None
 
 
-def _finish(fmt: str, outcome: object) -> None:
-    """Print what the run produced; exit 130 when it was interrupted (after saving what finished)."""
+def _finish(fmt: str, outcome: object, *, plot: Path | None = None, trace: Path | None = None) -> None:
+    """Print what the run produced, write pictures and traces; exit 130 when it was interrupted (after
+    saving what finished)."""
     from mbtune.errors import EXIT_INTERRUPTED
     from mbtune.report import make_console
+    from mbtune.report.sweep import write_artifacts
     from mbtune.report.tune import print_results
 
     saved = str(outcome.saved_to) if outcome.saved_to else None
     print_results(make_console(), fmt, probe=outcome.probe, sweep=outcome.sweep, saved_to=saved,
                   notes=outcome.notes)
+    if outcome.sweep is not None and (plot or trace):
+        write_artifacts(make_console(stderr=True), outcome.sweep, plot_dir=plot, trace_path=trace)
     if outcome.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
 
@@ -299,6 +310,47 @@ def compare(
     first, second = load_profile(a), load_profile(b)
     check_same_device(device_model(first), device_model(second), allow=allow_different_device, what="the profiles")
     print_comparison(make_console(), compare_profiles(first, second), str(a), str(b), fmt)
+
+
+@app.command()
+def plan(
+    profile: Annotated[Path, typer.Argument(help="A profile with a sweep (profiles/<device>/<workload>.json) to calibrate the simulator on.")],
+    stages: Annotated[int, typer.Option("--stages", "-p", help="Pipeline ranks to plan for (one GPU each).")] = 8,
+    micro_batches: Annotated[str, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts.")] = "8,16,32",
+    schedules: Schedules = None,
+    data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline.")] = 1,
+    micro_batch_size: MicroBatchSize = None,
+    global_batch: GlobalBatch = None,
+    accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = 1,
+    blocks: Annotated[Optional[int], typer.Option("--blocks", help="Plan a model of this many of the workload's blocks (default: the profiled model's count).")] = None,
+    virtual_stages: VirtualStages = 2,
+    link_bandwidth: Annotated[Optional[str], typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
+    link_latency: Annotated[Optional[str], typer.Option("--link-latency", help="Stage-to-stage latency, e.g. 5us (default: as measured here).")] = None,
+    validation: Annotated[str, typer.Option("--validation", help="Check the simulator against the measured points: leave-one-out, in-sample or none.")] = "leave-one-out",
+    plot: Plot = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the recommended configuration's simulated timeline as Chrome trace-event JSON.")] = None,
+    format: Format = "table",
+) -> None:
+    """Predict configurations beyond this machine with a simulator calibrated on a saved sweep."""
+    from mbtune.config import DEFAULT_SCHEDULES, parse_duration, parse_list, parse_rate
+    from mbtune.plan.api import plan_from_profile
+    from mbtune.profiles import load_profile
+    from mbtune.report import make_console
+    from mbtune.report.plan import print_plan, write_plan_artifacts
+
+    fmt = _check_format(format)
+    report = plan_from_profile(
+        load_profile(profile), num_stages=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),
+        schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
+        data_parallel=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
+        grad_accum_steps=accum, num_blocks=blocks, virtual_stages=virtual_stages,
+        link_bandwidth_bytes_per_s=parse_rate(link_bandwidth, name="--link-bandwidth") if link_bandwidth else None,
+        link_latency_s=parse_duration(link_latency, name="--link-latency") if link_latency else None,
+        validation_method=None if validation == "none" else validation,
+    )
+    print_plan(make_console(), report, fmt)
+    if plot or trace:
+        write_plan_artifacts(make_console(stderr=True), report, plot_dir=plot, trace_path=trace)
 
 
 def _check_format(fmt: str) -> str:

@@ -61,6 +61,24 @@ def parse_options(pairs: list[str] | tuple[str, ...]) -> tuple[tuple[str, int | 
     return tuple(sorted(parsed.items()))
 
 
+def parse_duration(text: str, *, name: str) -> float:
+    """'5us', '0.2ms', '1s' or plain seconds -> seconds."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|µs|ms|s|)\s*", str(text))
+    if not match:
+        raise ConfigError(f"{name} {text!r} is not a duration", hint=f"Write it like {name} 5us, 0.2ms or 1e-6.")
+    scale = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+def parse_rate(text: str, *, name: str) -> float:
+    """'50GB/s', '400Gbit/s' or bytes per second -> bytes per second."""
+    raw = str(text).strip()
+    body = raw[:-2] if raw.lower().endswith("/s") else raw
+    if body.lower().endswith(("gbit", "mbit")):
+        return parse_bytes(body[:-3], name=name) / 8
+    return float(parse_bytes(body, name=name))
+
+
 def parse_list(text: str | None, *, name: str, convert: type = int) -> tuple | None:
     """Parse a comma-separated list ('2,4,8'); None stays None (use the default)."""
     if text is None:
@@ -168,6 +186,7 @@ class ProbeConfig:
 
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 OBJECTIVES = ("throughput", "memory", "bubble")
+STRATEGIES = ("grid", "quick")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,6 +213,7 @@ class SweepConfig:
     threads: int | None = None
     point_timeout_s: float = 600.0
     objective: str = "throughput"
+    strategy: str = "grid"
     seed: int = 0
     profiles_dir: str | None = None  # where to look for this device's probe when safe_batch is not given
     points: tuple[SweepPoint, ...] | None = None  # run exactly these (qualification re-runs a baseline's)
@@ -225,6 +245,7 @@ class SweepConfig:
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
         _require(self.point_timeout_s > 0, "point_timeout", self.point_timeout_s, "seconds > 0")
         _require(self.objective in OBJECTIVES, "objective", self.objective, " | ".join(OBJECTIVES))
+        _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
 
     @property
     def micro_batch_counts(self) -> tuple[int, ...]:

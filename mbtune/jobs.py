@@ -6,12 +6,24 @@ The CLI calls exactly one of these per command; tests call them directly.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from mbtune.config import ProbeConfig, SweepConfig, TrialConfig
 from mbtune.errors import ConfigError, Interrupted, TrialFailedError
-from mbtune.records import ERROR, OK, OOM, DeviceInfo, ProbeResult, SweepPoint, SweepReport, TrialOutcome, TrialResult
+from mbtune.records import (
+    ERROR,
+    OK,
+    OOM,
+    DeviceInfo,
+    ProbeResult,
+    SkippedPoint,
+    SweepPoint,
+    SweepReport,
+    TrialOutcome,
+    TrialResult,
+)
 
 if TYPE_CHECKING:
     from mbtune.store import RunStore
@@ -171,35 +183,59 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages)
     peak = peak_flops(info.name, config.precision)
     results: list[TrialResult] = []
-    interrupted = False
+    done = {r.point: r for r in map(TrialResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
     if progress:
         progress.set_total(len(grid.points))
-    done = {r.point: r for r in map(TrialResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
+
+    def run_one(point: SweepPoint) -> TrialResult:
+        if progress:
+            progress.start_trial(point.label)
+        result, detail = done.get(point), REPLAYED
+        if result is None:
+            result = _run_point(point, config, device, threads, workload, peak * num_stages if peak else None)
+            detail = _result_detail(result)
+            if store:
+                store.record(SWEEP_POINT, result.to_dict())
+        results.append(result)
+        if progress:
+            progress.end_trial(result.status, detail)
+        return result
+
+    interrupted, not_run, note = False, (), ""
     try:
-        for point in grid.points:
-            if progress:
-                progress.start_trial(point.label)
-            result = done.get(point)
-            detail = REPLAYED
-            if result is None:
-                result = _run_point(point, config, device, threads, workload, peak * num_stages if peak else None)
-                detail = _result_detail(result)
-                if store:
-                    store.record(SWEEP_POINT, result.to_dict())
-            results.append(result)
-            if progress:
-                progress.end_trial(result.status, detail)
+        if config.strategy == "quick":
+            not_run, note = _quick(grid.points, run_one, config)
+        else:
+            for point in grid.points:
+                run_one(point)
     except Interrupted:
         interrupted = True
     ranking, pareto = rank_results(results, config.objective)
     return SweepReport(
         workload=config.workload, workload_options=dict(config.workload_options), device=info,
-        objective=config.objective, results=tuple(results), skipped=grid.skipped, ranking=ranking, pareto=pareto,
+        objective=config.objective, results=tuple(results), skipped=grid.skipped + not_run, ranking=ranking,
+        pareto=pareto, strategy=config.strategy, num_grid_points=len(grid.points),
         ceiling=config.ceiling, safe_batch=config.safe_batch,
         ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes, warmup_steps=config.warmup_steps,
         measured_steps=config.measured_steps, interrupted=interrupted,
-        warnings=tuple(warnings),
+        warnings=tuple(warnings) + ((note,) if note else ()),
     )
+
+
+def _quick(points: tuple[SweepPoint, ...], run_one: Callable[[SweepPoint], TrialResult],
+           config: SweepConfig) -> tuple[tuple[SkippedPoint, ...], str]:
+    """The quick strategy: the simulator, calibrated on a few points, picks what to run next."""
+    from mbtune.plan.api import quick_sweep
+
+    found = quick_sweep(points, run_one, workload=config.workload, workload_options=config.workload_options,
+                        optimizer=config.optimizer)
+    not_run = tuple(
+        SkippedPoint(point=point, reason="not run (quick strategy): predicted "
+                     + (f"{rate:,.1f} samples/s" if rate is not None else "n/a"))
+        for point, rate in zip(found.unrun, found.unrun_predicted_samples_per_s))
+    note = (f"quick strategy ran {len(found.results)} of {found.num_grid_points} grid points "
+            f"({found.fraction_run:.0%}); stopped because {found.stopped_because}")
+    return not_run, note
 
 
 def _with_saved_limits(config: SweepConfig, info: DeviceInfo, warnings: list[str]) -> SweepConfig:

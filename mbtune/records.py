@@ -276,6 +276,8 @@ class SweepReport(Record):
     ceiling_peak_memory_bytes: int | None = None  # the probe's peak at its ceiling, same measure as stage peaks
     warmup_steps: int = 1
     measured_steps: int = 3
+    strategy: str = "grid"  # grid: every runnable point; quick: the simulator picks (the rest are skipped)
+    num_grid_points: int = 0
     interrupted: bool = False
     warnings: tuple[str, ...] = ()
 

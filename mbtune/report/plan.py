@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -157,3 +158,19 @@ def print_plan(console: Console, report: PlanReport, fmt: str) -> None:
         console.print(skipped)
     console.print(recommendation_panel(report))
     print_warnings(console, list(report.warnings))
+
+
+def write_plan_artifacts(console: Console, report: PlanReport, *, plot_dir: Path | None,
+                         trace_path: Path | None) -> None:
+    """--plot and --trace of `mbtune plan`: pictures of the predictions, the recommended configuration's
+    simulated timeline as a Chrome trace."""
+    from mbtune.plan.api import recommended_timeline
+    from mbtune.report.plots import write_plan_plots
+    from mbtune.report.trace import write_trace
+
+    recommended = recommended_timeline(report)
+    written = write_plan_plots(report, plot_dir, recommended=recommended) if plot_dir else []
+    if trace_path and recommended is not None:
+        written.append(write_trace(recommended.timeline, trace_path, label=f"{recommended.point.label} (simulated)"))
+    for path in written:
+        console.print(f"wrote {path}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from rich import box
 from rich.console import Console
@@ -149,6 +150,10 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
     if report.skipped:
         console.print(skipped_table(report))
     console.print(best_panel(report))
+    if report.best is not None and report.best.timeline:
+        from mbtune.report.timeline import timeline_renderable
+
+        console.print(timeline_renderable(report.best, width=max(40, console.width - 20)))
     for result in report.results:
         if not result.ok:
             console.print(f"[red]{result.status}:[/] {result.point.label}: {result.error}")
@@ -177,3 +182,15 @@ def results_frame(report: SweepReport):
             "mfu_pct": r.mfu_pct, "pareto": index in report.pareto, "error": r.error,
         })
     return pd.DataFrame(rows).sort_values("rank", na_position="last") if rows else pd.DataFrame(rows)
+
+
+def write_artifacts(console: Console, report: SweepReport, *, plot_dir: Path | None, trace_path: Path | None) -> None:
+    """--plot and --trace: pictures of the sweep, and the best point's timeline as a Chrome trace."""
+    from mbtune.report.plots import write_plots
+    from mbtune.report.trace import write_trace
+
+    written = write_plots(report, plot_dir) if plot_dir else []
+    if trace_path and report.best is not None:
+        written.append(write_trace(report.best, trace_path))
+    for path in written:
+        console.print(f"wrote {path}")
