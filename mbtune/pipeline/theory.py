@@ -153,8 +153,10 @@ def theoretical_bubble(
       When m < p each loop also stalls for the pipe to refill, which adds (v-1)(p-m) slots.
     - zero-bubble (torch's interleaved ZB-H1): with forward = backward-input = backward-weight, the bubble is
       a third of interleaved 1F1B's (Qi et al. 2024, table 3): (p-1) / (3*v*m + p-1).
-    - zbv: 0 when m >= 2p-1 (ZB-V is bubble-free under equal F/B/W costs); with fewer micro-batches torch
-      runs the 2p-1 schedule with slots left empty, so 1 - m/(2p-1).
+    - zbv: with m >= 2p-1 and equal F/B/W costs ZB-V keeps every rank busy in steady state (the paper's
+      "zero bubble"); what remains, measured as above, is the fill while the first micro-batch travels
+      down the V: p-1 slots of each rank's 6m, so (p-1) / (6m + p-1). With fewer micro-batches torch runs
+      the 2p-1 schedule with slots left empty, so at least 1 - m/(2p-1).
     """
     p, m = num_ranks, num_microbatches
     if p < 1 or m < 1:
@@ -167,4 +169,4 @@ def theoretical_bubble(
         return idle_slots / (v * m + idle_slots)
     if schedule == "zero-bubble":
         return (p - 1) / (3 * v * m + p - 1)
-    return max(0.0, 1.0 - m / (2 * p - 1))
+    return max((p - 1) / (6 * m + p - 1), 1.0 - m / (2 * p - 1))

@@ -63,12 +63,12 @@ def test_zero_bubble_order_has_a_third_of_the_interleaved_bubble(p: int, m: int)
 def test_zbv_idles_only_while_the_first_micro_batch_travels_down_the_v(p: int, m: int) -> None:
     """With m >= 2p-1 torch's ZB-V keeps every rank busy except for the fill: the last rank cannot start
     before p-1 chunk slots have passed, and every rank ends together, so each idles p-1 slots of its
-    6m (two stages x forward, input and weight backward per micro-batch). The textbook 'zero' bubble of
-    theory.py leaves that fill out (it measures from each rank's own first action)."""
+    6m (two stages x forward, input and weight backward per micro-batch), which theory.py now counts too."""
     sim = run("zbv", p, m, 2, costs=split_costs(2 * p, 2))
     slot = 0.5
     assert sim.pipeline_s == pytest.approx((6 * m + p - 1) * slot)
     assert sim.bubble == pytest.approx((p - 1) / (6 * m + p - 1))
+    assert sim.bubble == pytest.approx(theoretical_bubble("zbv", num_ranks=p, num_microbatches=m))
 
 
 def test_transfer_adds_one_hand_over_per_boundary_each_way() -> None:
