@@ -43,7 +43,7 @@ class PipelineSpec:
     precision: str = "fp32"  # fp32 or bf16 (autocast per stage); fp16 needs a pipeline-wide scaler: not here
     learning_rate: float = 1e-4
     threads: int | None = 1  # torch threads per rank process
-    balance: str = "parameters"  # split blocks by parameter count, or by block count
+    balance: str = "parameters"  # split by compute-bearing parameters (embeddings excluded), or by block count
     pg_timeout_s: float = 60.0
     capture_grads: bool = False  # return the last step's gradients (for equivalence tests)
 
