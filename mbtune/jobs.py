@@ -54,18 +54,13 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     With a store, every finished trial is journaled, and trials journaled by an interrupted run are
     replayed in order instead of run again (the search is deterministic given its outcomes)."""
     from mbtune.device import resolve_device
-    from mbtune.device.cpu import available_memory_bytes
     from mbtune.probe import search_ceiling
     from mbtune.workloads import load_workload
 
     workload = load_workload(config.workload, config.workload_options)  # bad names fail here, before any trial
     device = resolve_device(config.device)
     warnings = list(config.warnings())
-    budget = config.memory_budget_bytes
-    if budget is None and device == "cpu":
-        budget = int(available_memory_bytes() * DEFAULT_CPU_BUDGET_FRACTION)
-        warnings.append(f"no --memory-budget on CPU: trials are capped at {budget / 2**30:.1f} GiB "
-                        f"({DEFAULT_CPU_BUDGET_FRACTION:.0%} of available memory)")
+    budget = _budget(config, device, warnings)
     search_budget = budget if budget is not None else _device_total_bytes(device, config.trial_timeout_s)
     trial_config = config if budget == config.memory_budget_bytes else _with_budget(config, budget)
 
@@ -126,6 +121,18 @@ def _run_classified(trial: TrialConfig, timeout_s: float) -> TrialOutcome:
                    f"{'ran' if recheck.ok else 'ran out of memory'} with {RECHECK_BUDGET_FACTOR}x the budget]")
 
 
+def _budget(config: ProbeConfig, device: str, warnings: list[str]) -> int | None:
+    """The trial budget: as given; on CPU without one, a share of the memory available now."""
+    from mbtune.device.cpu import available_memory_bytes
+
+    if config.memory_budget_bytes is not None or device != "cpu":
+        return config.memory_budget_bytes
+    budget = int(available_memory_bytes() * DEFAULT_CPU_BUDGET_FRACTION)
+    warnings.append(f"no --memory-budget on CPU: trials are capped at {budget / 2**30:.1f} GiB "
+                    f"({DEFAULT_CPU_BUDGET_FRACTION:.0%} of available memory)")
+    return budget
+
+
 def _trial_detail(outcome: TrialOutcome) -> str:
     if outcome.ok and outcome.samples_per_s:
         return f"{outcome.samples_per_s:,.1f} samples/s"
@@ -172,7 +179,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     """
     from mbtune.device import resolve_device
     from mbtune.device.peak_flops import peak_flops
-    from mbtune.sweep import plan_grid, rank_results
+    from mbtune.sweep import plan_grid
     from mbtune.workloads import load_workload
 
     workload = load_workload(config.workload, config.workload_options)
@@ -210,15 +217,23 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
                 run_one(point)
     except Interrupted:
         interrupted = True
+    return _sweep_report(config, info, results, grid.skipped + not_run, len(grid.points), interrupted,
+                         warnings + ([note] if note else []))
+
+
+def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResult],
+                  skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
+                  warnings: list[str]) -> SweepReport:
+    from mbtune.sweep import rank_results
+
     ranking, pareto = rank_results(results, config.objective)
     return SweepReport(
         workload=config.workload, workload_options=dict(config.workload_options), device=info,
-        objective=config.objective, results=tuple(results), skipped=grid.skipped + not_run, ranking=ranking,
-        pareto=pareto, strategy=config.strategy, num_grid_points=len(grid.points),
-        ceiling=config.ceiling, safe_batch=config.safe_batch,
-        ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes, warmup_steps=config.warmup_steps,
-        measured_steps=config.measured_steps, interrupted=interrupted,
-        warnings=tuple(warnings) + ((note,) if note else ()),
+        objective=config.objective, results=tuple(results), skipped=skipped, ranking=ranking, pareto=pareto,
+        strategy=config.strategy, num_grid_points=num_grid_points, ceiling=config.ceiling,
+        safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
+        warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,
+        warnings=tuple(warnings),
     )
 
 
