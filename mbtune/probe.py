@@ -40,7 +40,8 @@ class _State:
     passes: dict[int, int] = field(default_factory=dict)
     lo: int = 0  # largest size that ran, below every failing size
     hi: int | None = None  # smallest size that failed for memory
-    growth: int = 0  # minimum step while growing after a model guess that ran
+    growth: int = 0  # stride while the model says the ceiling is already behind us
+    guided_step: int = 0  # length of the last unclamped model-guided step (the next is at least as long)
 
     def record(self, outcome: TrialOutcome) -> None:
         self.trials.append(outcome)
@@ -108,14 +109,21 @@ def _next_size(state: _State) -> int | None:
 
 def _grow(state: _State, guess: int | None) -> int:
     """Next size while no size has failed yet: the model's guess (at most 8x the largest that ran), or
-    4x without a model (small batches barely move memory, so early fits are often flat). When the model says we are already there but the size ran, step up by a
-    doubling stride, so a model that keeps underestimating still costs only logarithmically many trials."""
+    4x without a model (small batches barely move memory, so early fits are often flat).
+
+    A model that keeps underestimating must not creep up in shrinking steps: after a guided step that
+    ran, the next step is at least as long; and when the model says we are already there but the size
+    ran, the stride doubles. Either way an underestimating model costs logarithmically many trials."""
     g, lo = state.granularity, state.lo
     if guess is None:
+        state.guided_step = 0
         return 4 * lo
     if guess > lo:
         state.growth = 0
-        return min(guess, 8 * lo)
+        candidate = min(max(guess, lo + state.guided_step), 8 * lo)
+        state.guided_step = candidate - lo if candidate == guess else 0
+        return candidate
+    state.guided_step = 0
     state.growth = max(g, 2 * state.growth)
     return lo + state.growth
 

@@ -122,3 +122,24 @@ def test_memory_model_fit_recovers_linear_costs():
     assert model.fit_error_pct == pytest.approx(0, abs=1e-9)
     assert model.batch_for(800) == pytest.approx(100)
     assert fit_memory_model(trials[:1]) is None
+
+
+def test_an_underestimating_model_does_not_creep_up_in_shrinking_steps():
+    # Memory that grows slower than linearly (per-sample cost falls with the batch): every linear fit
+    # predicts the ceiling a little above the last size that ran, and the true ceiling far beyond it.
+    def used(batch: int) -> float:
+        return 1000 + 400 * batch**0.7
+
+    sizes: list[int] = []
+
+    def run(batch: int) -> TrialOutcome:
+        sizes.append(batch)
+        ok = batch <= 1000
+        return TrialOutcome(status="ok" if ok else "oom", batch_size=batch, budget_used_bytes=used(batch) if ok else None)
+
+    result = search_ceiling(run, budget_bytes=int(used(1000)) + 1)
+    assert (result.ceiling, result.first_failing) == (1000, 1001)
+    growing = sizes[: next(i for i, b in enumerate(sizes) if b > 1000) + 1]  # up to the first failure
+    steps = [b - a for a, b in zip(growing, growing[1:])]
+    assert steps == sorted(steps), sizes  # no creeping: each step at least as long as the one before
+    assert len(sizes) <= 20, sizes
