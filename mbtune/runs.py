@@ -60,9 +60,12 @@ def _saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, p
     from mbtune.device import resolve_device
     from mbtune.store import RunStore
 
+    from mbtune.workloads import load_workload
+
     if profiles_dir is None:
         probe, sweep = body(None)
         return RunOutcome(probe=probe, sweep=sweep)
+    load_workload(workload, next(iter(configs.values())).workload_options)  # bad input fails before any file
     info = describe(resolve_device(device))
     with RunStore(profiles_dir, info, workload, kind=kind, config=_comparable(configs), resume=resume) as store:
         probe, sweep = body(store)

@@ -58,7 +58,7 @@ class RunStore:
             raise RunLockedError(f"another mbtune run is writing {self.path}") from None
         if self._resume:
             self._load_journal()
-        elif self.journal_path.exists():
+        elif _holds_records(self.journal_path):
             kept = self.journal_path.with_name(f"{self.journal_path.name}.{_stamp()}.bak")
             self.journal_path.rename(kept)
             self.notes.append(f"an unfinished run's journal was kept as {kept} (use --resume to continue a run)")
@@ -68,6 +68,8 @@ class RunStore:
     def __exit__(self, *exc: object) -> None:
         if self._journal is not None:
             self._journal.close()
+            if not _holds_records(self.journal_path):
+                self.journal_path.unlink(missing_ok=True)  # nothing was measured: nothing to resume
         if self._lock is not None:
             os.close(self._lock)  # releases the lock
 
@@ -126,6 +128,15 @@ class RunStore:
                 self._replay.setdefault(entry["kind"], []).append(entry["record"])
         self.notes.append(f"resumed from {self.journal_path}: "
                           + ", ".join(f"{len(v)} {k} record(s)" for k, v in self._replay.items()))
+
+
+def _holds_records(path: Path) -> bool:
+    """True when a journal has at least one finished trial after its header."""
+    try:
+        with open(path) as handle:
+            return sum(1 for line in handle if line.strip()) > 1
+    except FileNotFoundError:
+        return False
 
 
 def _parse(line: str) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_cli import ROOT, mbtune
+from tests.unit.test_cli import ROOT, SCRATCH, mbtune
 
 pytestmark = pytest.mark.integration
 
@@ -47,8 +47,8 @@ def assert_no_orphans(tag: str) -> None:
 
 
 def start(args: list[str], tag: str) -> subprocess.Popen:
-    env = {**os.environ, "COLUMNS": "200", "MBTUNE_TEST_TAG": tag}
-    return subprocess.Popen([sys.executable, "-m", "mbtune", *args], cwd=ROOT, env=env, text=True,
+    env = {**os.environ, "COLUMNS": "200", "MBTUNE_TEST_TAG": tag, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "mbtune", *args], cwd=SCRATCH, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -81,13 +81,13 @@ def test_ctrl_c_keeps_finished_points_and_exits_130(tmp_path):
     import subprocess
     import sys
 
-    from tests.unit.test_cli import ROOT
+    from tests.unit.test_cli import ROOT, SCRATCH
 
     command = [sys.executable, "-m", "mbtune", "sweep", "-w", "mlp", "-O", "layers=2", "-O", "width=64", "-d", "cpu",
                "-p", "2", "--schedules", "gpipe", "-m", "2,4,8,16,32", "--accum", "1,2,4", "--micro-batch-size", "4",
                "--steps", "20", "--profiles-dir", str(tmp_path)]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "COLUMNS": "200"})
+    process = subprocess.Popen(command, cwd=SCRATCH, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT)})
     seen = ""
     while "trial 2:" not in seen:  # the line for the first finished point, then the second starts
         line = process.stderr.readline()

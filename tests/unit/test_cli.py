@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
 
 
+# Commands run from a scratch folder, so their default profiles/ never lands in the checkout; the
+# checkout stays importable (mbtune itself and the tests' fixture workloads) through PYTHONPATH.
+SCRATCH = Path(tempfile.mkdtemp(prefix="mbtune-cli-"))
+
+
 def mbtune(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "COLUMNS": "120", **(env or {})}
+    full_env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "mbtune", *args], capture_output=True, text=True, env=full_env,
-                          cwd=ROOT, timeout=300)
+                          cwd=SCRATCH, timeout=300)
 
 
 def test_version():
@@ -62,6 +68,7 @@ def test_bad_input_is_one_line_exit_2(args, message):
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    assert not list(SCRATCH.glob("profiles/**/*.journal.jsonl*"))  # nothing measured, nothing left behind
 
 
 def test_missing_cuda_device_is_bad_input():
