@@ -37,18 +37,9 @@ def step_batch(
     return workload.make_batch(batch_size, generator)
 
 
-def block_compute_weights(workload: Workload) -> list[int]:
-    """Per block, the parameters that do arithmetic on every sample (counted on the meta device without
-    allocating weights). Embedding tables are left out: a lookup costs next to nothing, so counting a
-    large vocabulary would pile the real work onto the other stages."""
-    with torch.device("meta"):
-        return [sum(p.numel() for m in build().modules() if not isinstance(m, nn.Embedding)
-                    for p in m.parameters(recurse=False)) for build in workload.blocks]
-
-
 def stage_blocks(spec: PipelineSpec, workload: Workload) -> StageBlocks:
     """The global block indices of every stage (all ranks), split as the spec's balance says."""
-    weights = block_compute_weights(workload) if spec.balance == "parameters" else None
+    weights = workload.compute_weights() if spec.balance == "parameters" else None
     return split_blocks(workload.num_blocks, spec.num_stages, weights)
 
 

@@ -40,7 +40,8 @@ def block_facts(workload: str, workload_options: Sequence[tuple[str, Any]] | dic
         parameters = tuple(_parameters(loaded))
         source = "parameters" if any(parameters) else "equal"
         weights = tuple(float(p) for p in parameters) if any(parameters) else (1.0,) * len(parameters)
-        return BlockFacts(num_blocks=len(parameters), parameters=parameters, weights=weights, weight_source=source)
+        return BlockFacts(num_blocks=len(parameters), parameters=parameters, weights=weights, weight_source=source,
+                          split_weights=tuple(loaded.compute_weights()))
 
 
 def _parameters(workload: Any) -> list[int]:
@@ -80,7 +81,8 @@ def _meta_facts(workload: Any) -> BlockFacts:
     source = "flops" if any(flops) else "parameters" if any(parameters) else "equal"
     weights = {"flops": flops, "parameters": parameters, "equal": [1] * len(flops)}[source]
     return BlockFacts(num_blocks=len(parameters), parameters=tuple(parameters), weights=tuple(float(w) for w in weights),
-                      weight_source=source, output_bytes_per_sample=tuple(outputs), saved_bytes_per_sample=tuple(saved))
+                      weight_source=source, output_bytes_per_sample=tuple(outputs), saved_bytes_per_sample=tuple(saved),
+                      split_weights=tuple(workload.compute_weights()))
 
 
 def _sweep_of(profile: Profile) -> SweepReport:

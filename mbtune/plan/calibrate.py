@@ -57,9 +57,8 @@ STATE_BYTES_PER_PARAMETER = {"adamw": 16.0, "sgd": 8.0}  # fp32 weights + gradie
 
 
 def point_split(point: SweepPoint, facts: BlockFacts) -> tuple[tuple[int, ...], ...]:
-    """The blocks of every stage of a point, split as the runner splits them (by parameter count)."""
-    weights = facts.parameters if any(facts.parameters) else None
-    return split_blocks(facts.num_blocks, point.num_stages * point.virtual_stages, weights)
+    """The blocks of every stage of a point, split as the runner splits them (compute-bearing parameters)."""
+    return split_blocks(facts.num_blocks, point.num_stages * point.virtual_stages, facts.balance_weights)
 
 
 def point_orders(point: SweepPoint) -> RankOrders:

@@ -86,6 +86,7 @@ def deepen(model: CostModel, num_blocks: int) -> CostModel:
                               for kind in ("forward", "backward", "backward_input", "backward_weight")})
     new_facts = BlockFacts(
         num_blocks=num_blocks, parameters=spread(facts.parameters, round(avg(facts.parameters))),
+        split_weights=spread(facts.split_weights, round(avg(facts.split_weights))) if facts.split_weights else (),
         weights=spread(facts.weights, avg(facts.weights)), weight_source=facts.weight_source,
         output_bytes_per_sample=spread(facts.output_bytes_per_sample, round(avg(facts.output_bytes_per_sample)))
         if facts.output_bytes_per_sample else (),
@@ -118,7 +119,7 @@ def simulate_point(model: CostModel, point: SweepPoint, *, link: Link | None = N
                    keep_timeline: bool = False) -> Simulation:
     """Simulate one optimizer step's pipeline part of a point (ValueError where its schedule cannot run)."""
     split = split_blocks(model.facts.num_blocks, point.num_stages * point.virtual_stages,
-                         model.facts.parameters if any(model.facts.parameters) else None)
+                         model.facts.balance_weights)
     owners = stage_to_rank(point.schedule, point.num_stages, len(split))
     size = point.micro_batch_size
     transfers = tuple(_transfer_s(model, link, blocks[-1], size) for blocks in split[:-1])
@@ -144,7 +145,7 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
     memory per rank checked against the limit."""
     sim = simulate_point(model, point, link=link, orders_of=orders_of, keep_timeline=keep_timeline)
     split = split_blocks(model.facts.num_blocks, point.num_stages * point.virtual_stages,
-                         model.facts.parameters if any(model.facts.parameters) else None)
+                         model.facts.balance_weights)
     owners = stage_to_rank(point.schedule, point.num_stages, len(split))
     params = [0] * point.num_stages
     for stage, blocks in enumerate(split):

@@ -57,6 +57,13 @@ class BlockFacts(Record):
     weight_source: str  # flops | parameters | equal
     output_bytes_per_sample: tuple[int, ...] = ()  # what block i sends to block i+1, per sample
     saved_bytes_per_sample: tuple[int, ...] = ()  # activations block i keeps for its backward, per sample
+    split_weights: tuple[int, ...] = ()  # what the runner balances stages by (Workload.compute_weights)
+
+    @property
+    def balance_weights(self) -> tuple[int, ...] | None:
+        """The weights split_blocks gets, exactly as the runner passes them (None: equal blocks)."""
+        weights = self.split_weights or self.parameters
+        return weights if any(weights) else None
 
     @classmethod
     def uniform(cls, num_blocks: int, *, parameters: int = 0, output_bytes_per_sample: int = 0,

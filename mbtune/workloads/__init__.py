@@ -58,6 +58,17 @@ class Workload:
             modules.append(self.blocks[i]())
         return nn.Sequential(*modules)
 
+    def compute_weights(self) -> list[int]:
+        """Per block, the parameters that do arithmetic on every sample (meta device, no allocation): what
+        pipeline stages are balanced by. Embedding tables are left out: a lookup costs next to nothing, so
+        counting a large vocabulary would pile the real work onto the other stages."""
+        import torch
+        from torch import nn
+
+        with torch.device("meta"):
+            return [sum(p.numel() for m in build().modules() if not isinstance(m, nn.Embedding)
+                        for p in m.parameters(recurse=False)) for build in self.blocks]
+
     def num_parameters(self) -> int:
         """Parameter count, computed on the meta device without allocating weights."""
         import torch

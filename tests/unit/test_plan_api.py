@@ -116,3 +116,19 @@ def test_a_profile_without_a_timed_sweep_cannot_be_planned_from() -> None:
         plan_from_profile(Profile(schema_version=1, metadata=METADATA, probe=sample_probe()), num_stages=2,
                           micro_batches=(4,), schedules=("gpipe",))
     assert "Run mbtune sweep" in info.value.one_line()
+
+
+@pytest.mark.parametrize(("schedule", "ranks"), [("gpipe", 2), ("interleaved-1f1b", 2), ("zbv", 2), ("1f1b", 3)])
+def test_the_planner_splits_stages_exactly_as_the_runner(schedule, ranks):
+    from mbtune.pipeline import PipelineSpec
+    from mbtune.pipeline.runner import stage_blocks
+    from mbtune.plan.calibrate import point_split
+    from mbtune.records import SweepPoint
+    from mbtune.workloads import load_workload
+
+    spec = PipelineSpec(workload="gpt", schedule=schedule, num_ranks=ranks, num_microbatches=6)
+    point = SweepPoint(schedule=schedule, num_stages=ranks, num_microbatches=6, grad_accum_steps=1,
+                       micro_batch_size=1, virtual_stages=spec.stages_per_rank)
+    facts = block_facts("gpt")
+    assert facts.split_weights[0] == 0  # the embedding lookup carries no weight
+    assert point_split(point, facts) == stage_blocks(spec, load_workload("gpt"))
