@@ -12,7 +12,7 @@ first scaled by the point's median step over that step, so a first step a neighb
   per forward matmul) until a zero-bubble point measures them.
 - Rank overheads. The gap between two actions of one rank whose next action's inputs were already on that
   rank: after an action that sends its result to another rank it is `send_s` (posting the send), otherwise
-  `gap_s`.
+  `gap_s`; trimmed means, like compute, since a step pays the sum of its gaps, not their median.
 - Transfer. Ranks leave the step's barrier a few milliseconds apart, so their clocks disagree by an unknown
   offset. The forward gap (stage s ends, stage s+1 starts on the same micro-batch) carries +offset and the
   backward gap (stage s+1's backward ends, stage s's starts) -offset; the smallest of each is a hand-over
@@ -37,7 +37,7 @@ from typing import Any
 
 from mbtune.pipeline.split import split_blocks
 from mbtune.pipeline.theory import stage_to_rank
-from mbtune.plan.fit import fit_samples, median_or
+from mbtune.plan.fit import fit_samples, median_or, trimmed_mean
 from mbtune.plan.orders import RankOrders, schedule_orders
 from mbtune.plan.records import (
     BACKWARD,
@@ -98,7 +98,7 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
     samples = _Samples(defaultdict(lambda: defaultdict(list)), defaultdict(list), [], [], defaultdict(list), [], [])
     for result in runs:
         _read(result, facts, samples)
-    send_s = median_or(samples.send)
+    send_s = trimmed_mean(samples.send) if samples.send else 0.0
     state = STATE_BYTES_PER_PARAMETER.get(optimizer, 16.0)
     blocks, split_measured = _block_costs(samples.compute, facts.num_blocks)
     transfer = fit_samples({size: [max(0.0, g - send_s) for g in gaps] for size, gaps in samples.transfer_gaps.items()},
@@ -106,7 +106,8 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
     notes = _notes(runs, samples, split_measured)
     return CostModel(
         workload=workload, workload_options=dict(workload_options or {}), device=device, blocks=blocks, facts=facts,
-        loss=fit_samples(samples.loss), transfer=transfer, send_s=send_s, gap_s=median_or(samples.gap),
+        loss=fit_samples(samples.loss), transfer=transfer, send_s=send_s,
+        gap_s=trimmed_mean(samples.gap) if samples.gap else 0.0,
         start_s=median_or(samples.start), update_per_parameter_s=median_or(samples.update_per_parameter),
         base_bytes=_base_bytes(runs, facts, state, orders_of), state_bytes_per_parameter=state,
         micro_batch_sizes=tuple(sorted({r.point.micro_batch_size for r in runs})), num_points=len(runs),
