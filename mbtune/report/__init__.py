@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 FORMATS = ("table", "json", "csv")
 
@@ -23,6 +24,14 @@ def make_console(*, stderr: bool = False) -> Console:
     if width is None and not console.is_terminal:
         console.width = LOG_WIDTH
     return console
+
+
+def key_value_grid() -> Table:
+    """Two columns, bold labels on the left: the body of every summary panel."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    return grid
 
 
 def fmt_bytes(value: float | None) -> str:

@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from mbtune.plan.records import PlanReport, Prediction, QuickResult, Validation
-from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, print_json, print_warnings
+from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 
 
 def _pct(value: float | None) -> str:
@@ -76,9 +76,7 @@ def recommendation_panel(report: PlanReport) -> Panel:
         reason = "no configuration fits the probed ceiling" if report.predictions else "no configuration could run"
         return Panel(reason, title="Recommendation", title_align="left", expand=False)
     point = best.point
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
+    grid = key_value_grid()
     grid.add_row("schedule", point.schedule)
     grid.add_row("stages", f"{point.num_stages * point.virtual_stages} ({point.num_stages} rank(s) x "
                  f"{point.virtual_stages} stage(s) per rank; blocks per stage {_range(best.blocks_per_stage)})")

@@ -132,22 +132,30 @@ def _throughput_plot(items: Sequence[Any], path: Path, *, title: str, predicted:
 
 
 def _bubble_plot(results: Sequence[Any], path: Path) -> Path:
+    rows = [(_series_key(r.point), r.point.num_microbatches, r.bubble_measured, r.bubble_theoretical)
+            for r in results if r.bubble_measured is not None and r.bubble_theoretical is not None]
+    return _bubble_lines(rows, path, kind="measured", ylabel="bubble (% of stage-time idle)",
+                         title="Bubble: measured (solid) against theoretical (dashed)")
+
+
+def _bubble_lines(rows: Sequence[tuple[str, int, float, float]], path: Path, *, kind: str, ylabel: str,
+                  title: str) -> Path:
+    """One solid line (measured or simulated) and one dashed (theory) per schedule, against micro-batches."""
     figure = _figure()
     ax = figure.subplots()
     series: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
-    for r in results:
-        if r.bubble_measured is not None and r.bubble_theoretical is not None:
-            series[_series_key(r.point)].append((r.point.num_microbatches, r.bubble_measured, r.bubble_theoretical))
+    for key, m, value, theory in rows:
+        series[key].append((m, value, theory))
     for index, (key, values) in enumerate(sorted(series.items())):
         values.sort()
         colour = f"C{index % 10}"
         ms = [v[0] for v in values]
-        ax.plot(ms, [100 * v[1] for v in values], marker="o", color=colour, label=f"{key} measured")
+        ax.plot(ms, [100 * v[1] for v in values], marker="o", color=colour, label=f"{key} {kind}")
         ax.plot(ms, [100 * v[2] for v in values], linestyle="--", color=colour, label=f"{key} theory")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("micro-batches per pipeline step")
-    ax.set_ylabel("bubble (% of stage-time idle)")
-    ax.set_title("Bubble: measured (solid) against theoretical (dashed)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="x-small", ncol=2)
     return _save(figure, path)
@@ -197,24 +205,9 @@ def write_plan_plots(report: PlanReport, directory: str | os.PathLike[str], *,
 
 
 def _plan_bubble_plot(predictions: Sequence[Any], path: Path) -> Path:
-    figure = _figure()
-    ax = figure.subplots()
-    series: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
-    for p in predictions:
-        series[_series_key(p.point)].append((p.point.num_microbatches, p.bubble, p.bubble_theoretical))
-    for index, (key, values) in enumerate(sorted(series.items())):
-        values.sort()
-        colour = f"C{index % 10}"
-        ms = [v[0] for v in values]
-        ax.plot(ms, [100 * v[1] for v in values], marker="o", color=colour, label=f"{key} simulated")
-        ax.plot(ms, [100 * v[2] for v in values], linestyle="--", color=colour, label=f"{key} theory")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("micro-batches per pipeline step")
-    ax.set_ylabel("bubble (%)")
-    ax.set_title("Bubble: simulated with calibrated costs (solid) against theoretical (dashed)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="x-small", ncol=2)
-    return _save(figure, path)
+    rows = [(_series_key(p.point), p.point.num_microbatches, p.bubble, p.bubble_theoretical) for p in predictions]
+    return _bubble_lines(rows, path, kind="simulated", ylabel="bubble (%)",
+                         title="Bubble: simulated with calibrated costs (solid) against theoretical (dashed)")
 
 
 def _validation_plot(validation: Any, path: Path) -> Path:

@@ -9,7 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from mbtune.records import ProbeResult, TrialOutcome
-from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, print_json, print_warnings
+from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 
 _STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red", "killed": "red"}
 
@@ -31,9 +31,7 @@ def trials_table(trials: tuple[TrialOutcome, ...] | list[TrialOutcome], *, title
 
 def summary_panel(result: ProbeResult) -> Panel:
     """Ceiling, first failing size, margin, safe batch, memory model and device."""
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
+    grid = key_value_grid()
     device = result.device
     grid.add_row("device", f"{device.label} {device.name} ({fmt_bytes(device.total_memory_bytes)})")
     grid.add_row("workload", _workload_label(result))

@@ -6,16 +6,14 @@ from rich.console import Console
 from rich.table import Table
 
 from mbtune.records import Profile
-from mbtune.report import print_json
+from mbtune.report import key_value_grid, print_json
 from mbtune.report.probe import print_probe
 from mbtune.report.sweep import print_sweep
 
 
 def metadata_table(profile: Profile, path: str) -> Table:
     meta = profile.metadata
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
+    table = key_value_grid()
     table.add_row("profile", f"{path} (schema {profile.schema_version})")
     table.add_row("measured", f"{meta.created_at} on {meta.host} by mbtune {meta.mbtune_version}")
     table.add_row("software", f"torch {meta.torch_version}, python {meta.python_version}, {meta.platform}")

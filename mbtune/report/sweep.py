@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from mbtune.records import SweepReport, TrialResult
-from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, print_json, print_warnings
+from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 
 
 def _pct(value: float | None, scale: float = 100.0) -> str:
@@ -111,9 +111,7 @@ def best_panel(report: SweepReport) -> Panel:
     if best is None:
         return Panel("no point completed", title="Best configuration", title_align="left", expand=False)
     point = best.point
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
+    grid = key_value_grid()
     grid.add_row("schedule", point.schedule)
     grid.add_row("stages", f"{point.num_stages * point.virtual_stages} ({point.num_stages} rank(s) x "
                  f"{point.virtual_stages} stage(s) per rank; ran as {best.ran_as})")
