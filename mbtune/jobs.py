@@ -218,12 +218,12 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     except Interrupted:
         interrupted = True
     return _sweep_report(config, info, results, grid.skipped + not_run, len(grid.points), interrupted,
-                         warnings + ([note] if note else []))
+                         warnings, (note,) if note else ())
 
 
 def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResult],
                   skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
-                  warnings: list[str]) -> SweepReport:
+                  warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
     from mbtune.sweep import rank_results
 
     ranking, pareto = rank_results(results, config.objective)
@@ -233,7 +233,7 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResu
         strategy=config.strategy, num_grid_points=num_grid_points, ceiling=config.ceiling,
         safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
         warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,
-        warnings=tuple(warnings),
+        warnings=tuple(warnings), notes=notes,
     )
 
 

@@ -280,6 +280,7 @@ class SweepReport(Record):
     num_grid_points: int = 0
     interrupted: bool = False
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what the run did that is worth knowing but not a problem
 
     @property
     def best(self) -> TrialResult | None:

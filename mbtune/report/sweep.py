@@ -156,6 +156,8 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
         if not result.ok:
             console.print(f"[red]{result.status}:[/] {result.point.label}: {result.error}")
     print_warnings(console, list(report.warnings) + [f"{r.point.label}: {w}" for r in report.results for w in r.warnings])
+    for note in report.notes:
+        console.print(f"note: {note}")
     if report.interrupted:
         console.print("[yellow]interrupted:[/] the points above finished; the rest did not run")
     if saved_to:
