@@ -46,7 +46,8 @@ def summary_panel(result: ProbeResult) -> Panel:
     grid.add_row("safe batch", f"[bold green]{result.safe_batch}[/] ({verified})")
     model = result.memory_model
     grid.add_row("memory model", "n/a (fewer than two sizes ran)" if model is None else
-                 f"{fmt_bytes(model.fixed_bytes)} + {fmt_bytes(model.per_sample_bytes)} x batch "
+                 f"{fmt_bytes(model.fixed_bytes)} {'+' if model.per_sample_bytes >= 0 else '-'} "
+                 f"{fmt_bytes(abs(model.per_sample_bytes))} x batch "
                  f"(fit error {model.fit_error_pct:.1f}% over {model.num_points} trials)")
     grid.add_row("trials", str(len(result.trials)))
     return Panel(grid, title="Probe result", title_align="left", expand=False)

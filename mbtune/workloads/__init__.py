@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -83,6 +85,10 @@ def load_workload(name: str, options: Sequence[tuple[str, Any]] = ()) -> Workloa
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise WorkloadError(f"unknown workload {name!r}")
+    if name not in BUILTINS and os.getcwd() not in sys.path:
+        # A user's workload module next to where they run mbtune imports as it would with `python -m`;
+        # trial processes inherit this path.
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import failure of user code is bad input

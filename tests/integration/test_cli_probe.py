@@ -49,3 +49,26 @@ def test_workload_failing_for_another_reason_is_bad_input_not_oom():
     assert result.returncode == 2
     assert "reason other than memory" in result.stderr and "shape mismatch" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_readme_workload_example_runs_from_the_current_folder(tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "mbtune"
+    if not script.exists():
+        pytest.skip("the mbtune console script is not installed next to this interpreter")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = re.search(r"```python\n(# mypkg/workloads.py.*?)```", readme, re.S).group(1)
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "workloads.py").write_text(example)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([str(script), "probe", "--workload", "mypkg.workloads:tiny", "-O", "width=128",
+                             "-d", "cpu", "--max-batch", "16", "--no-save", "--format", "json"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["ceiling"] == 16
