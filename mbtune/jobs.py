@@ -61,8 +61,8 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     device = resolve_device(config.device)
     warnings = list(config.warnings())
     budget = _budget(config, device, warnings)
-    search_budget = budget if budget is not None else _device_total_bytes(device, config.trial_timeout_s)
-    trial_config = config if budget == config.memory_budget_bytes else _with_budget(config, budget)
+    search_budget = budget if budget is not None else describe(device, config.trial_timeout_s).total_memory_bytes
+    trial_config = replace(config, memory_budget_bytes=budget)
 
     replay = deque(TrialOutcome.from_dict(r) for r in store.replayed(PROBE_TRIAL)) if store else deque()
 
@@ -139,10 +139,6 @@ def _trial_detail(outcome: TrialOutcome) -> str:
     return (outcome.error.strip().splitlines() or [""])[-1][:80]
 
 
-def _with_budget(config: ProbeConfig, budget: int | None) -> ProbeConfig:
-    return replace(config, memory_budget_bytes=budget)
-
-
 def _device_info(trials: tuple[TrialOutcome, ...], device: str, timeout_s: float) -> DeviceInfo:
     for trial in trials:
         if trial.device is not None:
@@ -164,10 +160,6 @@ def describe(device: str, timeout_s: float = 120.0) -> DeviceInfo:
     if result.status != OK:
         raise TrialFailedError(f"could not read the facts of device {device}: {result.error}")
     return result.value
-
-
-def _device_total_bytes(device: str, timeout_s: float) -> int:
-    return describe(device, timeout_s).total_memory_bytes
 
 
 def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
@@ -83,7 +83,3 @@ def trials_frame(trials: tuple[TrialOutcome, ...]):
         "peak_reserved_bytes": t.peak_reserved_bytes, "budget_used_bytes": t.budget_used_bytes,
         "step_time_s": t.step_time_s, "samples_per_s": t.samples_per_s, "wall_s": t.wall_s, "error": t.error,
     } for t in trials])
-
-
-def render(result: ProbeResult) -> Group:
-    return Group(trials_table(result.trials), summary_panel(result))

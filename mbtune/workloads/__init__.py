@@ -119,11 +119,3 @@ def _check_options(name: str, factory: Callable[..., Any], kwargs: dict[str, Any
         accepted = ", ".join(params) or "none"
         raise WorkloadError(f"workload {name!r} has no option {', '.join(unknown)}",
                             hint=f"Options it accepts: {accepted}.")
-
-
-def describe_options(name: str) -> dict[str, Any]:
-    """Defaults of a workload factory's options, for reports."""
-    target = BUILTINS.get(name, name)
-    module_name, _, attr = target.partition(":")
-    factory = getattr(importlib.import_module(module_name), attr)
-    return {k: p.default for k, p in inspect.signature(factory).parameters.items() if p.default is not p.empty}
