@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import resource
 
 from mbtune.records import DeviceInfo
+
+_M_ARENA_MAX = -8  # glibc mallopt parameter
+
+
+def share_one_malloc_arena() -> None:
+    """Keep later threads on the existing malloc arenas. Each new glibc arena reserves 64 MiB of address
+    space that is never touched, and when a helper thread makes its first allocation is a race; under an
+    address-space cap that reservation would move the ceiling by whole batches from one run to the next."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, 1)
+    except (OSError, AttributeError):
+        pass  # not glibc: no arenas to pin
 
 
 def read_status_bytes(*keys: str) -> dict[str, int]:
@@ -61,6 +74,8 @@ class CpuBackend:
 
     def limit_memory(self, budget_bytes: int | None) -> None:
         """Cap the address space at its start-up size plus the budget, so the allocator raises a real OOM."""
+        if budget_bytes is not None:
+            share_one_malloc_arena()
         self._start_vm_bytes = read_status_bytes("VmSize")["VmSize"]
         if budget_bytes is not None:
             limit = self._start_vm_bytes + budget_bytes

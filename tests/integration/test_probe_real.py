@@ -47,6 +47,7 @@ def test_probe_finds_the_brute_force_ceiling(budget):
     assert result.ceiling == truth, f"budget {budget}: brute force {stepped}, probe {seen}"
     assert result.first_failing == truth + GRANULE
     assert result.safe_batch_verified and result.safe_batch <= truth
-    assert result.memory_model is not None and result.memory_model.per_sample_bytes > 0
+    assert result.memory_model is not None and result.memory_model.per_sample_bytes > 0, \
+        f"budget {budget}: brute force {stepped}, probe {seen}"
     assert [t.status for t in result.trials].count("oom") >= 1
     assert result.device.backend == "cpu"
