@@ -214,7 +214,7 @@ class SkippedPoint(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class TimelineAction(Record):
-    """One compute action of the first measured step: rank, stage, kind, micro-batch, start and end (s)."""
+    """One compute action of a measured step: rank, stage, kind, micro-batch, start and end (s)."""
 
     rank: int
     stage: int
@@ -246,7 +246,8 @@ class TrialResult(Record):
     nvml: NvmlSummary | None = None
     ran_as: str = ""
     warnings: tuple[str, ...] = ()
-    timeline: tuple[TimelineAction, ...] = ()
+    timeline: tuple[TimelineAction, ...] = ()  # the actions of one measured step: the median one
+    timeline_step: int = 0  # which measured step the timeline shows (index into step_times_s)
     wall_s: float = 0.0
 
     @property

@@ -90,6 +90,7 @@ def summarize_point(point: SweepPoint, outcome: object, *, tokens_per_sample: in
     if cv > STABILITY_CV_PCT:
         warnings.append(f"step time varies {cv:.0f}% (over {STABILITY_CV_PCT:.0f}%): results unstable; "
                         "run more --steps or on a quieter machine")
+    typical = median_step(steps)
     return TrialResult(
         point=point, status=OK, step_times_s=steps, step_time_median_s=median, step_time_cv_pct=cv,
         samples_per_s=samples_per_s,
@@ -99,16 +100,24 @@ def summarize_point(point: SweepPoint, outcome: object, *, tokens_per_sample: in
         bubble_measured=measured, bubble_theoretical=theory,
         excess_idle_pct=100.0 * (measured - theory) if measured is not None else None,
         peak_memory_bytes=tuple(r.peak_memory_bytes for r in outcome.reports), loss=outcome.loss,
-        warnings=tuple(warnings), timeline=first_step_timeline(outcome.reports), wall_s=outcome.wall_s,
+        warnings=tuple(warnings), timeline=step_timeline(outcome.reports, typical), timeline_step=typical,
+        wall_s=outcome.wall_s,
     )
 
 
-def first_step_timeline(reports: Sequence[object]) -> tuple[TimelineAction, ...]:
-    """The compute actions of the first measured step, every rank, in start order."""
+def median_step(step_times_s: Sequence[float]) -> int:
+    """The index of the median measured step (the lower one of an even count): the step a timeline shows,
+    so that the picture and the calibration see a typical step, not a first one a neighbour slowed."""
+    order = sorted(range(len(step_times_s)), key=lambda i: step_times_s[i])
+    return order[(len(order) - 1) // 2] if order else 0
+
+
+def step_timeline(reports: Sequence[object], step: int = 0) -> tuple[TimelineAction, ...]:
+    """The compute actions of one measured step, every rank, in start order."""
     actions = [
         TimelineAction(rank=report.rank, stage=a.stage, kind=a.kind, microbatch=a.microbatch, accum=a.accum,
                        start_s=a.start_s, end_s=a.end_s)
-        for report in reports for a in report.actions if a.step == 0
+        for report in reports for a in report.actions if a.step == step
     ]
     return tuple(sorted(actions, key=lambda a: (a.start_s, a.rank)))
 

@@ -1,8 +1,8 @@
 """Fit the simulator's cost model to measured timelines. Pure: no torch.
 
-What is measured, and how each cost is read from it (every TrialResult keeps the action timeline of its first
-measured optimizer step, each rank's times relative to its own start after the step's barrier; its times are
-first scaled by the point's median step over that step, so a first step a neighbour slowed does not skew it):
+What is measured, and how each cost is read from it (every TrialResult keeps the action timeline of its median
+measured optimizer step, each rank's times relative to its own start after the step's barrier; a timeline of
+another step is first scaled by the point's median step over that step, see typical_step_scale):
 
 - Compute. Each action's duration, shared among the stage's blocks in proportion to the blocks' weights
   (forward FLOPs, see BlockFacts), gives per-block samples; per block and kind, the trimmed mean at each
@@ -22,6 +22,10 @@ first scaled by the point's median step over that step, so a first step a neighb
   busy machine hand-overs have a long tail, and a step pays for it).
 - Update. The measured step minus the end of its last action: optimizer step and barriers, charged per
   parameter of the rank that holds the most.
+- Spread. Every measured action over its fitted stage cost, every hand-over over the fitted transfer and
+  every rank gap over its mean, kept as quantiles: the simulator draws from them (see planner.py), since a
+  pipeline waits for the slowest of the actions it joins and costs that are only ever average predict a
+  step that is too short.
 - Memory. Each rank's measured peak less its parameter state (weights, gradients, optimizer state) and its
   in-flight activations (peak micro-batches held, from the schedule order, x saved bytes per sample) gives
   the base (runtime, allocator); the median over ranks and points.
@@ -37,7 +41,7 @@ from typing import Any
 
 from mbtune.pipeline.split import split_blocks
 from mbtune.pipeline.theory import stage_to_rank
-from mbtune.plan.fit import fit_samples, median_or, trimmed_mean
+from mbtune.plan.fit import fit_samples, median_or, quantiles, trimmed_mean
 from mbtune.plan.orders import RankOrders, schedule_orders
 from mbtune.plan.records import (
     BACKWARD,
@@ -49,6 +53,7 @@ from mbtune.plan.records import (
     BlockFacts,
     CostModel,
     LinearCost,
+    Spread,
 )
 from mbtune.plan.simulate import peak_in_flight
 from mbtune.records import SweepPoint, TimelineAction, TrialResult
@@ -83,6 +88,7 @@ class _Samples:
     transfer_gaps: dict[int, list[float]]  # size -> skew-cancelled hand-over gap (send_s not yet taken off)
     start: list[float]
     update_per_parameter: list[float]
+    actions: list[tuple[tuple[int, ...], str, int, float]]  # (the stage's blocks, kind, size, seconds)
 
 
 def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: str,
@@ -95,7 +101,7 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
     runs = usable(results)
     if not runs:
         raise ValueError("no point with a measured timeline to calibrate from; run a sweep first")
-    samples = _Samples(defaultdict(lambda: defaultdict(list)), defaultdict(list), [], [], defaultdict(list), [], [])
+    samples = _Samples(defaultdict(lambda: defaultdict(list)), defaultdict(list), [], [], defaultdict(list), [], [], [])
     for result in runs:
         _read(result, facts, samples)
     send_s = trimmed_mean(samples.send) if samples.send else 0.0
@@ -103,15 +109,16 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
     blocks, split_measured = _block_costs(samples.compute, facts.num_blocks)
     transfer = fit_samples({size: [max(0.0, g - send_s) for g in gaps] for size, gaps in samples.transfer_gaps.items()},
                            proportional_when_single=False)
+    gap_s = trimmed_mean(samples.gap) if samples.gap else 0.0
     notes = _notes(runs, samples, split_measured)
     return CostModel(
         workload=workload, workload_options=dict(workload_options or {}), device=device, blocks=blocks, facts=facts,
-        loss=fit_samples(samples.loss), transfer=transfer, send_s=send_s,
-        gap_s=trimmed_mean(samples.gap) if samples.gap else 0.0,
+        loss=fit_samples(samples.loss), transfer=transfer, send_s=send_s, gap_s=gap_s,
         start_s=median_or(samples.start), update_per_parameter_s=median_or(samples.update_per_parameter),
         base_bytes=_base_bytes(runs, facts, state, orders_of), state_bytes_per_parameter=state,
         micro_batch_sizes=tuple(sorted({r.point.micro_batch_size for r in runs})), num_points=len(runs),
-        split_backward_measured=split_measured, notes=notes,
+        split_backward_measured=split_measured, spread=_spread(samples, blocks, transfer, send_s, gap_s),
+        notes=notes,
     )
 
 
@@ -146,12 +153,13 @@ class _Span:
 
 
 def typical_step_scale(result: TrialResult) -> float:
-    """Median step over the step the timeline was taken from (the first measured one): a first step that
-    ran slower or faster than usual (a neighbour on a shared machine, a cold cache) is scaled to a typical
-    one, assuming the difference spread evenly over its actions."""
-    if not result.step_times_s or not result.step_time_median_s or result.step_times_s[0] <= 0:
+    """Median step over the step the timeline was taken from: 1 where the timeline shows the median step (as
+    the sweep keeps it); a step that ran slower or faster than usual (a neighbour on a shared machine, a cold
+    cache) is scaled to a typical one, assuming the difference spread evenly over its actions."""
+    step = result.timeline_step
+    if step >= len(result.step_times_s) or not result.step_time_median_s or result.step_times_s[step] <= 0:
         return 1.0
-    return result.step_time_median_s / result.step_times_s[0]
+    return result.step_time_median_s / result.step_times_s[step]
 
 
 def _spans(timeline: Sequence[TimelineAction], scale: float = 1.0) -> dict[tuple[str, int, int, int], _Span]:
@@ -177,6 +185,7 @@ def _share(span: _Span, split: Sequence[Sequence[int]], facts: BlockFacts, size:
     total = sum(weights)
     for block, weight in zip(blocks, weights):
         samples.compute[(block, span.kind)][size].append(duration * weight / total)
+    samples.actions.append((tuple(blocks), span.kind, size, duration))
     if span.end_s > span.compute_end_s:
         samples.loss[size].append(span.end_s - span.compute_end_s)
 
@@ -291,6 +300,20 @@ def _block_costs(compute: dict, num_blocks: int) -> tuple[tuple[BlockCost, ...],
         blocks.append(BlockCost(forward=forward, backward=full, backward_input=inp or full.scaled(0.5),
                                 backward_weight=weight or full.scaled(0.5)))
     return tuple(blocks), measured_split
+
+
+def _spread(samples: _Samples, blocks: Sequence[BlockCost], transfer: LinearCost, send_s: float,
+            gap_s: float) -> Spread:
+    """Each sample over what the fitted model says it costs (see the module docstring)."""
+    compute = []
+    for stage_blocks, kind, size, seconds in samples.actions:
+        fitted = sum(getattr(blocks[b], kind).at(size) for b in stage_blocks)
+        if fitted > 0:
+            compute.append(seconds / fitted)
+    hand_overs = [max(0.0, g - send_s) / transfer.at(size) for size, gaps in samples.transfer_gaps.items()
+                  for g in gaps if transfer.at(size) > 0]
+    gaps = [g / send_s for g in samples.send if send_s > 0] + [g / gap_s for g in samples.gap if gap_s > 0]
+    return Spread(compute=quantiles(compute), transfer=quantiles(hand_overs), gap=quantiles(gaps))
 
 
 def _base_bytes(runs: Sequence[TrialResult], facts: BlockFacts, state: float,

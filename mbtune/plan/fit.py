@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from mbtune.plan.records import LinearCost
 
 TRIM_FRACTION = 0.1  # share of samples dropped at each end before averaging
+SPREAD_QUANTILES = 41  # how finely a Spread keeps a distribution
 
 
 def trimmed_mean(values: Sequence[float], trim: float = TRIM_FRACTION) -> float:
@@ -57,3 +58,13 @@ def median_or(values: Iterable[float], default: float = 0.0) -> float:
     """The median, or `default` without values."""
     values = list(values)
     return statistics.median(values) if values else default
+
+
+def quantiles(values: Sequence[float], count: int = SPREAD_QUANTILES) -> tuple[float, ...]:
+    """`count` evenly spaced quantiles, at (i + 0.5) / count: drawing one of them uniformly samples the
+    distribution, with its extreme tails (below and above half a step) left out. Empty without values."""
+    if not values:
+        return ()
+    ordered = sorted(values)
+    last = len(ordered) - 1
+    return tuple(ordered[min(last, int((i + 0.5) / count * len(ordered)))] for i in range(count))

@@ -7,6 +7,10 @@ the interior ones. Beyond this machine, the stage-to-stage hand-over costs the l
 boundary activation (bytes per sample x micro-batch size) over its bandwidth; data-parallel replicas add a
 ring all-reduce of each rank's fp32 gradients after the pipeline (not overlapped: an upper bound). Compute
 costs stay those of the profiled device: the plan is for devices like it.
+
+Where the cost model knows how measured durations scatter (CostModel.spread), a prediction is the median
+of several simulated steps with costs drawn from that scatter (fixed seeds, so the same point always gets
+the same answer and every point sees the same draws), as the measured step time is the median of steps.
 """
 
 from __future__ import annotations
@@ -35,8 +39,12 @@ from mbtune.plan.records import (
     StageCost,
     Validation,
 )
-from mbtune.plan.simulate import Overheads, simulate
+from mbtune.plan.simulate import Jitter, Overheads, simulate
 from mbtune.records import SweepPoint
+
+SPREAD_SAMPLES = 15  # simulated steps behind one prediction where the spread is known
+SAMPLED_ACTIONS = 150_000  # at most this many simulated actions per prediction (but 3 steps at least): a huge
+# pipeline joins so many actions that one simulated step already shows most of what the scatter costs
 
 GRAD_BYTES_PER_PARAMETER = 4  # fp32 gradients are what data-parallel replicas all-reduce
 
@@ -124,8 +132,19 @@ def simulate_point(model: CostModel, point: SweepPoint, *, link: Link | None = N
     size = point.micro_batch_size
     transfers = tuple(_transfer_s(model, link, blocks[-1], size) for blocks in split[:-1])
     overheads = Overheads(transfer_s=transfers, send_s=model.send_s, gap_s=model.gap_s, start_s=model.start_s)
-    return simulate(orders_of(point), stage_to_rank=owners, stage_costs=stage_costs(model, split, size),
-                    overheads=overheads, num_accum=point.grad_accum_steps, keep_timeline=keep_timeline)
+    orders = orders_of(point)
+    costs = stage_costs(model, split, size)
+
+    def run(jitter: Jitter | None) -> Simulation:
+        return simulate(orders, stage_to_rank=owners, stage_costs=costs, overheads=overheads,
+                        num_accum=point.grad_accum_steps, keep_timeline=keep_timeline, jitter=jitter)
+
+    if not model.spread.known:
+        return run(None)
+    actions = max(1, sum(len(order) for order in orders) * point.grad_accum_steps)
+    count = max(3, min(SPREAD_SAMPLES, SAMPLED_ACTIONS // actions)) | 1  # odd: the median is one of them
+    steps = sorted((run(Jitter(model.spread, seed)) for seed in range(count)), key=lambda sim: sim.pipeline_s)
+    return steps[count // 2]
 
 
 def _transfer_s(model: CostModel, link: Link | None, last_block: int, micro_batch_size: int) -> float:

@@ -100,6 +100,21 @@ class StageCost(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Spread(Record):
+    """How measured durations scatter around the fitted costs, as evenly spaced quantiles of measured /
+    fitted: compute actions, stage-to-stage hand-overs, and a rank's gaps between actions. Empty: no scatter
+    known (the simulation is then deterministic)."""
+
+    compute: tuple[float, ...] = ()
+    transfer: tuple[float, ...] = ()
+    gap: tuple[float, ...] = ()
+
+    @property
+    def known(self) -> bool:
+        return bool(self.compute or self.transfer or self.gap)
+
+
+@dataclass(frozen=True, kw_only=True)
 class CostModel(Record):
     """Per-block costs calibrated from measured timelines, plus the costs around the compute.
 
@@ -127,6 +142,7 @@ class CostModel(Record):
     micro_batch_sizes: tuple[int, ...] = ()  # the sizes that were measured
     num_points: int = 0
     split_backward_measured: bool = False  # False: input/weight parts assumed half of the full backward each
+    spread: Spread = field(default_factory=Spread)
     notes: tuple[str, ...] = ()
 
 

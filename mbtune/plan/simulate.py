@@ -11,10 +11,14 @@ an action starts when its rank is free and its inputs have arrived:
 An input from another rank arrives `send_s` (the sender posting it) plus the boundary's transfer time after
 the producing action ends; from the same rank it is there at once. With free communication and equal costs
 this reproduces the textbook bubbles exactly (tests/unit/test_plan_simulate.py).
+
+Given a Jitter, every compute action, hand-over and rank gap is scaled by a factor drawn from the measured
+spread: one simulated step of a machine whose actions scatter as the measured ones did.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +30,7 @@ from mbtune.plan.records import (
     LOSS,
     OrderedAction,
     Simulation,
+    Spread,
     StageCost,
 )
 from mbtune.records import TimelineAction
@@ -47,15 +52,45 @@ class Overheads:
         return self.transfer_s[boundary] if boundary < len(self.transfer_s) else 0.0
 
 
+class Jitter:
+    """Factors drawn from a Spread by a seeded generator, so a simulation with the same seed repeats."""
+
+    def __init__(self, spread: Spread, seed: int) -> None:
+        self.spread = spread
+        self.rng = random.Random(seed)
+
+    def _draw(self, quantiles: tuple[float, ...]) -> float:
+        return self.rng.choice(quantiles) if quantiles else 1.0
+
+    def compute(self) -> float:
+        return self._draw(self.spread.compute)
+
+    def transfer(self) -> float:
+        return self._draw(self.spread.transfer)
+
+    def gap(self) -> float:
+        return self._draw(self.spread.gap)
+
+
+class _NoJitter(Jitter):
+    def __init__(self) -> None:
+        super().__init__(Spread(), 0)
+
+    def _draw(self, quantiles: tuple[float, ...]) -> float:
+        return 1.0
+
+
 def simulate(orders: Sequence[Sequence[OrderedAction]], *, stage_to_rank: Sequence[int],
              stage_costs: Sequence[StageCost], overheads: Overheads | None = None, num_accum: int = 1,
-             keep_timeline: bool = True) -> Simulation:
+             keep_timeline: bool = True, jitter: Jitter | None = None) -> Simulation:
     """Simulate `num_accum` back-to-back pipeline steps (one optimizer step) of the given per-rank orders.
 
-    `stage_costs[s]` are stage s's seconds per micro-batch; `stage_to_rank[s]` is the rank that holds it.
+    `stage_costs[s]` are stage s's seconds per micro-batch; `stage_to_rank[s]` is the rank that holds it;
+    `jitter` scatters the costs (None: every action costs exactly its stage cost).
     ValueError when the orders deadlock (an action waits for one that never runs before it).
     """
-    run = _Run(orders, stage_to_rank, stage_costs, overheads or Overheads(), num_accum, keep_timeline)
+    run = _Run(orders, stage_to_rank, stage_costs, overheads or Overheads(), num_accum, keep_timeline,
+               jitter or _NoJitter())
     run.execute()
     return run.result()
 
@@ -64,7 +99,8 @@ class _Run:
     """The state of one simulation: per-rank cursors, finish times, and who waits for what."""
 
     def __init__(self, orders: Sequence[Sequence[OrderedAction]], stage_to_rank: Sequence[int],
-                 stage_costs: Sequence[StageCost], overheads: Overheads, num_accum: int, keep: bool) -> None:
+                 stage_costs: Sequence[StageCost], overheads: Overheads, num_accum: int, keep: bool,
+                 jitter: Jitter) -> None:
         if len(stage_costs) != len(stage_to_rank):
             raise ValueError(f"{len(stage_costs)} stage costs for {len(stage_to_rank)} stages")
         self.orders = [tuple(order) for order in orders]
@@ -73,6 +109,7 @@ class _Run:
         self.over = overheads
         self.num_accum = num_accum
         self.keep = keep
+        self.jitter = jitter
         self.last_stage = len(self.owner) - 1
         num_ranks = len(self.orders)
         self.cursor = [0] * num_ranks
@@ -125,7 +162,7 @@ class _Run:
         if kind == _WEIGHT or self.owner[stage] == rank:
             return end
         boundary = stage if kind == FORWARD else stage - 1
-        return end + self.over.send_s + self.over.transfer(boundary)
+        return end + self.over.send_s + self.over.transfer(boundary) * self.jitter.transfer()
 
     def run(self, rank: int, accum: int, act: OrderedAction, deps: list[tuple]) -> list[int]:
         """Schedule one action whose inputs are all done; return the ranks its result wakes up."""
@@ -133,7 +170,7 @@ class _Run:
         for key in deps:
             start = max(start, self.arrival(key, rank))
         cost = self.costs[act.stage]
-        duration = cost.of(act.kind)
+        duration = cost.of(act.kind) * self.jitter.compute()
         end = start + duration
         self.record(rank, act, accum, start, end, act.kind)
         if act.kind == FORWARD and act.stage == self.last_stage and cost.loss_s > 0:
@@ -143,7 +180,7 @@ class _Run:
         key = (FORWARD if act.kind == FORWARD else _WEIGHT if act.kind == BACKWARD_WEIGHT else _GRAD,
                act.stage, accum, act.microbatch)
         self.end_s[key] = end
-        self.free_s[rank] = end + (self.over.send_s if self.sends(rank, act) else self.over.gap_s)
+        self.free_s[rank] = end + (self.over.send_s if self.sends(rank, act) else self.over.gap_s) * self.jitter.gap()
         return self.waiting.pop(key, [])
 
     def sends(self, rank: int, act: OrderedAction) -> bool:

@@ -59,7 +59,7 @@ def timeline_renderable(actions: Sequence[TimelineAction] | TrialResult, *, widt
                         title: str = "") -> RenderableType:
     """The timeline as rich text: a header, one coloured row per stage (with its rank), and a legend."""
     if isinstance(actions, TrialResult):
-        title = title or f"Timeline of {actions.point.label} (first measured step)"
+        title = title or f"Timeline of {actions.point.label} (median measured step)"
         actions = actions.timeline
     if not actions:
         return Text("no timeline recorded", style="dim")

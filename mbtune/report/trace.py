@@ -41,7 +41,7 @@ def trace_events(actions: Sequence[TimelineAction], *, label: str = "") -> dict[
 
 def write_trace(result: TrialResult | Sequence[TimelineAction], path: str | os.PathLike[str], *,
                 label: str = "") -> Path:
-    """Write the timeline (of a TrialResult's first measured step, or any actions) as trace-event JSON,
+    """Write the timeline (of a TrialResult's median measured step, or any actions) as trace-event JSON,
     atomically; returns the path written."""
     if isinstance(result, TrialResult):
         label = label or result.point.label

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from mbtune.plan.calibrate import calibrate, point_split
-from mbtune.plan.fit import fit_line, trimmed_mean
+from mbtune.plan.fit import fit_line, quantiles, trimmed_mean
 from mbtune.plan.planner import predict
-from mbtune.plan.records import BlockCost, BlockFacts, CostModel, LinearCost
+from mbtune.plan.records import BlockCost, BlockFacts, CostModel, LinearCost, Spread
 from mbtune.plan.validate import IN_SAMPLE, LEAVE_ONE_OUT, summarize, validate
 from mbtune.records import SweepPoint, TimelineAction, TrialResult
 
@@ -107,7 +107,9 @@ def test_calibrating_nothing_is_an_error() -> None:
         calibrate([failed], FACTS, workload="synthetic")
 
 
-def test_fit_line_and_trimmed_mean() -> None:
+def test_fit_line_trimmed_mean_and_quantiles() -> None:
+    assert quantiles(list(range(100)), count=4) == (12, 37, 62, 87)
+    assert quantiles([5.0], count=3) == (5.0, 5.0, 5.0) and quantiles([]) == ()
     assert fit_line({4: 0.5, 8: 0.9}) == LinearCost(fixed_s=pytest.approx(0.1), per_sample_s=pytest.approx(0.1))
     assert fit_line({4: 0.4}) == LinearCost(per_sample_s=0.1)
     assert fit_line({4: 0.4}, proportional_when_single=False) == LinearCost(fixed_s=0.4)
@@ -139,3 +141,22 @@ def test_timelines_from_the_runner_have_the_loss_as_its_own_action() -> None:
     timeline = measured(points()[0]).timeline
     assert {a.kind for a in timeline} == {"forward", "backward", "loss"}
     assert all(isinstance(a, TimelineAction) for a in timeline)
+
+
+def test_timelines_without_scatter_give_a_spread_of_ones() -> None:
+    model = calibrate([measured(p) for p in points()], FACTS, workload="synthetic")
+    for quantiles in (model.spread.compute, model.spread.transfer, model.spread.gap):
+        assert quantiles and all(q == pytest.approx(1.0, abs=1e-6) for q in quantiles)
+
+
+def test_the_spread_of_measured_actions_is_recovered() -> None:
+    """Actions that ran at 0.8x or 1.2x their cost come back as a spread from about 0.8 to about 1.2 (measured
+    against a fit to those same scattered actions, so not exactly)."""
+    scattered = replace(TRUTH, spread=Spread(compute=(0.8, 1.2)))
+    model = calibrate([measured(p, scattered) for p in points()], FACTS, workload="synthetic")
+    compute = model.spread.compute
+    assert min(compute) == pytest.approx(0.8, abs=0.1) and max(compute) == pytest.approx(1.2, abs=0.15)
+    assert max(compute) / min(compute) == pytest.approx(1.5, abs=0.3)
+    assert sorted(compute) == list(compute)
+    # Both halves are drawn about equally often, so about half the quantiles are above 1.
+    assert 0.3 < sum(q > 1.0 for q in compute) / len(compute) < 0.7

@@ -10,17 +10,17 @@ import pytest
 
 from mbtune.pipeline.theory import stage_to_rank, theoretical_bubble
 from mbtune.plan.orders import gpipe_order, one_f_one_b_order, schedule_orders
-from mbtune.plan.records import OrderedAction, StageCost
-from mbtune.plan.simulate import Overheads, peak_in_flight, simulate, uniform_costs
+from mbtune.plan.records import OrderedAction, Spread, StageCost
+from mbtune.plan.simulate import Jitter, Overheads, peak_in_flight, simulate, uniform_costs
 
 F, B = 1.0, 2.0  # forward and full-backward seconds per stage; the formulas below hold for any F and B
 
 
-def run(schedule: str, p: int, m: int, v: int = 1, *, costs=None, overheads=None, accum: int = 1):
+def run(schedule: str, p: int, m: int, v: int = 1, *, costs=None, overheads=None, accum: int = 1, jitter=None):
     orders = schedule_orders(schedule, num_ranks=p, num_microbatches=m, stages_per_rank=v)
     costs = costs or uniform_costs(p * v, forward_s=F / v, backward_s=B / v)
     return simulate(orders, stage_to_rank=stage_to_rank(schedule, p, p * v), stage_costs=costs,
-                    overheads=overheads, num_accum=accum)
+                    overheads=overheads, num_accum=accum, jitter=jitter)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -177,3 +177,25 @@ def test_plan_modules_do_not_import_torch() -> None:
             "mbtune.report.plots; assert 'torch' not in sys.modules, 'torch imported'; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_jitter_scales_compute_hand_overs_and_gaps_by_what_it_draws() -> None:
+    overheads = Overheads(transfer_s=(0.25,), send_s=0.1, gap_s=0.05)
+    plain = run("gpipe", 2, 4, overheads=overheads)
+    doubled = Overheads(transfer_s=(0.5,), send_s=0.1, gap_s=0.05)
+    # Every compute action x2 and every hand-over x2; gaps x1: the same as doubled costs and transfer.
+    jitter = Jitter(Spread(compute=(2.0,), transfer=(2.0,), gap=(1.0,)), seed=0)
+    drawn = run("gpipe", 2, 4, overheads=overheads, jitter=jitter)
+    expected = run("gpipe", 2, 4, costs=uniform_costs(2, forward_s=2 * F, backward_s=2 * B), overheads=doubled)
+    assert drawn.pipeline_s == pytest.approx(expected.pipeline_s)
+    assert drawn.pipeline_s > plain.pipeline_s
+
+
+def test_scattered_costs_make_a_longer_step_than_their_mean_and_repeat_with_the_seed() -> None:
+    """A pipeline waits for the slower of the actions it joins: scatter with mean 1 lengthens the step."""
+    spread = Spread(compute=(0.5, 1.0, 1.5), transfer=(), gap=())
+    steady = run("1f1b", 4, 8).pipeline_s
+    scattered = [run("1f1b", 4, 8, jitter=Jitter(spread, seed)).pipeline_s for seed in range(200)]
+    assert sum(scattered) / len(scattered) > 1.05 * steady
+    assert run("1f1b", 4, 8, jitter=Jitter(spread, 7)).pipeline_s == scattered[7]
+    assert len(set(scattered)) > 10

@@ -7,7 +7,8 @@ import pytest
 from mbtune.config import SweepConfig
 from mbtune.errors import ConfigError
 from mbtune.records import SweepPoint, TrialResult
-from mbtune.sweep import default_micro_batch_size, plan_grid, rank_results
+from mbtune.pipeline.timeline import ActionRecord, PipelineOutcome, StageReport
+from mbtune.sweep import default_micro_batch_size, median_step, plan_grid, rank_results, summarize_point
 
 
 def reasons(grid) -> dict[str, str]:
@@ -83,3 +84,21 @@ def test_ranking_by_objective_and_pareto_front():
     assert set(pareto) == {1, 2}
     assert rank_results(results, "memory")[0] == (2, 0, 1, 3)
     assert rank_results(results, "bubble")[0][0] == 1
+
+
+def test_the_timeline_kept_is_the_median_measured_step():
+    steps = (0.30, 0.10, 0.20)  # the first step was slow; the median one is the third
+
+    def report(rank: int) -> StageReport:
+        actions = tuple(ActionRecord(step=step, accum=0, stage=rank, kind="forward", microbatch=0,
+                                     start_s=0.01 * rank, end_s=0.01 * rank + steps[step] / 2)
+                        for step in range(len(steps)))
+        return StageReport(rank=rank, num_ranks=2, device="cpu", stage_indices=(rank,), block_indices=((rank,),),
+                           num_parameters=1, step_times_s=steps, pipeline_times_s=steps, actions=actions)
+
+    point = SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=1, grad_accum_steps=1, micro_batch_size=4)
+    outcome = PipelineOutcome(status="ok", reports=(report(0), report(1)))
+    result = summarize_point(point, outcome, tokens_per_sample=None, flops_per_sample=None, peak_flops_total=None)
+    assert result.timeline_step == 2 and result.step_time_median_s == pytest.approx(0.20)
+    assert [a.end_s - a.start_s for a in result.timeline] == pytest.approx([0.10, 0.10])
+    assert median_step((4.0, 1.0, 3.0, 2.0)) == 3 and median_step(()) == 0
