@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from mbtune.errors import ConfigError, ProfileError
+from mbtune.pipeline.theory import stages_per_rank
 from mbtune.plan.calibrate import calibrate
 from mbtune.plan.planner import Link, PlanGrid, plan, predict
 from mbtune.plan.quick import quick_search, simulator_predictor
@@ -171,13 +172,18 @@ def plan_from_profile(profile: Profile, *, num_stages: int, micro_batches: Seque
     if micro_batch_size is None and global_batch is None:
         sizes = [r.point.micro_batch_size for r in sweep.results if r.ok]
         micro_batch_size = max(sorted(set(sizes), reverse=True), key=sizes.count)  # ties: the largest
+    link = Link(bandwidth_bytes_per_s=link_bandwidth_bytes_per_s, latency_s=link_latency_s)
+    warnings = [] if link_bandwidth_bytes_per_s or link_latency_s is not None else [
+        "no link given: stage-to-stage hand-overs cost what they cost on the profiled machine"]
+    needed = num_stages * max(stages_per_rank(s, virtual_stages) for s in schedules)
+    if num_blocks is None and facts.num_blocks < needed and facts.num_blocks >= 3:
+        warnings.append(f"the profiled {sweep.workload} has {facts.num_blocks} blocks, too few for {needed} stages: "
+                        f"planned as {needed} blocks, its interior blocks repeated (choose with --blocks)")
+        num_blocks = needed
     grid = PlanGrid(num_stages=num_stages, micro_batches=tuple(micro_batches), schedules=tuple(schedules),
                     data_parallel=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
                     grad_accum_steps=grad_accum_steps, virtual_stages=virtual_stages, num_blocks=num_blocks)
     limit, source = memory_limit(profile)
-    link = Link(bandwidth_bytes_per_s=link_bandwidth_bytes_per_s, latency_s=link_latency_s)
-    warnings = [] if link_bandwidth_bytes_per_s or link_latency_s is not None else [
-        "no link given: stage-to-stage hand-overs cost what they cost on the profiled machine"]
     report = plan(model, grid, link=link, memory_limit_bytes=limit, memory_limit_source=source,
                   tokens_per_sample=_tokens_per_sample(sweep.results), validation=validation, warnings=warnings)
     return replace(report, device=sweep.device)

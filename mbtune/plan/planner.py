@@ -84,7 +84,7 @@ def deepen(model: CostModel, num_blocks: int) -> CostModel:
     interior = range(1, facts.num_blocks - 1)
     count = num_blocks - 2
 
-    def spread(values: Sequence, mean: object) -> tuple:
+    def repeat_interior(values: Sequence, mean: object) -> tuple:
         return (values[0], *([mean] * count), values[-1]) if values else ()
 
     def avg(values: Sequence[float]) -> float:
@@ -93,15 +93,15 @@ def deepen(model: CostModel, num_blocks: int) -> CostModel:
     mean_block = BlockCost(**{kind: _mean_cost([getattr(model.blocks[i], kind) for i in interior])
                               for kind in ("forward", "backward", "backward_input", "backward_weight")})
     new_facts = BlockFacts(
-        num_blocks=num_blocks, parameters=spread(facts.parameters, round(avg(facts.parameters))),
-        split_weights=spread(facts.split_weights, round(avg(facts.split_weights))) if facts.split_weights else (),
-        weights=spread(facts.weights, avg(facts.weights)), weight_source=facts.weight_source,
-        output_bytes_per_sample=spread(facts.output_bytes_per_sample, round(avg(facts.output_bytes_per_sample)))
+        num_blocks=num_blocks, parameters=repeat_interior(facts.parameters, round(avg(facts.parameters))),
+        split_weights=repeat_interior(facts.split_weights, round(avg(facts.split_weights))) if facts.split_weights else (),
+        weights=repeat_interior(facts.weights, avg(facts.weights)), weight_source=facts.weight_source,
+        output_bytes_per_sample=repeat_interior(facts.output_bytes_per_sample, round(avg(facts.output_bytes_per_sample)))
         if facts.output_bytes_per_sample else (),
-        saved_bytes_per_sample=spread(facts.saved_bytes_per_sample, round(avg(facts.saved_bytes_per_sample)))
+        saved_bytes_per_sample=repeat_interior(facts.saved_bytes_per_sample, round(avg(facts.saved_bytes_per_sample)))
         if facts.saved_bytes_per_sample else (),
     )
-    return replace(model, blocks=spread(model.blocks, mean_block), facts=new_facts)
+    return replace(model, blocks=repeat_interior(model.blocks, mean_block), facts=new_facts)
 
 
 def _mean_cost(costs: Sequence[LinearCost]) -> LinearCost:
@@ -222,7 +222,7 @@ def grid_points(grid: PlanGrid, num_blocks: int) -> tuple[list[SweepPoint], list
                                data_parallel_size=grid.data_parallel)
             reason = reason or check_point(schedule, v * grid.num_stages, grid.num_stages, m, num_blocks=num_blocks)
             if reason and "blocks, too few" in reason:
-                reason += "; plan a deeper model of the same blocks with num_blocks"
+                reason += "; plan a deeper model of the same blocks (--blocks)"
             (skipped.append(PlanSkipped(point=point, reason=reason)) if reason else points.append(point))
     return points, skipped
 

@@ -83,6 +83,17 @@ def test_plan_from_a_profile_checks_memory_against_the_ceiling() -> None:
     assert unlimited.predictions[0].fits is None
 
 
+def test_more_stages_than_blocks_plans_a_deeper_model_and_says_so() -> None:
+    report = plan_from_profile(profile(), num_stages=4, micro_batches=(4,), schedules=("gpipe", "interleaved-1f1b"),
+                               validation_method=None)
+    assert report.num_blocks == 8  # 4 ranks x 2 stages each for the interleaved schedule
+    assert len(report.predictions) == 2 and not report.skipped
+    assert any("4 blocks, too few for 8 stages" in w and "--blocks" in w for w in report.warnings)
+    chosen = plan_from_profile(profile(), num_stages=4, micro_batches=(4,), schedules=("interleaved-1f1b",),
+                               num_blocks=4, validation_method=None)
+    assert not chosen.predictions and "--blocks" in chosen.skipped[0].reason
+
+
 def test_model_and_validation_of_a_profile() -> None:
     assert calibrate_profile(profile()).num_points == 4
     assert validate_profile(profile(), method="in-sample").method == "in-sample"

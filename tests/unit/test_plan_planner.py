@@ -110,7 +110,7 @@ def test_points_that_cannot_run_are_skipped_with_the_reason() -> None:
     reasons = [s.reason for s in skipped]
     assert any("1f1b needs at least as many micro-batches as stages (16), got 8" in r for r in reasons)
     assert any("global batch 40 does not divide into 16 micro-batches" in r for r in reasons)
-    assert any("too few for 32 stages" in r and "num_blocks" in r for r in reasons)
+    assert any("too few for 32 stages" in r and "--blocks" in r for r in reasons)
 
 
 def test_a_deeper_model_repeats_the_interior_blocks() -> None:
