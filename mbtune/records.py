@@ -174,6 +174,16 @@ class GpuUsage(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class IdleShares(Record):
+    """The measured bubble split by what each idle moment on a rank was waiting for, as shares of
+    ranks x pipeline time (they add up to the measured bubble)."""
+
+    schedule: float  # an input not yet computed upstream, or nothing left this step: fill, drain, imbalance
+    transfer: float  # an input already computed on another rank but not yet here: communication
+    overhead: float  # no input to wait for: the rank's own time between actions (Python, posting sends)
+
+
+@dataclass(frozen=True, kw_only=True)
 class NvmlSummary(Record):
     """NVML samples of the GPUs a trial used, or why there are none ("n/a" in reports)."""
 
@@ -241,6 +251,7 @@ class TrialResult(Record):
     bubble_measured: float | None = None
     bubble_theoretical: float | None = None
     excess_idle_pct: float | None = None  # measured minus theoretical bubble: communication and imbalance
+    idle: IdleShares | None = None  # the measured bubble split into schedule, transfer and overhead
     peak_memory_bytes: tuple[int | None, ...] = ()  # per rank
     loss: float | None = None
     nvml: NvmlSummary | None = None

@@ -99,6 +99,7 @@ def summarize_point(point: SweepPoint, outcome: object, *, tokens_per_sample: in
         if flops_per_sample and peak_flops_total else None,
         bubble_measured=measured, bubble_theoretical=theory,
         excess_idle_pct=100.0 * (measured - theory) if measured is not None else None,
+        idle=outcome.idle_shares,
         peak_memory_bytes=tuple(r.peak_memory_bytes for r in outcome.reports), loss=outcome.loss,
         warnings=tuple(warnings), timeline=step_timeline(outcome.reports, typical), timeline_step=typical,
         wall_s=outcome.wall_s,

@@ -18,7 +18,14 @@ from mbtune.pipeline.theory import (
     stages_per_rank,
     theoretical_bubble,
 )
-from mbtune.pipeline.timeline import ActionRecord, PipelineOutcome, StageReport, bubble_from_reports, measured_bubble
+from mbtune.pipeline.timeline import (
+    ActionRecord,
+    PipelineOutcome,
+    StageReport,
+    bubble_from_reports,
+    idle_shares,
+    measured_bubble,
+)
 
 __all__ = [
     "SCHEDULE_NAMES",
@@ -28,6 +35,7 @@ __all__ = [
     "StageReport",
     "bubble_from_reports",
     "check_point",
+    "idle_shares",
     "measured_bubble",
     "run_pipeline_point",
     "split_blocks",

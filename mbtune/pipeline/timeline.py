@@ -6,11 +6,13 @@ starts a step right after the same barrier, so the ranks' clocks agree to within
 
 from __future__ import annotations
 
+import itertools
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mbtune.records import OK, Record
+from mbtune.records import OK, IdleShares, Record
 
 FORWARD = "forward"
 BACKWARD = "backward"  # full backward: input and weight gradients together
@@ -97,6 +99,10 @@ class PipelineOutcome(Record):
     def measured_bubble(self) -> float | None:
         return bubble_from_reports(self.reports)
 
+    @property
+    def idle_shares(self) -> IdleShares | None:
+        return idle_shares(self.reports)
+
 
 def measured_bubble(busy_s_by_rank: Sequence[float], wall_s: float) -> float:
     """1 - (sum of busy compute time over ranks) / (ranks x wall time), clipped to [0, 1]."""
@@ -115,3 +121,83 @@ def bubble_from_reports(reports: Sequence[StageReport]) -> float | None:
     if wall_s <= 0:
         return None
     return measured_bubble([r.busy_s() for r in reports], wall_s)
+
+
+def idle_shares(reports: Sequence[StageReport]) -> IdleShares | None:
+    """Split every rank's idle time in the measured steps by what it waited for (see IdleShares).
+
+    Each idle stretch ends at an action. Where that action needs another rank's result (a forward the
+    previous stage's output, a backward the next stage's gradient), the stretch up to the moment the
+    producer finished is schedule and the rest transfer; where it needs nothing remote, it is overhead.
+    After a rank's last action it is schedule (the drain). Ranks leave each step's barrier a little apart, so
+    their clocks are first aligned per step: a hand-over to an idle rank takes about as long both ways, so
+    half the difference of the shortest hand-over each way is the offset (as NTP estimates it).
+    None without a timeline.
+    """
+    if not reports or not any(r.actions for r in reports):
+        return None
+    owner = {stage: r.rank for r in reports for stage in r.stage_indices}
+    last_stage = max(owner)
+    walls = [max(times) for times in zip(*(r.pipeline_times_s for r in reports))]
+    totals = {"schedule": 0.0, "transfer": 0.0, "overhead": 0.0}
+    for step, wall in enumerate(walls):
+        actions = [(r.rank, a) for r in reports for a in r.actions if a.step == step]
+        done = {(a.kind, a.stage, a.accum, a.microbatch): (rank, a.end_s) for rank, a in actions}
+        clock = _clock_origins(actions, done, owner, last_stage)
+        by_rank: dict[int, list[ActionRecord]] = defaultdict(list)
+        for rank, a in actions:
+            by_rank[rank].append(a)
+        for rank in {r.rank for r in reports}:
+            free = 0.0
+            for a in sorted(by_rank[rank], key=lambda a: a.start_s):
+                gap = max(0.0, a.start_s - free)
+                producer = _remote_input(a, done, owner, last_stage, rank)
+                if producer is None:
+                    totals["overhead"] += gap
+                else:
+                    sender, end_s = producer
+                    ready = end_s + clock[sender] - clock[rank]  # the producer's end on this rank's clock
+                    waiting = min(gap, max(0.0, ready - free))
+                    totals["schedule"] += waiting
+                    totals["transfer"] += gap - waiting
+                free = max(free, a.end_s)
+            totals["schedule"] += max(0.0, wall - free)
+    span = len(reports) * sum(walls)
+    if span <= 0:
+        return None
+    return IdleShares(**{name: seconds / span for name, seconds in totals.items()})
+
+
+def _remote_input(action: ActionRecord, done: dict, owner: dict[int, int], last_stage: int,
+                  rank: int) -> tuple[int, float] | None:
+    """(rank, end) of the action on another rank whose result this one needs, or None."""
+    s = action.stage
+    if action.kind == FORWARD and s > 0 and owner[s - 1] != rank:
+        return done.get((FORWARD, s - 1, action.accum, action.microbatch))
+    if action.kind in (BACKWARD, BACKWARD_INPUT) and s < last_stage and owner[s + 1] != rank:
+        for kind in (BACKWARD, BACKWARD_INPUT):
+            found = done.get((kind, s + 1, action.accum, action.microbatch))
+            if found is not None:
+                return found
+    return None
+
+
+def _clock_origins(actions: Sequence[tuple[int, ActionRecord]], done: dict, owner: dict[int, int],
+                   last_stage: int) -> dict[int, float]:
+    """Per rank, how much later its clock started than rank 0's (seconds), from the shortest hand-over
+    each way between neighbouring ranks; 0 where a pair has no hand-over in both directions."""
+    shortest: dict[tuple[int, int], float] = {}
+    for rank, a in actions:
+        producer = _remote_input(a, done, owner, last_stage, rank)
+        if producer is not None:
+            key = (producer[0], rank)
+            shortest[key] = min(shortest.get(key, float("inf")), a.start_s - producer[1])
+    ranks = sorted({rank for rank, _ in actions} | {0})
+    origin = {rank: 0.0 for rank in ranks}
+    for before, after in itertools.pairwise(ranks):
+        there, back = shortest.get((before, after)), shortest.get((after, before))
+        # A clock reads true time less its origin, so a hand-over before -> after reads its true length
+        # less (origin[after] - origin[before]), and one back reads it plus that much.
+        step = (back - there) / 2 if there is not None and back is not None else 0.0
+        origin[after] = origin[before] + step
+    return origin

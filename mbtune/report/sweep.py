@@ -123,6 +123,9 @@ def best_panel(report: SweepReport) -> Panel:
     grid.add_row("throughput", f"{fmt_rate(best.samples_per_s)} samples/s"
                  + (f", {fmt_rate(best.tokens_per_s)} tokens/s" if best.tokens_per_s else ""))
     grid.add_row("bubble", f"measured {_pct(best.bubble_measured)}, theory {_pct(best.bubble_theoretical)}")
+    if best.idle is not None:
+        grid.add_row("bubble, by cause", f"{_pct(best.idle.schedule)} schedule + {_pct(best.idle.transfer)} transfer"
+                     f" + {_pct(best.idle.overhead)} overhead")
     grid.add_row("peak memory", f"{fmt_bytes(best.max_peak_memory_bytes)} on the busiest stage")
     grid.add_row("headroom", _headroom(report, best))
     return Panel(grid, title=f"Best configuration ({report.objective})", title_align="left", expand=False)
@@ -178,7 +181,10 @@ def results_frame(report: SweepReport):
             "global_batch": p.global_batch, "status": r.status, "samples_per_s": r.samples_per_s,
             "tokens_per_s": r.tokens_per_s, "step_time_median_s": r.step_time_median_s,
             "step_time_cv_pct": r.step_time_cv_pct, "bubble_measured": r.bubble_measured,
-            "bubble_theoretical": r.bubble_theoretical, "peak_memory_bytes_max": r.max_peak_memory_bytes,
+            "bubble_theoretical": r.bubble_theoretical,
+            **{f"idle_{cause}": getattr(r.idle, cause) if r.idle else None
+               for cause in ("schedule", "transfer", "overhead")},
+            "peak_memory_bytes_max": r.max_peak_memory_bytes,
             "mfu_pct": r.mfu_pct, "pareto": index in report.pareto, "error": r.error,
         })
     return pd.DataFrame(rows).sort_values("rank", na_position="last") if rows else pd.DataFrame(rows)

@@ -32,6 +32,8 @@ def test_small_sweep_json_parses_and_skips_with_reasons():
         p = r["point"]
         assert r["bubble_theoretical"] == pytest.approx(1 / (p["num_microbatches"] + 1))
         assert 0 <= r["bubble_measured"] < 1 and len(r["peak_memory_bytes"]) == 2
+        idle = r["idle"]
+        assert min(idle.values()) >= 0 and sum(idle.values()) == pytest.approx(r["bubble_measured"], abs=1e-6)
         kinds = {a["kind"] for a in r["timeline"]}
         assert {"forward", "backward"} <= kinds
         assert r["nvml"]["available"] is False  # no GPU driver here: reported, not fatal
@@ -46,6 +48,9 @@ def test_gpipe_bubble_falls_as_micro_batches_rise_when_compute_dominates():
     assert all(r.ok for r in by_m.values()), [r.error for r in by_m.values()]
     assert by_m[8].bubble_measured < by_m[2].bubble_measured
     assert by_m[8].bubble_theoretical < by_m[2].bubble_theoretical
+    # The schedule's part of the idle falls with it; a pipeline of two ranks with one stage each always has
+    # some (the fill of rank 1 and the drain of rank 0).
+    assert 0 < by_m[8].idle.schedule < by_m[2].idle.schedule
 
 
 def _children_of(pid: int) -> list[int]:

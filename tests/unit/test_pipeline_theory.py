@@ -17,6 +17,7 @@ from mbtune.pipeline import (
     StageReport,
     bubble_from_reports,
     check_point,
+    idle_shares,
     measured_bubble,
     split_blocks,
     stage_to_rank,
@@ -219,3 +220,36 @@ def test_spec_refuses_points_that_cannot_run() -> None:
 def test_planning_modules_do_not_import_torch() -> None:
     code = "import sys, mbtune.pipeline, mbtune.pipeline.launch; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def two_rank_gpipe(*, late_s: float = 0.0, skew_s: float = 0.3) -> list[StageReport]:
+    """GPipe, 2 ranks, 2 micro-batches, forward 1 s, backward 2 s, hand-overs 0.5 s each way. Rank 1 starts its
+    first backward `late_s` after it could (its own overhead) and its clock reads `skew_s` behind rank 0's."""
+    def act(kind: str, stage: int, mb: int, start: float, end: float, shift: float = 0.0) -> ActionRecord:
+        return ActionRecord(step=0, accum=0, stage=stage, kind=kind, microbatch=mb, start_s=start - shift,
+                            end_s=end - shift)
+
+    b10 = 3.5 + late_s
+    rank0 = (act("forward", 0, 0, 0.0, 1.0), act("forward", 0, 1, 1.0, 2.0),
+             act("backward", 0, 0, b10 + 2.5, b10 + 4.5), act("backward", 0, 1, b10 + 4.5, b10 + 6.5))
+    rank1 = tuple(act(*a, shift=skew_s) for a in (("forward", 1, 0, 1.5, 2.5), ("forward", 1, 1, 2.5, 3.5),
+                                                  ("backward", 1, 0, b10, b10 + 2.0),
+                                                  ("backward", 1, 1, b10 + 2.0, b10 + 4.0)))
+    wall = b10 + 6.5
+    return [StageReport(rank=rank, num_ranks=2, device="cpu", stage_indices=(rank,), block_indices=((rank,),),
+                        num_parameters=1, step_times_s=(wall + 0.1,), pipeline_times_s=(wall,), actions=actions)
+            for rank, actions in ((0, rank0), (1, rank1))]
+
+
+@pytest.mark.parametrize("skew_s", [0.0, 0.3, -0.2])
+def test_idle_splits_into_schedule_transfer_and_overhead_whatever_the_clock_skew(skew_s: float) -> None:
+    # Rank 0 waits 3.5 s for rank 1's backward then 0.5 s for its gradient; rank 1 waits 1 s for rank 0's first
+    # forward, 0.5 s for it to arrive, and 2.5 s of drain at the end: 7 s schedule and 1 s transfer of 20.
+    shares = idle_shares(two_rank_gpipe(skew_s=skew_s))
+    assert (shares.schedule, shares.transfer, shares.overhead) == pytest.approx((7.0 / 20, 1.0 / 20, 0.0), abs=1e-9)
+    # 0.2 s of rank 1's own time before a backward that needs nothing remote is overhead, and delays the rest.
+    late = idle_shares(two_rank_gpipe(late_s=0.2, skew_s=skew_s))
+    assert (late.schedule, late.transfer, late.overhead) == pytest.approx((7.2 / 20.4, 1.0 / 20.4, 0.2 / 20.4))
+    reports = two_rank_gpipe(late_s=0.2, skew_s=skew_s)
+    assert late.schedule + late.transfer + late.overhead == pytest.approx(bubble_from_reports(reports))
+    assert idle_shares([]) is None
