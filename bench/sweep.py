@@ -19,7 +19,10 @@ OPTIONS = (("layers", 4), ("width", 512))
 
 def bubble_table(micro_batch_size: int, steps: int) -> None:
     print(f"bubble, 2 stages, {WORKLOAD} {dict(OPTIONS)}, micro-batch size {micro_batch_size}, {steps} measured steps")
-    print(f"{'schedule':<8}{'m':>4}{'measured':>10}{'theory':>9}{'excess':>9}{'samples/s':>11}")
+    print("measured bubble split by cause: schedule (an input not computed yet, fill and drain), transfer (an input "
+          "computed but not here yet), overhead (between actions)")
+    print(f"{'schedule':<8}{'m':>4}{'measured':>10}{'theory':>9}{'excess':>9}{'=sched':>9}{'+transfer':>11}"
+          f"{'+overhead':>11}{'samples/s':>11}")
     for schedule in ("gpipe", "1f1b"):
         for m in (2, 4, 8, 16):
             spec = PipelineSpec(workload=WORKLOAD, workload_options=OPTIONS, schedule=schedule, num_ranks=2,
@@ -31,7 +34,9 @@ def bubble_table(micro_batch_size: int, steps: int) -> None:
             theory = theoretical_bubble(schedule, num_ranks=2, num_microbatches=m)
             measured = outcome.measured_bubble
             rate = spec.global_batch_size / statistics.median(outcome.step_times_s)
-            print(f"{schedule:<8}{m:>4}{measured:>10.1%}{theory:>9.1%}{measured - theory:>+9.1%}{rate:>11.1f}")
+            idle = outcome.idle_shares
+            print(f"{schedule:<8}{m:>4}{measured:>10.1%}{theory:>9.1%}{measured - theory:>+9.1%}{idle.schedule:>9.1%}"
+                  f"{idle.transfer:>11.1%}{idle.overhead:>11.1%}{rate:>11.1f}")
 
 
 def plain_loop(batch_size: int, steps: int) -> float:
