@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, _interrupted)
     try:
         app(args=argv, prog_name="mbtune")
-    except MbtuneError as exc:
+    except (MbtuneError, Interrupted) as exc:
         if os.environ.get("MBTUNE_DEBUG"):
             if exc.detail:
                 sys.stderr.write(f"{exc.detail}\n")

@@ -10,8 +10,8 @@ EXIT_COULD_NOT_RUN = 3
 EXIT_INTERRUPTED = 130
 
 
-class MbtuneError(Exception):
-    """Base of every error mbtune reports to the user as one line."""
+class Reported:
+    """What cli.main needs of anything it reports as one line: an exit code, a hint and the detail."""
 
     exit_code = EXIT_COULD_NOT_RUN
     hint = ""
@@ -26,6 +26,10 @@ class MbtuneError(Exception):
         """The message plus what to do about it, on one line."""
         text = str(self).rstrip(".")
         return f"{text}. {self.hint}" if self.hint else f"{text}."
+
+
+class MbtuneError(Reported, Exception):
+    """Base of every error mbtune reports to the user as one line."""
 
 
 class ConfigError(MbtuneError, ValueError):
@@ -75,8 +79,10 @@ class ProfileError(MbtuneError):
     exit_code = EXIT_BAD_INPUT
 
 
-class Interrupted(MbtuneError):
-    """The user pressed Ctrl-C (SIGINT); what finished is kept."""
+class Interrupted(Reported, BaseException):
+    """The user pressed Ctrl-C (SIGINT); what finished is kept. Like KeyboardInterrupt it is no Exception, so
+    the handler raising it wherever the main thread happens to be (say, in NVML's probe for a driver, which
+    turns any Exception into "NVML unavailable") cannot have it swallowed on the way up."""
 
     exit_code = EXIT_INTERRUPTED
     hint = "Finished trials are journaled: rerun the same command with --resume to continue."

@@ -79,3 +79,20 @@ def test_missing_nvml_is_reported_not_raised():
 def test_real_nvml_on_this_machine_never_raises():
     summary = sample_for(0.2)
     assert summary.available or summary.reason.startswith("NVML")
+
+
+def test_ctrl_c_while_nvml_is_probed_is_not_taken_for_a_missing_driver():
+    """Ctrl-C raises Interrupted wherever the main thread is; NVML's probe turns any Exception into
+    "unavailable", so Interrupted must not be one."""
+    import pytest
+
+    from mbtune.errors import Interrupted
+
+    class CtrlCDuringInit(FakeNvml):
+        def nvmlInit(self):
+            raise Interrupted("interrupted")
+
+    with pytest.raises(Interrupted):
+        with NvmlSampler(nvml=CtrlCDuringInit()):
+            pass
+    assert not issubclass(Interrupted, Exception)
