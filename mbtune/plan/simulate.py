@@ -72,14 +72,6 @@ class Jitter:
         return self._draw(self.spread.gap)
 
 
-class _NoJitter(Jitter):
-    def __init__(self) -> None:
-        super().__init__(Spread(), 0)
-
-    def _draw(self, quantiles: tuple[float, ...]) -> float:
-        return 1.0
-
-
 def simulate(orders: Sequence[Sequence[OrderedAction]], *, stage_to_rank: Sequence[int],
              stage_costs: Sequence[StageCost], overheads: Overheads | None = None, num_accum: int = 1,
              keep_timeline: bool = True, jitter: Jitter | None = None) -> Simulation:
@@ -90,7 +82,7 @@ def simulate(orders: Sequence[Sequence[OrderedAction]], *, stage_to_rank: Sequen
     ValueError when the orders deadlock (an action waits for one that never runs before it).
     """
     run = _Run(orders, stage_to_rank, stage_costs, overheads or Overheads(), num_accum, keep_timeline,
-               jitter or _NoJitter())
+               jitter or Jitter(Spread(), 0))  # an empty spread draws 1.0
     run.execute()
     return run.result()
 
