@@ -145,6 +145,7 @@ class ProbeConfig:
     granularity: int = 1
     max_batch: int | None = None
     confirm: int = 2
+    resolution: int | None = None  # None: 1% of the ceiling, at least one granule; 1: the exact answer
     precision: str = "fp32"
     optimizer: str = "adamw"
     steps: int = 2
@@ -161,6 +162,7 @@ class ProbeConfig:
         _require(self.max_batch is None or self.max_batch >= self.granularity, "max_batch", self.max_batch,
                  f">= granularity ({self.granularity})")
         _require(self.confirm >= 1, "confirm", self.confirm, "an integer >= 1")
+        _require(self.resolution is None or self.resolution >= 1, "resolution", self.resolution, "an integer >= 1")
         _require(self.trial_timeout_s > 0, "trial_timeout_s", self.trial_timeout_s, "seconds > 0")
         _require(self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "memory_budget",
                  self.memory_budget_bytes, "a size above zero")
@@ -208,6 +210,7 @@ class SweepConfig:
     virtual_stages: int = 2
     warmup_steps: int = 1
     measured_steps: int = 3
+    repeats: int = 1  # each point run this many times, each in fresh processes
     optimizer: str = "adamw"
     precision: str = "fp32"
     threads: int | None = None
@@ -239,6 +242,7 @@ class SweepConfig:
         _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(self.measured_steps >= 1, "steps", self.measured_steps, "an integer >= 1")
+        _require(self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
         _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
         _require(self.precision in ("fp32", "bf16"), "precision", self.precision,
                  "fp32 | bf16 for pipelined steps (fp16 would need one loss scale across all ranks)")

@@ -117,13 +117,17 @@ class MemoryModel(Record):
     per_sample_bytes: float
     fit_error_pct: float
     num_points: int
+    # The slope's standard error over the fitted trials. A slope not clearly above it (memory that barely
+    # grows with the batch over these trials) leaves the model unresolved: no per-sample memory at all.
+    per_sample_stderr_bytes: float | None = None
+    resolved: bool = True
 
     def predict_bytes(self, batch_size: int) -> float:
         return self.fixed_bytes + self.per_sample_bytes * batch_size
 
     def batch_for(self, budget_bytes: float) -> float | None:
         """The batch size at which the model reaches the budget (None when it does not grow)."""
-        if self.per_sample_bytes <= 0:
+        if not self.resolved or self.per_sample_bytes <= 0:
             return None
         return (budget_bytes - self.fixed_bytes) / self.per_sample_bytes
 
@@ -151,6 +155,8 @@ class ProbeResult(Record):
     max_batch: int | None = None  # the search settings, so qualification can repeat them
     confirm: int = 2
     steps: int = 2
+    resolution: int | None = None  # the search stopped once [ceiling, first_failing) was this narrow
+    safe_batch_first: int | None = None  # the safe batch the margin gave, before any step down
     warnings: tuple[str, ...] = ()
 
     @property
@@ -181,6 +187,18 @@ class IdleShares(Record):
     schedule: float  # an input not yet computed upstream, or nothing left this step: fill, drain, imbalance
     transfer: float  # an input already computed on another rank but not yet here: communication
     overhead: float  # no input to wait for: the rank's own time between actions (Python, posting sends)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MachineLoad(Record):
+    """How busy the machine was with work other than the point's own while the point ran."""
+
+    load_avg_1m: float | None = None  # os.getloadavg() at the end of the point
+    other_cpu_share: float | None = None  # CPU time other processes took, as a share of all cores x wall time
+    num_cpus: int = 0
+    other_gpu_processes: tuple[str, ...] = ()  # NVML: processes on the point's GPUs that are not the point's
+    busy: bool = False
+    reason: str = ""  # why it counts as busy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,6 +278,15 @@ class TrialResult(Record):
     timeline: tuple[TimelineAction, ...] = ()  # the actions of one measured step: the median one
     timeline_step: int = 0  # which measured step the timeline shows (index into step_times_s)
     wall_s: float = 0.0
+    # Uncertainty. With repeats (fresh processes each), the range is over the repeats' medians; with one
+    # run, over its measured steps. step_times_s then holds every repeat's steps, in order.
+    num_repeats: int = 1
+    repeat_step_time_medians_s: tuple[float, ...] = ()  # one per repeat that completed
+    samples_per_s_min: float | None = None
+    samples_per_s_max: float | None = None
+    bubble_measured_min: float | None = None
+    bubble_measured_max: float | None = None
+    load: MachineLoad | None = None
 
     @property
     def ok(self) -> bool:
@@ -283,11 +310,13 @@ class SweepReport(Record):
     skipped: tuple[SkippedPoint, ...] = ()
     ranking: tuple[int, ...] = ()  # indices into results, best first (ok points only)
     pareto: tuple[int, ...] = ()  # indices of the throughput-vs-peak-memory Pareto front
+    ties: tuple[int, ...] = ()  # indices whose throughput range overlaps the best's (tied with it)
     ceiling: int | None = None  # from the probe, when one ran
     safe_batch: int | None = None
     ceiling_peak_memory_bytes: int | None = None  # the probe's peak at its ceiling, same measure as stage peaks
     warmup_steps: int = 1
     measured_steps: int = 3
+    repeats: int = 1
     strategy: str = "grid"  # grid: every runnable point; quick: the simulator picks (the rest are skipped)
     num_grid_points: int = 0
     interrupted: bool = False
@@ -327,6 +356,7 @@ class Profile(Record):
 
 PASS, FAIL = "PASS", "FAIL"  # a check's status; ERROR (upper case) when it could not be measured
 CHECK_ERROR = "ERROR"
+INCONCLUSIVE = "INCONCLUSIVE"  # the check's own measured spread is wider than its tolerance
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -339,6 +369,8 @@ class Check(Record):
     expected: float | None = None  # the bound the measurement had to meet
     rule: str = ""  # e.g. ">= 90% of baseline 389" or ">= minimum 100"
     detail: str = ""
+    spread_pct: float | None = None  # the measurement's own spread (max-min over median), where known
+    gating: bool = True  # False: shown and kept, but it cannot fail the verdict (per-point rows)
 
 
 @dataclass(frozen=True, kw_only=True)

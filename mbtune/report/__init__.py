@@ -60,7 +60,12 @@ def print_json(data: Any) -> None:
 
 
 def print_error(message: str) -> None:
-    make_console(stderr=True).print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    """One line, printed literally (brackets in a path or name are not markup) and never wrapped, so the
+    line reads the same whatever the terminal's width or the message's length."""
+    from rich.text import Text
+
+    make_console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True,
+                                    highlight=False)
 
 
 def print_warnings(console: Console, warnings: tuple[str, ...] | list[str]) -> None:
