@@ -55,7 +55,8 @@ def probe(
     margin: Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")] = 0.15,
     granularity: Annotated[int, typer.Option(help="Batch sizes are multiples of this.")] = 1,
     max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Stop growing at this batch size.")] = None,
-    confirm: Annotated[int, typer.Option(help="Times the ceiling must pass before it is reported.")] = 2,
+    confirm: Annotated[int, typer.Option(help="Fresh runs the ceiling and the safe batch must each pass.")] = 2,
+    resolution: Annotated[Optional[int], typer.Option(help="Stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling, at least one granule; 1: the exact answer).")] = None,
     precision: Precision = "fp32",
     optimizer: Optimizer = "adamw",
     steps: Annotated[int, typer.Option(help="Full training steps per trial (>= 2, so optimizer state exists).")] = 2,
@@ -72,8 +73,8 @@ def probe(
     fmt = _check_format(format)
     config = _probe_config(
         workload=workload, option=option, device=device, memory_budget=memory_budget, margin=margin,
-        granularity=granularity, max_batch=max_batch, confirm=confirm, precision=precision, optimizer=optimizer,
-        steps=steps, threads=threads, trial_timeout_s=trial_timeout,
+        granularity=granularity, max_batch=max_batch, confirm=confirm, resolution=resolution, precision=precision,
+        optimizer=optimizer, steps=steps, threads=threads, trial_timeout_s=trial_timeout,
     )
     outcome = _with_progress("probe", lambda p: run_probe(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
@@ -327,6 +328,7 @@ def plan(
     link_bandwidth: Annotated[Optional[str], typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
     link_latency: Annotated[Optional[str], typer.Option("--link-latency", help="Stage-to-stage latency, e.g. 5us (default: as measured here).")] = None,
     validation: Annotated[str, typer.Option("--validation", help="Check the simulator against the measured points: leave-one-out, in-sample or none.")] = "leave-one-out",
+    scatter: Annotated[str, typer.Option("--scatter", help="measured: draw costs from the scatter measured on this machine; none: predict with average costs (a quieter target).")] = "measured",
     plot: Plot = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the recommended configuration's simulated timeline as Chrome trace-event JSON.")] = None,
     format: Format = "table",
@@ -346,7 +348,7 @@ def plan(
         grad_accum_steps=accum, num_blocks=blocks, virtual_stages=virtual_stages,
         link_bandwidth_bytes_per_s=parse_rate(link_bandwidth, name="--link-bandwidth") if link_bandwidth else None,
         link_latency_s=parse_duration(link_latency, name="--link-latency") if link_latency else None,
-        validation_method=None if validation == "none" else validation,
+        validation_method=None if validation == "none" else validation, scatter=scatter,
     )
     print_plan(make_console(), report, fmt)
     if plot or trace:

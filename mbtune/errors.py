@@ -73,6 +73,13 @@ class TrialFailedError(MbtuneError):
     hint = "Rerun with MBTUNE_DEBUG=1 to see the trial's traceback."
 
 
+class UnsafeBatchError(MbtuneError):
+    """No batch size above one granule passed its verification runs: memory near this budget is unstable."""
+
+    exit_code = EXIT_COULD_NOT_RUN
+    hint = "Raise --memory-budget or widen --margin; memory near this budget varies from run to run."
+
+
 class ProfileError(MbtuneError):
     """A profile file is missing, corrupt, of an unknown schema, or cannot be written."""
 

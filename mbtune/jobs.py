@@ -85,7 +85,8 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         return outcome
 
     found = search_ceiling(run, granularity=config.granularity, max_batch=config.max_batch,
-                           budget_bytes=search_budget, margin=config.margin, confirm=config.confirm)
+                           budget_bytes=search_budget, margin=config.margin, confirm=config.confirm,
+                           resolution=config.resolution)
     return ProbeResult(
         workload=config.workload, workload_options=dict(config.workload_options),
         device=_device_info(found.trials, device, config.trial_timeout_s), trials=found.trials,
@@ -94,8 +95,8 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         safe_batch_verified=found.safe_batch_verified, memory_budget_bytes=budget,
         memory_model=found.memory_model, precision=config.precision, optimizer=config.optimizer,
         num_parameters=workload.num_parameters(), flops_per_sample=workload.flops_per_sample,
-        max_batch=config.max_batch, confirm=config.confirm, steps=config.steps,
-        warnings=tuple(warnings) + found.warnings,
+        max_batch=config.max_batch, confirm=config.confirm, steps=config.steps, resolution=found.resolution,
+        safe_batch_first=found.safe_batch_first, warnings=tuple(warnings) + found.warnings,
     )
 
 
@@ -291,6 +292,7 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, list[
 
 def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: Workload,
                peak_total: float | None) -> TrialResult:
+    from mbtune.device.load import LoadMeter, busy_warning
     from mbtune.device.nvml import NvmlSampler
     from mbtune.pipeline import PipelineSpec, run_pipeline_point
     from mbtune.sweep import summarize_point
@@ -303,13 +305,21 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
         measured_steps=config.measured_steps, seed=config.seed, device="cuda" if device.startswith("cuda") else "cpu",
         optimizer=config.optimizer, precision=config.precision, threads=threads,
     )
-    with NvmlSampler() as sampler:
+    # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
+    # are summarised (the ranks report when those ran).
+    gpus = range(spec.num_ranks) if spec.device == "cuda" else ()
+    with NvmlSampler(cuda_indices=gpus) as sampler, LoadMeter() as meter:
         outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
     result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
                              flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
+    window, uuids = outcome.measured_window_unix_s, outcome.device_uuids
+    load = meter.load(rank_cpu_s=outcome.rank_cpu_time_s, our_pids=outcome.pids, num_ranks=spec.num_ranks,
+                      gpu_pids=sampler.compute_pids(uuids, window) if gpus else None)
+    warning = busy_warning(point.label, load)
     backend = "nccl" if spec.device == "cuda" else "gloo"
     ran_as = f"{point.num_stages} process(es), {backend}"
-    return replace(result, nvml=sampler.summary(), ran_as=ran_as)
+    return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
+                   warnings=result.warnings + ((warning,) if warning else ()))
 
 
 def _result_detail(result: TrialResult) -> str:

@@ -1,9 +1,11 @@
 """The ceiling search: pure logic over an injected run_trial(batch_size) -> TrialOutcome callable.
 
 Grow, then bisect, steered by a memory model (bytes = fixed + per_sample x batch) fitted to the peaks of
-the trials that ran, so it needs fewer trials than doubling plus bisection. Near the ceiling results can
-flip run to run, so the reported ceiling must pass `confirm` times, with the next size up failing, and
-the safe batch is verified by a final run.
+the trials that ran, so it needs fewer trials than doubling plus bisection. The ceiling is a band, not a
+number: the same size can fit in one fresh process and fail in the next. So the search stops once the
+bracket [ceiling, first failing) is as narrow as the resolution (default 1% of the ceiling), the
+ceiling must pass `confirm` times with the next size up failing, and the safe batch must pass `confirm`
+fresh runs, stepping down until one does.
 """
 
 from __future__ import annotations
@@ -12,10 +14,21 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mbtune.errors import BudgetTooSmallError, TrialFailedError, WorkloadBrokenError
+from mbtune.errors import BudgetTooSmallError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
 from mbtune.records import ERROR, OK, OOM, MemoryModel, TrialOutcome
 
 RunTrial = Callable[[int], TrialOutcome]
+
+RESOLUTION_FRACTION = 0.01  # default resolution: 1% of the ceiling (at least one granule)
+# A fitted slope counts only when it stands clear of its own scatter: above this many standard errors,
+# and moving memory over the fitted range by more than peak memory's run-to-run noise (a few percent).
+SLOPE_STDERRS = 3.0
+GROWTH_NOISE_FRACTION = 0.02
+# Growth steps aim this far below the model's ceiling, so the step lands under it and the next size up
+# decides the bracket; aiming at the guess itself is a coin flip.
+AIM_BELOW = 0.97
+# A guided step inside the bracket must at least halve it; otherwise the next step bisects.
+GUIDED_SHRINK = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +41,8 @@ class SearchResult:
     safe_batch: int
     safe_batch_verified: bool
     memory_model: MemoryModel | None
+    resolution: int = 1
+    safe_batch_first: int | None = None  # the margin's safe batch, before any step down
     warnings: tuple[str, ...] = ()
 
 
@@ -36,12 +51,15 @@ class _State:
     granularity: int
     max_batch: int | None
     budget_bytes: int | None
+    resolution: int | None
     trials: list[TrialOutcome] = field(default_factory=list)
     passes: dict[int, int] = field(default_factory=dict)
     lo: int = 0  # largest size that ran, below every failing size
     hi: int | None = None  # smallest size that failed for memory
     growth: int = 0  # stride while the model says the ceiling is already behind us
-    guided_step: int = 0  # length of the last unclamped model-guided step (the next is at least as long)
+    guided_step: int = 0  # length of the last guided growth step (an underestimating model keeps it)
+    last_guess: float | None = None  # the model's ceiling when the last guided growth step was chosen
+    guided_width: int | None = None  # the bracket's width when the last guided bracket step was chosen
 
     def record(self, outcome: TrialOutcome) -> None:
         self.trials.append(outcome)
@@ -57,9 +75,16 @@ class _State:
                 below = [s for s in self.passes if s < size]
                 self.lo = max(below, default=0)
 
+    def stop_width(self) -> int:
+        """The bracket width at which the search stops, in whole granules."""
+        g = self.granularity
+        wanted = self.resolution or math.ceil(RESOLUTION_FRACTION * self.lo)
+        return max(g, math.ceil(wanted / g) * g)
+
 
 def fit_memory_model(trials: list[TrialOutcome] | tuple[TrialOutcome, ...]) -> MemoryModel | None:
-    """Least-squares fit of budget_used_bytes against batch size over the trials that ran."""
+    """Least-squares fit of budget_used_bytes against batch size over the trials that ran; `resolved`
+    says whether the slope stands clear of the fit's own scatter (else there is no per-sample memory)."""
     points = [(t.batch_size, t.budget_used_bytes) for t in trials if t.ok and t.budget_used_bytes is not None]
     if len({b for b, _ in points}) < 2:
         return None
@@ -69,9 +94,14 @@ def fit_memory_model(trials: list[TrialOutcome] | tuple[TrialOutcome, ...]) -> M
     var_b = sum((b - mean_b) ** 2 for b, _ in points)
     slope = sum((b - mean_b) * (m - mean_m) for b, m in points) / var_b
     fixed = mean_m - slope * mean_b
-    rms = math.sqrt(sum((fixed + slope * b - m) ** 2 for b, m in points) / n)
+    residual = sum((fixed + slope * b - m) ** 2 for b, m in points)
+    stderr = math.sqrt(residual / (n - 2) / var_b) if n > 2 else None
+    span = max(b for b, _ in points) - min(b for b, _ in points)
+    resolved = (slope > 0 and slope * span > GROWTH_NOISE_FRACTION * mean_m
+                and (stderr is None or slope > SLOPE_STDERRS * stderr))
     return MemoryModel(fixed_bytes=fixed, per_sample_bytes=slope,
-                       fit_error_pct=100.0 * rms / mean_m if mean_m else 0.0, num_points=n)
+                       fit_error_pct=100.0 * math.sqrt(residual / n) / mean_m if mean_m else 0.0, num_points=n,
+                       per_sample_stderr_bytes=stderr, resolved=resolved)
 
 
 def safe_batch_for(ceiling: int, margin: float, granularity: int) -> int:
@@ -85,56 +115,74 @@ def _round_down(value: float, granularity: int) -> int:
 
 
 def _next_size(state: _State) -> int | None:
-    """The next batch size to try, or None when lo is bracketed (lo + granularity failed or max reached)."""
+    """The next batch size to try, or None when the bracket is as narrow as the resolution (or the
+    largest allowed size ran)."""
     g, lo, hi = state.granularity, state.lo, state.hi
     top = hi - g if hi is not None else None
     if state.max_batch is not None:
         top = state.max_batch if top is None else min(top, state.max_batch)
-    if top is not None and lo >= top:
+    if (top is not None and lo >= top) or (hi is not None and hi - lo <= state.stop_width()):
         return None
     model = fit_memory_model(state.trials)
     guess = model.batch_for(state.budget_bytes) if model and state.budget_bytes else None
-    guess = _round_down(guess, g) if guess is not None and math.isfinite(guess) else None
-    if hi is None:
-        candidate = _grow(state, guess)
-    else:
-        # Trust the model while its guess lies inside the bracket and the bracket closes from both
-        # sides; otherwise the model is off, and bisection guarantees progress.
-        use_guess = (guess is not None and lo < guess < hi and len(state.trials) >= 2
-                     and state.trials[-1].ok != state.trials[-2].ok)
-        candidate = guess if use_guess else _round_down((lo + hi) / 2, g)
-        candidate = min(max(candidate, lo + g), hi - g)
+    guess = guess if guess is not None and math.isfinite(guess) else None
+    candidate = _grow(state, guess) if hi is None else _narrow(state, guess)
     return min(candidate, top) if top is not None else candidate
 
 
-def _grow(state: _State, guess: int | None) -> int:
-    """Next size while no size has failed yet: the model's guess (at most 8x the largest that ran), or
-    4x without a model (small batches barely move memory, so early fits are often flat).
+def _grow(state: _State, guess: float | None) -> int:
+    """Next size while no size has failed yet.
 
-    A model that keeps underestimating must not creep up in shrinking steps: after a guided step that
-    ran, the next step is at least as long; and when the model says we are already there but the size
-    ran, the stride doubles. Either way an underestimating model costs logarithmically many trials."""
+    Without a model, 4x (small batches barely move memory, so early fits are often flat). With one, just
+    under the model's ceiling (at most 8x the largest that ran); once there, the model's ceiling itself,
+    so the next size decides. A model that keeps underestimating must not creep up in shrinking steps:
+    while its ceiling keeps moving up, each step is at least as long as the last; and when it says we are
+    already there but the size ran, the stride doubles. Either way an underestimating model costs
+    logarithmically many trials."""
     g, lo = state.granularity, state.lo
     if guess is None:
-        state.guided_step = 0
+        state.guided_step, state.last_guess = 0, None
         return 4 * lo
-    if guess > lo:
-        state.growth = 0
-        candidate = min(max(guess, lo + state.guided_step), 8 * lo)
-        state.guided_step = candidate - lo if candidate == guess else 0
+    underestimating = state.last_guess is not None and guess > state.last_guess + state.stop_width()
+    aim, at = _round_down(AIM_BELOW * guess, g), _round_down(guess, g)
+    if underestimating or aim > lo:
+        floor = lo + state.guided_step if underestimating else lo + g
+        candidate = min(max(aim, floor), 8 * lo)
+        state.growth, state.last_guess, state.guided_step = 0, guess, candidate - lo
         return candidate
-    state.guided_step = 0
-    state.growth = max(g, 2 * state.growth)
+    if at > lo:
+        state.growth, state.last_guess, state.guided_step = 0, guess, at - lo
+        return at
+    state.guided_step, state.last_guess = 0, None
+    state.growth = state.stop_width() if not state.growth else 2 * state.growth
     return lo + state.growth
 
 
+def _narrow(state: _State, guess: float | None) -> int:
+    """Next size inside the bracket: the model's ceiling while each such step at least halves the
+    bracket, else bisection, which guarantees progress."""
+    g, lo, hi = state.granularity, state.lo, state.hi
+    assert hi is not None
+    width = hi - lo
+    stalled = state.guided_width is not None and width > GUIDED_SHRINK * state.guided_width
+    if guess is None or stalled or not lo < guess < hi + g:
+        state.guided_width = None
+        candidate = _round_down((lo + hi) / 2, g)
+    else:
+        state.guided_width = width
+        candidate = _round_down(guess, g)
+    return min(max(candidate, lo + g), hi - g)
+
+
 def search_ceiling(run_trial: RunTrial, *, granularity: int = 1, max_batch: int | None = None,
-                   budget_bytes: int | None = None, margin: float = 0.15, confirm: int = 2) -> SearchResult:
-    """Find the largest batch (a multiple of granularity) that runs, with the next size up failing for
-    memory; confirm it passed `confirm` times; verify the safe batch with a final run."""
+                   budget_bytes: int | None = None, margin: float = 0.15, confirm: int = 2,
+                   resolution: int | None = None) -> SearchResult:
+    """Find the largest batch (a multiple of granularity) that runs, with the next size tried above it
+    failing for memory no more than `resolution` above it; confirm it passed `confirm` times; find a safe
+    batch that passes `confirm` fresh runs."""
     if max_batch is not None:
         max_batch = max(granularity, _round_down(max_batch, granularity))
-    state = _State(granularity=granularity, max_batch=max_batch, budget_bytes=budget_bytes)
+    state = _State(granularity=granularity, max_batch=max_batch, budget_bytes=budget_bytes, resolution=resolution)
     size: int | None = granularity
     while size is not None:
         outcome = _run(run_trial, size, state)
@@ -147,7 +195,7 @@ def search_ceiling(run_trial: RunTrial, *, granularity: int = 1, max_batch: int 
             size = state.lo
     if not state.lo:
         raise BudgetTooSmallError(f"no batch size of {granularity} or more ran reliably")
-    return _finish(run_trial, state, margin)
+    return _finish(run_trial, state, margin, confirm)
 
 
 def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
@@ -163,19 +211,45 @@ def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
     return outcome
 
 
-def _finish(run_trial: RunTrial, state: _State, margin: float) -> SearchResult:
-    ceiling, first_failing = state.lo, state.hi
+def _finish(run_trial: RunTrial, state: _State, margin: float, confirm: int) -> SearchResult:
+    ceiling, first_failing, g = state.lo, state.hi, state.granularity
     model = fit_memory_model(state.trials)
-    safe = min(safe_batch_for(ceiling, margin, state.granularity), ceiling)
+    first = min(safe_batch_for(ceiling, margin, g), ceiling)
     warnings = []
-    if ceiling * (1.0 - margin) < state.granularity:
-        warnings.append(f"the ceiling ({ceiling}) is so small that the safe batch is one granule ({safe})")
-    verification = _run(run_trial, safe, state)
-    state.trials.append(verification)
-    if not verification.ok:
-        warnings.append(f"the safe batch {safe} ran out of memory in its verification run: "
-                        "memory here is unstable, consider a larger margin")
+    if ceiling * (1.0 - margin) < g:
+        warnings.append(f"the ceiling ({ceiling}) is so small that the safe batch is one granule ({first})")
+    safe, failed_at = _verified_safe_batch(run_trial, state, first, margin, confirm)
+    if failed_at:
+        why = ("memory barely grows with the batch over these trials (the memory model is not resolved), so "
+               "the margin buys little room" if model is None or not model.resolved else
+               "sizes well below the ceiling ran out of memory: the band where one size both fits and fails is wide")
+        warnings.append(f"the safe batch {first} failed a verification run; stepped down through "
+                        f"{', '.join(map(str, failed_at))} to {safe}, which passed {confirm} fresh runs: {why}")
     return SearchResult(
         trials=tuple(state.trials), ceiling=ceiling, first_failing=first_failing, safe_batch=safe,
-        safe_batch_verified=verification.ok, memory_model=model, warnings=tuple(warnings),
+        safe_batch_verified=True, memory_model=model, resolution=state.stop_width(), safe_batch_first=first,
+        warnings=tuple(warnings),
     )
+
+
+def _verified_safe_batch(run_trial: RunTrial, state: _State, safe: int, margin: float,
+                         confirm: int) -> tuple[int, list[int]]:
+    """The first size, from `safe` down by the margin again, that passes `confirm` fresh runs (earlier
+    passes of the same size count), and the sizes that failed on the way."""
+    g, failed_at = state.granularity, []
+    while True:
+        passes = state.passes.get(safe, 0)
+        while passes < confirm:
+            outcome = _run(run_trial, safe, state)
+            state.trials.append(outcome)
+            if not outcome.ok:
+                break
+            passes += 1
+        if passes >= confirm:
+            return safe, failed_at
+        failed_at.append(safe)
+        if safe <= g:
+            raise UnsafeBatchError(
+                f"no batch size above one granule ({g}) passed {confirm} fresh runs: the safe batch stepped down "
+                f"from {failed_at[0]} through {', '.join(map(str, failed_at[1:])) or 'nothing'} and each failed")
+        safe = min(safe_batch_for(safe, margin, g), safe - g)

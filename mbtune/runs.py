@@ -132,7 +132,8 @@ def _qualify_configs(spec: QualifySpec, baseline: Profile | None) -> tuple[Probe
                         device=was.device.label if was.device.backend == "cuda" else "cpu",
                         memory_budget_bytes=was.memory_budget_bytes, margin=was.margin, granularity=was.granularity,
                         precision=was.precision, optimizer=was.optimizer, max_batch=was.max_batch,
-                        confirm=was.confirm, steps=was.steps, command_line=baseline.metadata.command_line)
+                        confirm=was.confirm, resolution=was.resolution, steps=was.steps,
+                        command_line=baseline.metadata.command_line)
     if baseline.sweep is None:
         return probe, None
     points = tuple(r.point for r in baseline.sweep.results if r.ok)

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from mbtune.records import ProbeResult, TrialOutcome
+from mbtune.records import MemoryModel, ProbeResult, TrialOutcome
 from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 
 _STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red", "killed": "red"}
@@ -41,16 +41,33 @@ def summary_panel(result: ProbeResult) -> Panel:
     grid.add_row("memory budget", fmt_bytes(result.memory_budget_bytes) if result.memory_budget_bytes else "whole device")
     grid.add_row("ceiling", f"[bold]{result.ceiling}[/]" + (" (stopped at --max-batch)" if result.stopped_at_max_batch else ""))
     grid.add_row("first failing", "none (max batch reached)" if result.first_failing is None else str(result.first_failing))
+    if result.first_failing is not None:
+        grid.add_row("bracket", f"[{result.ceiling}, {result.first_failing}): the ceiling lies in this band "
+                                f"(resolution {result.resolution or result.granularity})")
     grid.add_row("margin", f"{result.margin:.0%}")
-    verified = "verified" if result.safe_batch_verified else "[red]FAILED its verification run[/]"
-    grid.add_row("safe batch", f"[bold green]{result.safe_batch}[/] ({verified})")
-    model = result.memory_model
-    grid.add_row("memory model", "n/a (fewer than two sizes ran)" if model is None else
-                 f"{fmt_bytes(model.fixed_bytes)} {'+' if model.per_sample_bytes >= 0 else '-'} "
-                 f"{fmt_bytes(abs(model.per_sample_bytes))} x batch "
-                 f"(fit error {model.fit_error_pct:.1f}% over {model.num_points} trials)")
+    grid.add_row("safe batch", f"[bold green]{result.safe_batch}[/] ({_verified(result)})")
+    grid.add_row("memory model", memory_model_text(result.memory_model))
     grid.add_row("trials", str(len(result.trials)))
     return Panel(grid, title="Probe result", title_align="left", expand=False)
+
+
+def _verified(result: ProbeResult) -> str:
+    if not result.safe_batch_verified:
+        return "[red]FAILED its verification run[/]"
+    runs = f"passed {result.confirm} fresh run{'s' if result.confirm > 1 else ''}"
+    first = result.safe_batch_first
+    return f"{runs}; stepped down from {first}" if first and first != result.safe_batch else runs
+
+
+def memory_model_text(model: MemoryModel | None) -> str:
+    """The fitted memory model in words, or why there is none."""
+    if model is None:
+        return "n/a (fewer than two sizes ran)"
+    if not model.resolved:
+        return (f"not resolved (memory barely grows with the batch over these {model.num_points} trials): "
+                "no per-sample memory")
+    return (f"{fmt_bytes(model.fixed_bytes)} + {fmt_bytes(model.per_sample_bytes)} x batch "
+            f"(fit error {model.fit_error_pct:.1f}% over {model.num_points} trials)")
 
 
 def _workload_label(result: ProbeResult) -> str:

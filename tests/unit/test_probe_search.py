@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.errors import BudgetTooSmallError, TrialFailedError, WorkloadBrokenError
+from mbtune.errors import BudgetTooSmallError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
 from mbtune.probe import fit_memory_model, safe_batch_for, search_ceiling
 from mbtune.records import TrialOutcome
 
@@ -36,7 +36,7 @@ def budget_for(limit):
 @pytest.mark.parametrize("limit", [1, 7, 100, 389, 1000])
 def test_finds_exact_ceiling_with_next_size_failing(limit):
     run = fake_trials(below(limit))
-    result = search_ceiling(run, budget_bytes=budget_for(limit))
+    result = search_ceiling(run, budget_bytes=budget_for(limit), resolution=1)
     assert result.ceiling == limit
     assert result.first_failing == limit + 1
     assert result.safe_batch == safe_batch_for(limit, 0.15, 1)
@@ -47,16 +47,18 @@ def test_finds_exact_ceiling_with_next_size_failing(limit):
 
 def test_trial_counts_are_pinned():
     run = fake_trials(below(100))
-    search_ceiling(run, budget_bytes=budget_for(100))
-    assert run.sizes == [1, 4, 32, 100, 101, 100, 85]
+    search_ceiling(run, budget_bytes=budget_for(100), resolution=1)
+    # Growth lands just under the model's ceiling, the model's ceiling decides, the next size up fails;
+    # the ceiling is confirmed and the safe batch passes two fresh runs.
+    assert run.sizes == [1, 4, 32, 97, 100, 101, 100, 85, 85]
 
 
 def test_model_needs_fewer_trials_than_doubling_and_bisection():
     guided = fake_trials(below(389))
-    search_ceiling(guided, budget_bytes=budget_for(389))
+    search_ceiling(guided, budget_bytes=budget_for(389), resolution=1)
     plain = fake_trials(below(389))
-    search_ceiling(plain, budget_bytes=None)  # no budget: no model guess, grow and bisect
-    assert len(guided.sizes) == 8
+    search_ceiling(plain, budget_bytes=None, resolution=1)  # no budget: no model guess, grow and bisect
+    assert len(guided.sizes) == 10
     assert len(guided.sizes) < len(plain.sizes)
 
 
@@ -66,7 +68,7 @@ def test_flaky_boundary_is_confirmed_not_trusted():
         return batch <= 389 or (batch == 391 and attempt == 1)
 
     run = fake_trials(fits)
-    result = search_ceiling(run, budget_bytes=budget_for(391))
+    result = search_ceiling(run, budget_bytes=budget_for(391), resolution=1)
     assert result.ceiling == 389
     assert result.first_failing == 390
     assert run.sizes.count(389) == 2
@@ -75,7 +77,7 @@ def test_flaky_boundary_is_confirmed_not_trusted():
 
 def test_granularity_and_max_batch():
     run = fake_trials(below(100))
-    result = search_ceiling(run, granularity=8, budget_bytes=budget_for(100))
+    result = search_ceiling(run, granularity=8, budget_bytes=budget_for(100), resolution=1)
     assert (result.ceiling, result.first_failing, result.safe_batch) == (96, 104, 80)
     assert all(size % 8 == 0 for size in run.sizes)
 
@@ -96,14 +98,49 @@ def test_non_memory_failure_is_never_counted_as_oom():
         search_ceiling(fake_trials(below(0), status_on_fail="error"), budget_bytes=100)
 
 
-def test_failed_safe_batch_verification_is_reported():
+def test_a_safe_batch_that_fails_verification_steps_down_until_it_passes_every_run():
     # The safe batch (85) fails its verification although 100 passed twice.
     def fits(batch, attempt):
         return batch <= 100 and batch != 85
 
-    result = search_ceiling(fake_trials(fits), budget_bytes=budget_for(100))
-    assert result.ceiling == 100 and not result.safe_batch_verified
-    assert any("verification" in w for w in result.warnings)
+    run = fake_trials(fits)
+    result = search_ceiling(run, budget_bytes=budget_for(100), resolution=1)
+    assert result.ceiling == 100 and result.safe_batch_verified
+    assert (result.safe_batch_first, result.safe_batch) == (85, safe_batch_for(85, 0.15, 1))
+    assert run.sizes[-2:] == [result.safe_batch] * 2  # passed --confirm fresh runs
+    assert any("stepped down through 85 to 72" in w for w in result.warnings)
+
+
+def test_verification_needs_confirm_passes_not_one():
+    # Every size passes its first run and fails its second (below the ceiling): nothing is safe.
+    def fits(batch, attempt):
+        return batch <= 100 and (attempt == 1 or batch == 100)
+
+    with pytest.raises(UnsafeBatchError, match="no batch size above one granule"):
+        search_ceiling(fake_trials(fits), budget_bytes=budget_for(100), resolution=1)
+
+
+def test_the_probe_stops_at_the_resolution():
+    exact = fake_trials(below(10_000))
+    search_ceiling(exact, budget_bytes=budget_for(10_000), resolution=1)
+    for resolution in (None, 100):  # None: 1% of the ceiling
+        run = fake_trials(lambda batch, attempt: batch <= 10_000)
+        result = search_ceiling(run, budget_bytes=budget_for(10_000) + 60 * PER_SAMPLE, resolution=resolution)
+        assert result.ceiling <= 10_000 < result.first_failing  # the bracket holds the truth
+        assert result.first_failing - result.ceiling <= 100 == result.resolution
+        assert run.sizes.count(result.ceiling) >= 2 and result.first_failing in run.sizes
+
+
+def test_an_unresolved_memory_model_leaves_the_search_to_bisection():
+    # Memory that does not grow with the batch: the fit cannot place a ceiling, so the search must
+    # take exactly the steps it takes with no model at all.
+    flat = fake_trials(below(389), per_sample=0)
+    result = search_ceiling(flat, budget_bytes=budget_for(389), resolution=1)
+    plain = fake_trials(below(389))
+    search_ceiling(plain, budget_bytes=None, resolution=1)
+    assert result.memory_model is not None and not result.memory_model.resolved
+    assert result.memory_model.batch_for(10**9) is None
+    assert flat.sizes == plain.sizes
 
 
 @pytest.mark.parametrize(("ceiling", "margin", "granularity", "safe"), [
@@ -122,6 +159,18 @@ def test_memory_model_fit_recovers_linear_costs():
     assert model.fit_error_pct == pytest.approx(0, abs=1e-9)
     assert model.batch_for(800) == pytest.approx(100)
     assert fit_memory_model(trials[:1]) is None
+    assert model.resolved
+
+
+@pytest.mark.parametrize("used", [
+    [205_200_000, 197_900_000],  # measured: the larger batch used less (peak memory noise)
+    [100_000_000, 100_500_000, 99_800_000],  # growth below the run-to-run noise of peak memory
+    [100_000_000, 130_000_000, 101_000_000],  # a slope no larger than its own scatter
+])
+def test_a_slope_that_does_not_stand_clear_of_its_scatter_is_not_resolved(used):
+    trials = [TrialOutcome(status="ok", batch_size=384 * (i + 1), budget_used_bytes=u) for i, u in enumerate(used)]
+    model = fit_memory_model(trials)
+    assert not model.resolved and model.batch_for(10**9) is None
 
 
 def test_an_underestimating_model_does_not_creep_up_in_shrinking_steps():
@@ -137,7 +186,7 @@ def test_an_underestimating_model_does_not_creep_up_in_shrinking_steps():
         ok = batch <= 1000
         return TrialOutcome(status="ok" if ok else "oom", batch_size=batch, budget_used_bytes=used(batch) if ok else None)
 
-    result = search_ceiling(run, budget_bytes=int(used(1000)) + 1)
+    result = search_ceiling(run, budget_bytes=int(used(1000)) + 1, resolution=1)
     assert (result.ceiling, result.first_failing) == (1000, 1001)
     growing = sizes[: next(i for i, b in enumerate(sizes) if b > 1000) + 1]  # up to the first failure
     steps = [b - a for a, b in zip(growing, growing[1:])]

@@ -42,7 +42,7 @@ def test_probe_tables_list_every_trial_and_the_summary():
     assert "│ 1 │     1 │ ok     │        10 B │         5 B │  200.0 ms │       5.0 │" in text
     assert "│ 2 │     8 │ oom    │         n/a │         n/a │           │           │" in text
     summary = render(summary_panel(sample_probe()), 100)
-    for line in ("ceiling        4", "first failing  5", "safe batch     3 (verified)", "margin         15%"):
+    for line in ("ceiling        4", "first failing  5", "safe batch     3 (passed 2 fresh runs)", "bracket        [4, 5)", "margin         15%"):
         assert line in summary
 
 
