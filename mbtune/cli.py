@@ -92,6 +92,7 @@ SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer ste
 Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up optimizer steps per point (not timed).")]
 VirtualStages = Annotated[int, typer.Option("--virtual-stages", help="Stages per rank for interleaved/looped schedules.")]
 PointTimeout = Annotated[float, typer.Option("--point-timeout", help="Seconds before a point's processes are killed.")]
+Repeats = Annotated[int, typer.Option("--repeats", help="Runs of each point, each in fresh processes: figures are the median with the range over repeats.")]
 
 
 @app.command()
@@ -109,6 +110,7 @@ def sweep(
     objective: Objective = "throughput",
     strategy: Annotated[str, typer.Option("--strategy", help="grid: run every runnable point; quick: the simulator, calibrated on a few points, picks what to run.")] = "grid",
     steps: SweepSteps = 3,
+    repeats: Repeats = 1,
     warmup: Warmup = 1,
     virtual_stages: VirtualStages = 2,
     optimizer: Optimizer = "adamw",
@@ -131,7 +133,7 @@ def sweep(
         micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
         from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
         optimizer=optimizer, precision=precision, threads=threads, point_timeout=point_timeout,
-        profiles_dir=profiles_dir, strategy=strategy,
+        profiles_dir=profiles_dir, strategy=strategy, repeats=repeats,
     )
     outcome = _with_progress("sweep", lambda p: run_sweep(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
@@ -153,6 +155,8 @@ def tune(
     accum: Accum = "1,2",
     objective: Objective = "throughput",
     steps: SweepSteps = 3,
+    repeats: Repeats = 1,
+    resolution: Annotated[Optional[int], typer.Option(help="Probe: stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling).")] = None,
     optimizer: Optimizer = "adamw",
     precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast), for the probe and the sweep.")] = "fp32",
     point_timeout: PointTimeout = 600.0,
@@ -167,10 +171,11 @@ def tune(
     fmt = _check_format(format)
     probe_config = _probe_config(workload=workload, option=option, device=device, memory_budget=memory_budget,
                                  margin=margin, granularity=granularity, max_batch=max_batch, optimizer=optimizer,
-                                 precision=precision, trial_timeout_s=point_timeout)
+                                 precision=precision, trial_timeout_s=point_timeout, resolution=resolution)
     sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
                                  schedules=schedules, micro_batches=micro_batches, accum=accum, objective=objective,
-                                 steps=steps, optimizer=optimizer, precision=precision, point_timeout=point_timeout)
+                                 steps=steps, optimizer=optimizer, precision=precision, point_timeout=point_timeout,
+                                 repeats=repeats)
     outcome = _with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p,
                                                          profiles_dir=_target(profiles_dir, save), resume=resume))
     _finish(fmt, outcome)
@@ -190,7 +195,7 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
                   point_timeout: float, micro_batch_size: int | None = None, global_batch: int | None = None,
                   from_profile: Path | None = None, warmup: int = 1, virtual_stages: int = 2,
                   threads: int | None = None, profiles_dir: Path | None = None, precision: str = "fp32",
-                  strategy: str = "grid") -> object:
+                  strategy: str = "grid", repeats: int = 1) -> object:
     from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
     from mbtune.profiles import command_line
 
@@ -205,7 +210,7 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
         micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
         micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective, measured_steps=steps,
         warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, precision=precision, threads=threads,
-        strategy=strategy,
+        strategy=strategy, repeats=repeats,
         point_timeout_s=point_timeout, profiles_dir=str(profiles_dir) if profiles_dir else None,
         command_line=command_line(), **limits,
     )
@@ -259,21 +264,23 @@ def qualify(
     baseline: Annotated[Optional[Path], typer.Option("--baseline", help="Profile to re-run and compare against (profiles/<device>/<workload>.json).")] = None,
     spec: Annotated[Optional[Path], typer.Option("--spec", help="Qualification spec (TOML): workload, device, budget, sweep lists, thresholds.")] = None,
     tolerance: Annotated[Optional[str], typer.Option("--tolerance", help="Allowed shortfall against the baseline, e.g. 10% (default 10%, or the spec's).")] = None,
+    repeats: Annotated[Optional[int], typer.Option("--repeats", help="Runs of each sweep point, each in fresh processes; checks use the median and the spread over them (default 3, or the spec's).")] = None,
     allow_different_device: Annotated[bool, typer.Option("--allow-different-device", help="Compare against a baseline measured on another device model.")] = False,
     junit: Annotated[Optional[Path], typer.Option("--junit", help="Write a JUnit XML file: one testcase per check.")] = None,
     profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = Path("profiles/qualify-runs"),
     save: Save = True,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
 ) -> None:
-    """Re-run a baseline's probe and sweep here and give a verdict: exit 0 pass, 1 a check failed, 3 could not run."""
+    """Re-run a baseline's probe and sweep here and give a verdict: exit 0 pass, 1 a check failed, 3 could not run,
+    4 inconclusive (the measured spread is wider than the tolerance)."""
     from mbtune.config import QualifySpec, parse_fraction
-    from mbtune.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, ConfigError
+    from mbtune.errors import ConfigError
     from mbtune.profiles import command_line
-    from mbtune.records import CHECK_ERROR, FAIL
+    from mbtune.qualify import exit_code
     from mbtune.report import make_console
     from mbtune.report.qualify import print_verdict, write_junit
     from mbtune.runs import run_qualify
-    from mbtune.specfile import load_spec
+    from mbtune.specfile import read_spec
 
     fmt = _check_format(format)
     if fmt == "csv":
@@ -281,17 +288,17 @@ def qualify(
     share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
     path = str(baseline) if baseline else None
     if spec is not None:
-        plan = load_spec(spec, baseline=path, tolerance=share, allow_different_device=allow_different_device,
-                         command_line=command_line())
+        plan, repeats = read_spec(spec, baseline=path, tolerance=share, repeats=repeats,
+                                  allow_different_device=allow_different_device, command_line=command_line())
     else:
         plan = QualifySpec(baseline=path, tolerance=0.10 if share is None else share,
                            allow_different_device=allow_different_device)
-    verdict = _with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=_target(profiles_dir, save)))
+    verdict = _with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=_target(profiles_dir, save),
+                                                               repeats=repeats))
     if junit is not None:
         write_junit(verdict, junit)
     print_verdict(make_console(), verdict, fmt)
-    codes = {FAIL: EXIT_CHECK_FAILED, CHECK_ERROR: EXIT_COULD_NOT_RUN}
-    raise typer.Exit(codes.get(verdict.status, 0))
+    raise typer.Exit(exit_code(verdict.status))
 
 
 @app.command()

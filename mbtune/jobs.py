@@ -192,7 +192,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
             progress.start_trial(point.label)
         result, detail = done.get(point), REPLAYED
         if result is None:
-            result = _run_point(point, config, device, threads, workload, peak * num_stages if peak else None)
+            result = _run_repeats(point, config, device, threads, workload, peak * num_stages if peak else None)
             detail = _result_detail(result)
             if store:
                 store.record(SWEEP_POINT, result.to_dict())
@@ -217,13 +217,14 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
 def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResult],
                   skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
                   warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
-    from mbtune.sweep import rank_results
+    from mbtune.sweep import rank_results, tied_with_best
 
     ranking, pareto = rank_results(results, config.objective)
     return SweepReport(
         workload=config.workload, workload_options=dict(config.workload_options), device=info,
         objective=config.objective, results=tuple(results), skipped=skipped, ranking=ranking, pareto=pareto,
-        strategy=config.strategy, num_grid_points=num_grid_points, ceiling=config.ceiling,
+        ties=tied_with_best(results, ranking, config.objective), repeats=config.repeats, strategy=config.strategy,
+        num_grid_points=num_grid_points, ceiling=config.ceiling,
         safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
         warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,
         warnings=tuple(warnings), notes=notes,
@@ -288,6 +289,17 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, list[
     if p > cores:
         warnings.append(f"{p} stages on {cores} CPU cores oversubscribe the machine: timings are distorted")
     return p, config.threads or max(1, cores // p), warnings
+
+
+def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: Workload,
+                 peak_total: float | None) -> TrialResult:
+    """The point run config.repeats times, each in fresh processes, merged (stopping at a failed one)."""
+    from mbtune.sweep import merge_repeats
+
+    runs: list[TrialResult] = []
+    while len(runs) < config.repeats and (not runs or runs[-1].ok):
+        runs.append(_run_point(point, config, device, threads, workload, peak_total))
+    return merge_repeats(runs)
 
 
 def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: Workload,

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from mbtune.config import SweepConfig
+from mbtune.device.load import busy_warning
 from mbtune.pipeline.theory import check_point, stages_per_rank, theoretical_bubble
-from mbtune.records import OK, SkippedPoint, SweepPoint, TimelineAction, TrialResult
+from mbtune.records import OK, MachineLoad, SkippedPoint, SweepPoint, TimelineAction, TrialResult
 
 STABILITY_CV_PCT = 10.0
 
@@ -91,9 +92,12 @@ def summarize_point(point: SweepPoint, outcome: object, *, tokens_per_sample: in
         warnings.append(f"step time varies {cv:.0f}% (over {STABILITY_CV_PCT:.0f}%): results unstable; "
                         "run more --steps or on a quieter machine")
     typical = median_step(steps)
+    bubbles = step_bubbles(outcome.reports)
     return TrialResult(
         point=point, status=OK, step_times_s=steps, step_time_median_s=median, step_time_cv_pct=cv,
-        samples_per_s=samples_per_s,
+        samples_per_s=samples_per_s, repeat_step_time_medians_s=(median,),
+        samples_per_s_min=point.global_batch / max(steps), samples_per_s_max=point.global_batch / min(steps),
+        bubble_measured_min=min(bubbles) if bubbles else None, bubble_measured_max=max(bubbles) if bubbles else None,
         tokens_per_s=samples_per_s * tokens_per_sample if tokens_per_sample else None,
         mfu_pct=100.0 * flops_per_sample * samples_per_s / peak_flops_total
         if flops_per_sample and peak_flops_total else None,
@@ -102,8 +106,95 @@ def summarize_point(point: SweepPoint, outcome: object, *, tokens_per_sample: in
         idle=outcome.idle_shares,
         peak_memory_bytes=tuple(r.peak_memory_bytes for r in outcome.reports), loss=outcome.loss,
         warnings=tuple(warnings), timeline=step_timeline(outcome.reports, typical), timeline_step=typical,
-        wall_s=outcome.wall_s,
+        wall_s=outcome.wall_s, cuda_step_times_s=tuple(outcome.cuda_step_times_s),
     )
+
+
+def step_bubbles(reports: Sequence[object]) -> list[float]:
+    """The measured bubble of each measured step on its own (the spread of the point's bubble)."""
+    from mbtune.pipeline.timeline import measured_bubble
+
+    if not reports or not all(r.actions for r in reports):
+        return []
+    bubbles = []
+    for step, walls in enumerate(zip(*(r.pipeline_times_s for r in reports))):
+        if max(walls) > 0:
+            bubbles.append(measured_bubble([r.busy_s(step) for r in reports], max(walls)))
+    return bubbles
+
+
+def merge_repeats(repeats: Sequence[TrialResult]) -> TrialResult:
+    """One point run len(repeats) times, each in fresh processes: the median over every measured step,
+    the ranges over the repeats' own medians, the typical repeat's timeline. A repeat that failed
+    fails the point (what ran before it is not a result on its own)."""
+    first, n = repeats[0], len(repeats)
+    failed = next((r for r in repeats if not r.ok), None)
+    if failed is not None or n == 1:
+        return replace(failed or first, num_repeats=n, wall_s=sum(r.wall_s for r in repeats))
+    medians = [r.step_time_median_s for r in repeats]
+    typical_index = median_step(medians)
+    typical = repeats[typical_index]
+    steps = tuple(t for r in repeats for t in r.step_times_s)
+    median = statistics.median(steps)
+    rates = [first.point.global_batch / m for m in medians]
+    bubbles = [r.bubble_measured for r in repeats if r.bubble_measured is not None]
+    bubble = statistics.median(bubbles) if bubbles else None
+    scale = typical.step_time_median_s / median
+    spread_pct = 100.0 * (max(rates) - min(rates)) / statistics.median(rates)
+    load = merge_loads([r.load for r in repeats])
+    per_run = {busy_warning(first.point.label, r.load) for r in repeats} | {None}
+    warnings = [w for w in dict.fromkeys(w for r in repeats for w in r.warnings)
+                if not w.startswith("step time") and w not in per_run]
+    if (busy := busy_warning(first.point.label, load)) is not None:
+        warnings.append(busy)
+    if spread_pct > STABILITY_CV_PCT:
+        warnings.insert(0, f"throughput varies {spread_pct:.0f}% across {n} repeats (over {STABILITY_CV_PCT:.0f}%): "
+                           "results unstable; run more --repeats or on a quieter machine")
+    return replace(
+        typical, step_times_s=steps, step_time_median_s=median,
+        step_time_cv_pct=100.0 * statistics.pstdev(steps) / statistics.mean(steps),
+        samples_per_s=first.point.global_batch / median,
+        tokens_per_s=typical.tokens_per_s * scale if typical.tokens_per_s else None,
+        mfu_pct=typical.mfu_pct * scale if typical.mfu_pct else None,
+        bubble_measured=bubble, bubble_measured_min=min(bubbles, default=None),
+        bubble_measured_max=max(bubbles, default=None),
+        excess_idle_pct=100.0 * (bubble - typical.bubble_theoretical) if bubble is not None else None,
+        peak_memory_bytes=tuple(max((b for b in per_rank if b is not None), default=None)
+                                for per_rank in zip(*(r.peak_memory_bytes for r in repeats))),
+        num_repeats=n, repeat_step_time_medians_s=tuple(medians), samples_per_s_min=min(rates),
+        samples_per_s_max=max(rates), load=load, warnings=tuple(warnings),
+        timeline_step=sum(len(r.step_times_s) for r in repeats[:typical_index]) + typical.timeline_step,
+        wall_s=sum(r.wall_s for r in repeats),
+    )
+
+
+def merge_loads(loads: Sequence[MachineLoad | None]) -> MachineLoad | None:
+    """The busiest view of the machine over several runs of one point."""
+    known = [load for load in loads if load is not None]
+    if not known:
+        return None
+    busiest = max(known, key=lambda load: (load.busy, load.other_cpu_share or 0.0))
+    return replace(busiest, load_avg_1m=max((l.load_avg_1m for l in known if l.load_avg_1m is not None), default=None),
+                   other_gpu_processes=tuple(dict.fromkeys(p for l in known for p in l.other_gpu_processes)))
+
+
+def tied_with_best(results: Sequence[TrialResult], ranking: Sequence[int], objective: str) -> tuple[int, ...]:
+    """Ranked points whose measured range overlaps the best one's: on this evidence they are tied with
+    it. Throughput and bubble carry ranges; memory is ranked exactly."""
+    if not ranking or objective == "memory":
+        return ()
+
+    def span(result: TrialResult) -> tuple[float, float] | None:
+        if objective == "throughput":
+            low, high, mid = result.samples_per_s_min, result.samples_per_s_max, result.samples_per_s
+        else:
+            low, high, mid = result.bubble_measured_min, result.bubble_measured_max, result.bubble_measured
+        return None if mid is None else (mid if low is None else low, mid if high is None else high)
+
+    best = span(results[ranking[0]])
+    if best is None:
+        return ()
+    return tuple(i for i in ranking[1:] if (other := span(results[i])) and other[0] <= best[1] and best[0] <= other[1])
 
 
 def median_step(step_times_s: Sequence[float]) -> int:

@@ -36,8 +36,10 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
         hidden.append(give_way[0])
     if hidden:
         notes.append(f"hidden to fit the terminal: {', '.join(hidden)} (widen it or use --format csv)")
-    table.caption = "  ".join(["bubble: measured / theoretical", "* Pareto front (throughput vs peak memory)",
-                               "! see warnings", *notes])
+    spread = (f"ranges: min-max over {report.repeats} repeats" if report.repeats > 1
+              else "ranges: min-max over the measured steps (--repeats N for fresh-process repeats)")
+    table.caption = "  ".join(["bubble: measured / theoretical", spread, "* Pareto front (throughput vs peak memory)",
+                               "= tied with the best (ranges overlap)", "! see warnings", *notes])
     return table
 
 
@@ -69,7 +71,16 @@ def _build_table(report: SweepReport, rows: list[dict[str, str]], order: list[in
 
 
 def _marks(report: SweepReport, index: int) -> str:
-    return ("*" if index in report.pareto else "") + ("!" if report.results[index].warnings else "")
+    return (("*" if index in report.pareto else "") + ("=" if index in report.ties else "")
+            + ("!" if report.results[index].warnings else ""))
+
+
+def _range(low: float | None, high: float | None, fmt) -> str:  # noqa: ANN001 - a formatter
+    return "" if low is None or high is None else f" ({fmt(low)}-{fmt(high)})"
+
+
+def _bare_pct(value: float) -> str:
+    return f"{value * 100:.0f}"
 
 
 def _row(position: int, result: TrialResult, marks: str) -> dict[str, str]:
@@ -80,10 +91,12 @@ def _row(position: int, result: TrialResult, marks: str) -> dict[str, str]:
     if not result.ok:
         return {**{h: "" for h, _ in _COLUMNS}, **row, "status": f"[red]{result.status}[/]"}
     cv = f" ({result.step_time_cv_pct:.0f}%)" if result.step_time_cv_pct is not None else ""
-    return {**row, "samples/s": fmt_rate(result.samples_per_s),
+    rate_range = _range(result.samples_per_s_min, result.samples_per_s_max, fmt_rate)
+    bubble_range = _range(result.bubble_measured_min, result.bubble_measured_max, _bare_pct)
+    return {**row, "samples/s": fmt_rate(result.samples_per_s) + rate_range,
             "tokens/s": fmt_rate(result.tokens_per_s) if result.tokens_per_s else "n/a",
             "step (cv)": fmt_seconds(result.step_time_median_s) + cv,
-            "bubble": f"{_pct(result.bubble_measured)} / {_pct(result.bubble_theoretical)}",
+            "bubble": f"{_pct(result.bubble_measured)}{bubble_range} / {_pct(result.bubble_theoretical)}",
             "peak mem": fmt_bytes(result.max_peak_memory_bytes),
             "MFU": "unknown" if result.mfu_pct is None else f"{result.mfu_pct:.1f}%",
             "kernel active": _kernel_active(result)}
@@ -121,8 +134,16 @@ def best_panel(report: SweepReport) -> Panel:
     grid.add_row("global batch", f"{point.global_batch} (= {point.micro_batch_size} x {point.num_microbatches} x "
                  f"{point.grad_accum_steps} x {point.data_parallel_size} data-parallel)")
     grid.add_row("throughput", f"{fmt_rate(best.samples_per_s)} samples/s"
+                 + _range(best.samples_per_s_min, best.samples_per_s_max, fmt_rate)
                  + (f", {fmt_rate(best.tokens_per_s)} tokens/s" if best.tokens_per_s else ""))
-    grid.add_row("bubble", f"measured {_pct(best.bubble_measured)}, theory {_pct(best.bubble_theoretical)}")
+    grid.add_row("bubble", f"measured {_pct(best.bubble_measured)}"
+                 + _range(best.bubble_measured_min, best.bubble_measured_max, _bare_pct)
+                 + f", theory {_pct(best.bubble_theoretical)}")
+    if report.ties:
+        tied = ", ".join(report.results[i].point.label for i in report.ties[:3])
+        more = f" and {len(report.ties) - 3} more" if len(report.ties) > 3 else ""
+        grid.add_row("tied with", f"{tied}{more}: their ranges overlap this one's, so this ranking is not "
+                                  "certain (--repeats N narrows the ranges)")
     if best.idle is not None:
         grid.add_row("bubble, by cause", f"{_pct(best.idle.schedule)} schedule + {_pct(best.idle.transfer)} transfer"
                      f" + {_pct(best.idle.overhead)} overhead")
@@ -178,14 +199,20 @@ def results_frame(report: SweepReport):
             "rank": report.ranking.index(index) + 1 if index in report.ranking else None,
             "schedule": p.schedule, "num_stages": p.num_stages, "num_microbatches": p.num_microbatches,
             "grad_accum_steps": p.grad_accum_steps, "micro_batch_size": p.micro_batch_size,
-            "global_batch": p.global_batch, "status": r.status, "samples_per_s": r.samples_per_s,
+            "global_batch": p.global_batch, "status": r.status, "num_repeats": r.num_repeats,
+            "samples_per_s": r.samples_per_s, "samples_per_s_min": r.samples_per_s_min,
+            "samples_per_s_max": r.samples_per_s_max, "tied_with_best": index in report.ties,
             "tokens_per_s": r.tokens_per_s, "step_time_median_s": r.step_time_median_s,
             "step_time_cv_pct": r.step_time_cv_pct, "bubble_measured": r.bubble_measured,
+            "bubble_measured_min": r.bubble_measured_min, "bubble_measured_max": r.bubble_measured_max,
             "bubble_theoretical": r.bubble_theoretical,
             **{f"idle_{cause}": getattr(r.idle, cause) if r.idle else None
                for cause in ("schedule", "transfer", "overhead")},
             "peak_memory_bytes_max": r.max_peak_memory_bytes,
-            "mfu_pct": r.mfu_pct, "pareto": index in report.pareto, "error": r.error,
+            "mfu_pct": r.mfu_pct, "pareto": index in report.pareto,
+            "load_avg_1m": r.load.load_avg_1m if r.load else None,
+            "other_cpu_share": r.load.other_cpu_share if r.load else None,
+            "machine_busy": r.load.busy if r.load else None, "error": r.error,
         })
     return pd.DataFrame(rows).sort_values("rank", na_position="last") if rows else pd.DataFrame(rows)
 

@@ -102,3 +102,55 @@ def test_the_timeline_kept_is_the_median_measured_step():
     assert result.timeline_step == 2 and result.step_time_median_s == pytest.approx(0.20)
     assert [a.end_s - a.start_s for a in result.timeline] == pytest.approx([0.10, 0.10])
     assert median_step((4.0, 1.0, 3.0, 2.0)) == 3 and median_step(()) == 0
+
+
+def _measured(steps: tuple[float, ...], *, bubble: float = 0.25) -> TrialResult:
+    point = SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=2)
+    median = sorted(steps)[len(steps) // 2]
+    return TrialResult(point=point, status="ok", step_times_s=steps, step_time_median_s=median,
+                       samples_per_s=point.global_batch / median, bubble_measured=bubble, bubble_theoretical=0.2,
+                       repeat_step_time_medians_s=(median,), peak_memory_bytes=(100, 50), timeline_step=1)
+
+
+def test_a_single_run_states_its_spread_over_its_measured_steps():
+    steps = (0.30, 0.10, 0.20)
+    point = SweepPoint(schedule="gpipe", num_stages=1, num_microbatches=1, grad_accum_steps=1, micro_batch_size=4)
+    report = StageReport(rank=0, num_ranks=1, device="cpu", stage_indices=(0,), block_indices=((0,),),
+                         num_parameters=1, step_times_s=steps, pipeline_times_s=steps,
+                         actions=tuple(ActionRecord(step=s, accum=0, stage=0, kind="forward", microbatch=0,
+                                                    start_s=0.0, end_s=0.05) for s in range(3)))
+    result = summarize_point(point, PipelineOutcome(status="ok", reports=(report,)), tokens_per_sample=None,
+                             flops_per_sample=None, peak_flops_total=None)
+    assert (result.samples_per_s_min, result.samples_per_s, result.samples_per_s_max) == pytest.approx((4 / 0.3, 20, 40))
+    # per step: 1 - 0.05 / wall
+    assert (result.bubble_measured_min, result.bubble_measured_max) == pytest.approx((1 - 0.05 / 0.1, 1 - 0.05 / 0.3))
+
+
+def test_repeats_merge_into_a_median_with_the_range_over_the_repeats():
+    from mbtune.sweep import merge_repeats
+
+    runs = [_measured((0.2, 0.2, 0.2), bubble=0.3), _measured((0.1, 0.1, 0.1), bubble=0.1),
+            _measured((0.4, 0.4, 0.4), bubble=0.2)]
+    merged = merge_repeats(runs)
+    assert merged.num_repeats == 3 and merged.step_times_s == (0.2,) * 3 + (0.1,) * 3 + (0.4,) * 3
+    assert merged.repeat_step_time_medians_s == (0.2, 0.1, 0.4)
+    assert merged.step_time_median_s == pytest.approx(0.2) and merged.samples_per_s == pytest.approx(40)
+    assert (merged.samples_per_s_min, merged.samples_per_s_max) == pytest.approx((20, 80))
+    assert (merged.bubble_measured_min, merged.bubble_measured, merged.bubble_measured_max) == pytest.approx((0.1, 0.2, 0.3))
+    assert merged.timeline_step == 1  # the typical (median) repeat is the first one: its own step 1
+    assert any("across 3 repeats" in w for w in merged.warnings)
+    failed = merge_repeats([runs[0], TrialResult(point=runs[0].point, status="timeout", error="rank 1 hung")])
+    assert failed.status == "timeout" and failed.num_repeats == 2
+
+
+def test_rows_whose_range_overlaps_the_best_are_tied_with_it():
+    from dataclasses import replace
+
+    from mbtune.sweep import tied_with_best
+
+    results = [replace(result(100, 50), samples_per_s_min=90, samples_per_s_max=110),
+               replace(result(95, 50), samples_per_s_min=80, samples_per_s_max=92),  # overlaps [90, 110]
+               replace(result(70, 50), samples_per_s_min=60, samples_per_s_max=89)]  # below it
+    ranking, _ = rank_results(results, "throughput")
+    assert tied_with_best(results, ranking, "throughput") == (1,)
+    assert tied_with_best(results, ranking, "memory") == ()
