@@ -2,15 +2,19 @@
 against the exhaustive grid.
 
 1. Runs an exhaustive grid for real (schedules x micro-batches x micro-batch sizes at two stages, one fresh
-   process per rank, in shuffled order so a neighbour's load drifting over time favours no schedule).
+   process per rank), `--repeats` times (default 2), each pass in its own shuffled order so a neighbour's
+   load drifting over time favours no schedule; a point's repeats are merged as `mbtune sweep --repeats`
+   merges them (mbtune.sweep.merge_repeats: every repeat's steps, one median per repeat).
 2. Prints predicted against measured step time for every point: in-sample (one model fitted to all points)
-   and leave-one-out (each point predicted by a model fitted to the others), median and worst error.
+   and leave-one-out (each point predicted by a model fitted to the others), with scatter measured and
+   none, median and worst error, and beside them the noise floor: per point, (max - min) / median of its
+   repeats' median step times, then the median and worst over points (the floor no predictor beats).
+   With one repeat the floor is the spread of steps within one run, labelled so.
 3. Replays the measured grid through the quick strategy (run_point looks the measured result up, so the
    comparison is cheap and sees exactly the numbers the exhaustive sweep saw) and prints the fraction of
    the grid it ran and the best it found against the exhaustive best.
-4. Measures a few points again and prints how much a repeat differs: the noise floor no predictor beats.
 
-Run: .venv/bin/python bench/plan.py [--save grid.json] [--load grid.json] [--repeat 3]
+Run: .venv/bin/python bench/plan.py [--repeats 2] [--save grid.json] [--load grid.json]
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ import time
 from mbtune.pipeline import PipelineSpec, run_pipeline_point
 from mbtune.pipeline.theory import stages_per_rank
 from mbtune.plan.api import block_facts, validate_results
+from mbtune.plan.calibrate import usable
 from mbtune.plan.quick import quick_search, simulator_predictor
+from mbtune.plan.records import Validation
 from mbtune.records import SweepPoint, TrialResult
-from mbtune.sweep import summarize_point
+from mbtune.report.plan import noise_floor_text, noise_verdict
+from mbtune.sweep import merge_repeats, summarize_point
 
 WORKLOAD = "mlp"
 OPTIONS = (("layers", 4), ("width", 512))
@@ -49,33 +56,62 @@ def run(point: SweepPoint, steps: int) -> TrialResult:
     return summarize_point(point, outcome, tokens_per_sample=None, flops_per_sample=None, peak_flops_total=None)
 
 
-def measure(points: list[SweepPoint], steps: int, seed: int) -> list[TrialResult]:
-    """Run every point once, in shuffled order; results in the points' order."""
-    order = list(points)
-    random.Random(seed).shuffle(order)
+def measure(points: list[SweepPoint], steps: int, seed: int, repeats: int) -> list[TrialResult]:
+    """Run every point `repeats` times, each pass in its own shuffled order; results in the points' order,
+    each point's repeats merged."""
     started = time.monotonic()
-    results = {}
-    for index, point in enumerate(order, 1):
-        results[point] = run(point, steps)
-        if sys.stdout.isatty() or index == len(order):
-            print(f"\r  measured {index}/{len(order)} points ({time.monotonic() - started:.0f} s)", end="", flush=True)
+    runs: dict[SweepPoint, list[TrialResult]] = {p: [] for p in points}
+    total = len(points) * repeats
+    for repeat in range(repeats):
+        order = list(points)
+        random.Random(seed + repeat).shuffle(order)
+        for index, point in enumerate(order, 1):
+            runs[point].append(run(point, steps))
+            done = repeat * len(points) + index
+            if sys.stdout.isatty() or done == total:
+                print(f"\r  measured {done}/{total} point runs ({time.monotonic() - started:.0f} s)", end="",
+                      flush=True)
     print()
-    return [results[p] for p in points]
+    return [merge_repeats(runs[p]) for p in points]
 
 
 def validation(results: list[TrialResult]) -> None:
-    """Print predicted against measured, in-sample and leave-one-out."""
+    """Print predicted against measured, in-sample and leave-one-out, with the noise floor beside them."""
     print(f"\n2. predicted vs measured step time, {len(results)} points that ran")
-    checks = {method: validate_results(results, workload=WORKLOAD, workload_options=dict(OPTIONS), method=method)
-              for method in ("in-sample", "leave-one-out")}
-    print(f"  {'point':<42}{'measured':>10}{'in-sample':>11}{'err':>8}{'held out':>10}{'err':>8}")
-    for row, held in zip(checks["in-sample"].rows, checks["leave-one-out"].rows):
-        print(f"  {row.point.label:<42}{row.measured_step_s * 1e3:>8.1f}ms{row.predicted_step_s * 1e3:>9.1f}ms"
-              f"{row.step_error:>+8.1%}{held.predicted_step_s * 1e3:>8.1f}ms{held.step_error:>+8.1%}")
-    for method, check in checks.items():
-        print(f"  {method:>13}: step time |error| median {check.median_step_error:.1%}, worst "
+    checks = {(method, scatter): validate_results(results, workload=WORKLOAD, workload_options=dict(OPTIONS),
+                                                  method=method, scatter=scatter)
+              for method, scatter in (("in-sample", "measured"), ("leave-one-out", "measured"),
+                                      ("leave-one-out", "none"))}
+    in_sample, held_out = checks[("in-sample", "measured")], checks[("leave-one-out", "measured")]
+    print(f"  {'point':<42}{'measured':>10}{'repeats':>9}{'in-sample':>11}{'err':>8}{'held out':>10}{'err':>8}")
+    for row, held, result in zip(in_sample.rows, held_out.rows, usable(results)):
+        print(f"  {row.point.label:<42}{row.measured_step_s * 1e3:>8.1f}ms{_repeat_range(result):>9}"
+              f"{row.predicted_step_s * 1e3:>9.1f}ms{row.step_error:>+8.1%}{held.predicted_step_s * 1e3:>8.1f}ms"
+              f"{held.step_error:>+8.1%}")
+    for (method, scatter), check in checks.items():
+        print(f"  {method:>13}, scatter {scatter:<8}: step time |error| median {check.median_step_error:.1%}, worst "
               f"{check.worst_step_error:.1%}; bubble |predicted - measured| median "
               f"{100 * check.median_bubble_error:.1f} pts, worst {100 * check.worst_bubble_error:.1f} pts")
+    print(f"  noise floor: {noise_floor_text(held_out.noise_floor)}")
+    for (method, scatter), check in checks.items():
+        print(f"  {method}, scatter {scatter}: {noise_verdict(check)}")
+    _headline(held_out)
+
+
+def _repeat_range(result: TrialResult) -> str:
+    """(max - min) / median of a point's repeat medians, or '-' with fewer than two."""
+    medians = result.repeat_step_time_medians_s
+    if len(medians) < 2:
+        return "-"
+    return f"{(max(medians) - min(medians)) / statistics.median(medians):.1%}"
+
+
+def _headline(held_out: Validation) -> None:
+    """The figures the README quotes, in its words."""
+    noise = held_out.noise_floor
+    floor = f"{noise.median:.1%} (worst {noise.worst:.1%}, {noise.kind})" if noise else "unknown"
+    print(f"  README: leave-one-out median step-time error {held_out.median_step_error:.1%} (worst "
+          f"{held_out.worst_step_error:.1%}) against a noise floor of {floor}")
 
 
 def quick_vs_exhaustive(results: list[TrialResult]) -> None:
@@ -94,32 +130,16 @@ def quick_vs_exhaustive(results: list[TrialResult]) -> None:
     print(f"  stopped: {found.stopped_because}")
 
 
-def noise_floor(results: list[TrialResult], repeat: int, steps: int) -> None:
-    """Measure a few points again: how much a repeat moves on this machine."""
-    if repeat <= 0:
-        return
-    print(f"\n4. noise floor: {repeat} points measured again")
-    differences = []
-    for original in random.Random(1).sample([r for r in results if r.ok], min(repeat, len(results))):
-        again = run(original.point, steps)
-        if again.ok:
-            change = again.step_time_median_s / original.step_time_median_s - 1
-            differences.append(abs(change))
-            print(f"  {original.point.label:<42}{original.step_time_median_s * 1e3:>8.1f} ms, again "
-                  f"{again.step_time_median_s * 1e3:.1f} ms ({change:+.1%})")
-    if differences:
-        print(f"  a repeat differs by {statistics.median(differences):.1%} (median), {max(differences):.1%} (worst)")
-
-
 def main() -> None:
-    """Measure (or load) the grid, then print the three comparisons."""
+    """Measure (or load) the grid, then print the comparisons."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zero-bubble,zbv")
     parser.add_argument("--micro-batches", default="2,4,8")
     parser.add_argument("--micro-batch-sizes", default="16,32,64")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeat", type=int, default=3, help="points to measure again for the noise floor")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="times every point is measured, each in fresh processes (>= 2 for the between-run noise floor)")
     parser.add_argument("--save", help="write the measured grid to this JSON file")
     parser.add_argument("--load", help="analyse a grid saved by --save instead of measuring")
     args = parser.parse_args()
@@ -130,9 +150,9 @@ def main() -> None:
     else:
         points = grid(args.schedules.split(","), [int(m) for m in args.micro_batches.split(",")],
                       [int(b) for b in args.micro_batch_sizes.split(",")])
-        print(f"1. measuring {len(points)} points: {WORKLOAD} {dict(OPTIONS)}, 2 stages, {args.steps} measured steps, "
-              "one thread per rank, shuffled order")
-        results = measure(points, args.steps, args.seed)
+        print(f"1. measuring {len(points)} points x {args.repeats} repeat(s): {WORKLOAD} {dict(OPTIONS)}, 2 stages, "
+              f"{args.steps} measured steps, one thread per rank, shuffled order per repeat")
+        results = measure(points, args.steps, args.seed, max(1, args.repeats))
         if args.save:
             with open(args.save, "w") as handle:
                 json.dump([r.to_dict() for r in results], handle)
@@ -141,8 +161,6 @@ def main() -> None:
         print(f"  {len(failed)} point(s) failed: " + "; ".join(f"{r.point.label}: {r.status}" for r in failed))
     validation(results)
     quick_vs_exhaustive(results)
-    if not args.load:
-        noise_floor(results, args.repeat, args.steps)
 
 
 if __name__ == "__main__":

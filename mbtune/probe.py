@@ -24,9 +24,12 @@ RESOLUTION_FRACTION = 0.01  # default resolution: 1% of the ceiling (at least on
 # and moving memory over the fitted range by more than peak memory's run-to-run noise (a few percent).
 SLOPE_STDERRS = 3.0
 GROWTH_NOISE_FRACTION = 0.02
-# Growth steps aim this far below the model's ceiling, so the step lands under it and the next size up
-# decides the bracket; aiming at the guess itself is a coin flip.
-AIM_BELOW = 0.97
+# After a growth step to the model's ceiling ran, the model's new ceiling may move up by this share of
+# that step and still count as the old one refined; further, the model underestimates.
+REFINE_SHARE = 0.25
+# Without a model, the batch grows 4x a step, or 16x while the largest size that ran used under this
+# share of the budget (memory still flat: a long way to go).
+FLAT_SHARE = 1 / 8
 # A guided step inside the bracket must at least halve it; otherwise the next step bisects.
 GUIDED_SHRINK = 0.5
 
@@ -56,9 +59,9 @@ class _State:
     passes: dict[int, int] = field(default_factory=dict)
     lo: int = 0  # largest size that ran, below every failing size
     hi: int | None = None  # smallest size that failed for memory
-    growth: int = 0  # stride while the model says the ceiling is already behind us
-    guided_step: int = 0  # length of the last guided growth step (an underestimating model keeps it)
-    last_guess: float | None = None  # the model's ceiling when the last guided growth step was chosen
+    guided_step: int = 0  # the length of the last growth step to the model's ceiling
+    last_guess: float | None = None  # where the model put the ceiling then
+    strides: int = 0  # steps up from where the model put the ceiling, since the model was last trusted
     guided_width: int | None = None  # the bracket's width when the last guided bracket step was chosen
 
     def record(self, outcome: TrialOutcome) -> None:
@@ -123,49 +126,69 @@ def _next_size(state: _State) -> int | None:
         top = state.max_batch if top is None else min(top, state.max_batch)
     if (top is not None and lo >= top) or (hi is not None and hi - lo <= state.stop_width()):
         return None
-    model = fit_memory_model(state.trials)
-    guess = model.batch_for(state.budget_bytes) if model and state.budget_bytes else None
-    guess = guess if guess is not None and math.isfinite(guess) else None
+    guess = _model_ceiling(state)
     candidate = _grow(state, guess) if hi is None else _narrow(state, guess)
     return min(candidate, top) if top is not None else candidate
+
+
+def _model_ceiling(state: _State) -> float | None:
+    """Where the memory model puts the ceiling, anchored at the largest size that ran: that size's own
+    peak plus the fitted per-sample cost, so the extrapolation is as short as it can be."""
+    model = fit_memory_model(state.trials)
+    if model is None or not state.budget_bytes or not model.resolved:
+        return None
+    used = [t.budget_used_bytes for t in state.trials if t.ok and t.batch_size == state.lo and t.budget_used_bytes]
+    guess = (state.lo + (state.budget_bytes - max(used)) / model.per_sample_bytes if used
+             else model.batch_for(state.budget_bytes))
+    return guess if guess is not None and math.isfinite(guess) else None
+
+
+def _model_scatter_samples(state: _State) -> float:
+    """How far the fitted peaks scatter around the memory model, in samples (inf without a model)."""
+    model = fit_memory_model(state.trials)
+    used = [t.budget_used_bytes for t in state.trials if t.ok and t.budget_used_bytes]
+    if model is None or not model.resolved or not used:
+        return math.inf
+    return model.fit_error_pct / 100 * (sum(used) / len(used)) / model.per_sample_bytes
 
 
 def _grow(state: _State, guess: float | None) -> int:
     """Next size while no size has failed yet.
 
-    Without a model, 4x (small batches barely move memory, so early fits are often flat). With one, just
-    under the model's ceiling (at most 8x the largest that ran); once there, the model's ceiling itself,
-    so the next size decides. A model that keeps underestimating must not creep up in shrinking steps:
-    while its ceiling keeps moving up, each step is at least as long as the last; and when it says we are
-    already there but the size ran, the stride doubles. Either way an underestimating model costs
-    logarithmically many trials."""
-    g, lo = state.granularity, state.lo
+    Without a model, 4x (16x while memory is still flat: small batches barely move it). With one, the
+    model's ceiling (at most 8x the largest that ran). Once a step there ran and the model puts the
+    ceiling no further, the search steps up from it by the resolution, doubling each step until a size
+    fails. A model that keeps underestimating (its ceiling moves up by more than a refinement after
+    each step) must not creep up in shrinking steps: each step is then at least as long as the last,
+    so it costs logarithmically many trials."""
+    g, lo, r = state.granularity, state.lo, state.stop_width()
     if guess is None:
-        state.guided_step, state.last_guess = 0, None
-        return 4 * lo
-    underestimating = state.last_guess is not None and guess > state.last_guess + state.stop_width()
-    aim, at = _round_down(AIM_BELOW * guess, g), _round_down(guess, g)
-    if underestimating or aim > lo:
-        floor = lo + state.guided_step if underestimating else lo + g
-        candidate = min(max(aim, floor), 8 * lo)
-        state.growth, state.last_guess, state.guided_step = 0, guess, candidate - lo
+        used = max((t.budget_used_bytes or 0 for t in state.trials if t.ok and t.batch_size == lo), default=0)
+        flat = state.budget_bytes is not None and used < FLAT_SHARE * state.budget_bytes
+        return (16 if flat else 4) * lo
+    at = _round_down(guess, g)
+    if at > lo and not state.strides:
+        candidate = at
+        if state.last_guess is not None and guess - state.last_guess > REFINE_SHARE * state.guided_step:
+            candidate = max(at, lo + state.guided_step)  # underestimating: no shorter step than the last
+        candidate = min(candidate, 8 * lo)
+        if candidate >= at:
+            state.guided_step, state.last_guess = candidate - lo, guess
         return candidate
-    if at > lo:
-        state.growth, state.last_guess, state.guided_step = 0, guess, at - lo
-        return at
-    state.guided_step, state.last_guess = 0, None
-    state.growth = state.stop_width() if not state.growth else 2 * state.growth
-    return lo + state.growth
+    state.strides += 1
+    return lo + r * 2 ** (state.strides - 1)
 
 
 def _narrow(state: _State, guess: float | None) -> int:
-    """Next size inside the bracket: the model's ceiling while each such step at least halves the
-    bracket, else bisection, which guarantees progress."""
+    """Next size inside the bracket: the model's ceiling while the model is sharper than the bracket
+    (its scatter, in samples, under a quarter of the width) and each such step at least halves the
+    bracket; else bisection, which guarantees progress."""
     g, lo, hi = state.granularity, state.lo, state.hi
     assert hi is not None
     width = hi - lo
     stalled = state.guided_width is not None and width > GUIDED_SHRINK * state.guided_width
-    if guess is None or stalled or not lo < guess < hi + g:
+    blurred = _model_scatter_samples(state) > width / 4
+    if guess is None or stalled or blurred or not lo < guess < hi + g:
         state.guided_width = None
         candidate = _round_down((lo + hi) / 2, g)
     else:

@@ -1,16 +1,61 @@
 """Qualification checks: pure comparisons of what was measured now against a baseline and thresholds.
 
-Each check is PASS or FAIL; a quantity that could not be measured (a crash, a timeout) is an ERROR.
+What decides the verdict. Against a baseline, four checks gate it: the ceiling, the safe batch, the best
+throughput, and one aggregate over every sweep point both runs completed, the geometric mean of the
+per-point ratios now / baseline. Each sweep point is also checked on its own, but those rows are shown
+and kept with `gating=False`: with many points, some miss the tolerance by chance alone, so one noisy
+point cannot fail the job. Whether the runs themselves completed (`probe ran`, `ran <point>`) and the
+spec's absolute thresholds also gate.
+
+Best throughput compares the fastest point now with the fastest point of the baseline (its median over
+the repeats). The baseline's best is the maximum of many noisy points, so it sits above that point's
+typical throughput; the same point re-run now would be judged against that lucky draw and look slower
+by the noise alone. The fastest point now is a maximum too, over the same points, so both sides carry
+the same kind of selection. The detail names both points and what the baseline's best point gives now.
+
+Uncertainty. Every check carries the spread of what it compares, as a share of the median (`spread_pct`):
+
+- a sweep point: (max - min) / median of its samples/s over its repeats' medians, or over its measured
+  steps when it ran once; of now and the baseline, the larger (a measurement with no range: unknown);
+- the ceiling and the safe batch: the probe's bracket, (first_failing - granularity - ceiling) / ceiling,
+  the sizes that were neither seen to fit nor seen to fail (0 when exact or stopped at max_batch);
+  the larger of now's and the baseline's;
+- best throughput: the larger spread of the two points compared;
+- the aggregate over k points: the larger of two estimates of how far its mean can move. The points'
+  scatter: the width of a +-2 standard-error band of the mean log-ratio, 4 x sd(ln ratio) / sqrt(k),
+  for k >= 3 (it holds both runs' noise and how differently the points changed). The points' own
+  spreads: their geometric mean / sqrt(k) (independent noise averages out over k points), so a few
+  points whose ratios agree by chance cannot claim a spread their repeats do not show.
+
+Decision, with r = measured / bound (bound / measured for an upper bound) and s the spread:
+
+- FAIL when r x (1 + s) < 1: the shortfall is larger than the spread, so noise cannot explain it;
+- PASS when r >= 1 and s <= the tolerance, or when r x (1 - s) >= 1 (it clears even the low end);
+- INCONCLUSIVE otherwise: the spread is wider than the tolerance and reaches across the bound, or the
+  measurement is short by less than its own spread. The detail names the figures.
+
+Load. When the machine was busy with other work while a throughput was measured (the point's
+`load.busy`: other processes took over a quarter of the CPUs, or shared its GPU; for the aggregate, more
+than half of its points), that load could explain a slowdown down to 1 - (the other processes' share of
+the CPUs), or any slowdown when they shared a GPU. A shortfall is then FAIL only when r x (1 + s) is
+below that too; otherwise it is INCONCLUSIVE, and the detail says what the load was.
+
+An unknown spread counts as 0 and the detail says so. Absolute thresholds have no tolerance (0). A
+quantity that could not be measured (a crash, a timeout) is an ERROR.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from mbtune.errors import ConfigError
+from mbtune.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_OK, ConfigError
 from mbtune.records import (
     CHECK_ERROR,
     FAIL,
+    INCONCLUSIVE,
     OK,
     OOM,
     PASS,
@@ -19,81 +64,272 @@ from mbtune.records import (
     ProbeResult,
     Profile,
     SweepReport,
+    TrialResult,
 )
+
+DEFAULT_REPEATS = 3  # runs of each sweep point a qualification makes, each in fresh processes
+EXIT_INCONCLUSIVE = 4  # the verdict could not be decided within the measured noise
+AGGREGATE = "throughput, all common points (geometric mean of now/baseline ratios)"
+BEST = "best throughput (samples/s)"
+_AGGREGATE_MIN_POINTS = 3
 
 # Threshold keys of a qualification spec and the quantity each bounds.
 MINIMUMS = {"min_ceiling": "ceiling", "min_safe_batch": "safe batch", "min_best_samples_per_s": "best throughput"}
 MAXIMUMS = {"max_best_bubble": "best point's measured bubble"}
 
 
-def at_least(name: str, measured: float | None, bound: float, rule: str) -> Check:
-    if measured is None:
-        return Check(name=name, status=CHECK_ERROR, expected=bound, rule=rule, detail="not measured")
-    return Check(name=name, status=PASS if measured >= bound else FAIL, measured=measured, expected=bound, rule=rule)
+@dataclass(frozen=True)
+class Spread:
+    """A measurement's own spread as a share of its median, and what it was measured over."""
+
+    share: float
+    basis: str  # e.g. "now, over 3 repeats"
 
 
-def at_most(name: str, measured: float | None, bound: float, rule: str) -> Check:
+@dataclass(frozen=True)
+class Busy:
+    """How busy the machine was with other work while a quantity was measured."""
+
+    reason: str
+    other_share: float  # the largest share of the CPUs other processes took (1.0: unknown, or a GPU shared)
+
+
+def exit_code(status: str) -> int:
+    """The process exit code of a verdict: 0 PASS, 1 FAIL, 3 ERROR, 4 INCONCLUSIVE."""
+    return {PASS: EXIT_OK, FAIL: EXIT_CHECK_FAILED, CHECK_ERROR: EXIT_COULD_NOT_RUN,
+            INCONCLUSIVE: EXIT_INCONCLUSIVE}[status]
+
+
+def judge(name: str, measured: float | None, bound: float, *, rule: str, spread: Spread | None = None,
+          tolerance: float = 0.0, upper: bool = False, gating: bool = True, note: str = "",
+          busy: Busy | None = None) -> Check:
+    """One check of a measurement against a bound (a minimum, or a maximum when upper), decided against
+    the measurement's own spread as the module docstring says; busy: how busy the machine was while it
+    was measured (a shortfall the load could explain is INCONCLUSIVE, not FAIL)."""
     if measured is None:
-        return Check(name=name, status=CHECK_ERROR, expected=bound, rule=rule, detail="not measured")
-    return Check(name=name, status=PASS if measured <= bound else FAIL, measured=measured, expected=bound, rule=rule)
+        return Check(name=name, status=CHECK_ERROR, expected=bound, rule=rule, detail="not measured",
+                     gating=gating)
+    if upper:
+        ratio = math.inf if measured <= 0 else bound / measured
+    else:
+        ratio = math.inf if bound <= 0 else measured / bound
+    share = spread.share if spread else 0.0
+    figures = f"spread {share:.0%} ({spread.basis})" if spread else "spread unknown"
+    if ratio * (1 + share) < 1:
+        status = FAIL
+        reason = f"short by more than the {figures}" if share > tolerance else ""
+    elif ratio * (1 - share) >= 1 or (ratio >= 1 and share <= tolerance):
+        status = PASS
+        reason = f"clears the bound by more than the {figures}" if share > tolerance else ""
+    elif share > tolerance:
+        status, reason = INCONCLUSIVE, f"{figures} is wider than the {tolerance:.0%} tolerance"
+    else:
+        status, reason = INCONCLUSIVE, f"short of the bound by less than the {figures}"
+    if spread is None:
+        reason = figures
+    if status == FAIL and busy is not None and ratio * (1 + share) >= 1 - busy.other_share:
+        status, reason = INCONCLUSIVE, f"measured while the machine was busy ({busy.reason}): the load may explain it"
+    detail = "; ".join(part for part in (note, reason) if part)
+    return Check(name=name, status=status, measured=measured, expected=bound, rule=rule, detail=detail,
+                 spread_pct=100.0 * spread.share if spread else None, gating=gating)
+
+
+def at_least(name: str, measured: float | None, bound: float, rule: str, spread: Spread | None = None) -> Check:
+    """measured >= bound, against the measurement's spread (an absolute threshold: no tolerance)."""
+    return judge(name, measured, bound, rule=rule, spread=spread)
+
+
+def at_most(name: str, measured: float | None, bound: float, rule: str, spread: Spread | None = None) -> Check:
+    """measured <= bound, against the measurement's spread (an absolute threshold: no tolerance)."""
+    return judge(name, measured, bound, rule=rule, spread=spread, upper=True)
+
+
+def point_spread(result: TrialResult, side: str) -> Spread | None:
+    """A point's samples/s range over its repeats' medians (over its steps when it ran once), or None."""
+    median = result.samples_per_s
+    if not result.ok or not median:
+        return None
+    low, high = result.samples_per_s_min, result.samples_per_s_max
+    if result.num_repeats > 1:
+        basis = f"over {result.num_repeats} repeats"
+    else:
+        basis = f"over {len(result.step_times_s)} steps" if result.step_times_s else "over its steps"
+        if (low is None or high is None) and len(result.step_times_s) >= 2:
+            rates = [result.point.global_batch / s for s in result.step_times_s if s > 0]
+            low, high = min(rates), max(rates)
+    if low is None or high is None:
+        return None
+    return Spread(share=max(0.0, high - low) / median, basis=f"{side}, {basis}")
+
+
+def probe_spread(probe: ProbeResult, side: str) -> Spread:
+    """The sizes between the largest seen to fit and the smallest seen to fail, as a share of the ceiling."""
+    if probe.first_failing is None or probe.ceiling <= 0:
+        return Spread(share=0.0, basis=f"{side}, stopped at the largest size asked for")
+    unseen = max(0, probe.first_failing - probe.granularity - probe.ceiling)
+    return Spread(share=unseen / probe.ceiling,
+                  basis=f"{side}, fits at {probe.ceiling}, fails at {probe.first_failing}")
+
+
+def busy_reason(results: list[TrialResult]) -> Busy | None:
+    """How busy the machine was, when it was busy while more than half of these results were measured."""
+    busy = [r.load for r in results if r.load is not None and r.load.busy]
+    if not busy or 2 * len(busy) <= len(results):
+        return None
+    shares = [1.0 if load.other_cpu_share is None or load.other_gpu_processes else load.other_cpu_share
+              for load in busy]
+    reason = busy[0].reason or "busy"
+    if len(results) > 1:
+        reason = f"{len(busy)} of {len(results)} points, e.g. {reason}"
+    return Busy(reason=reason, other_share=max(shares))
+
+
+def wider(*spreads: Spread | None) -> Spread | None:
+    """The widest of the known spreads."""
+    known = [s for s in spreads if s is not None]
+    return max(known, key=lambda s: s.share) if known else None
+
+
+def fastest(sweep: SweepReport | None) -> TrialResult | None:
+    """The point with the highest samples/s (whatever the sweep's objective ranked first)."""
+    ok = [r for r in sweep.results if r.ok and r.samples_per_s] if sweep else []
+    return max(ok, key=lambda r: r.samples_per_s) if ok else None
 
 
 def against_baseline(baseline_probe: ProbeResult | None, baseline_sweep: SweepReport | None,
                      probe: ProbeResult | None, sweep: SweepReport | None, *, tolerance: float) -> list[Check]:
-    """Ceiling, safe batch, best throughput and every point both ran, each within tolerance of the baseline."""
+    """The gating checks (ceiling, safe batch, best throughput, the aggregate over common points), then
+    every point both ran, shown but not gating."""
     keep = 1.0 - tolerance
     rule = f">= {keep:.0%} of baseline"
     checks = []
     if baseline_probe is not None:
+        spread = wider(probe_spread(baseline_probe, "baseline"), probe_spread(probe, "now") if probe else None)
         for name, attr in (("ceiling", "ceiling"), ("safe batch", "safe_batch")):
             was = getattr(baseline_probe, attr)
             now = getattr(probe, attr) if probe else None
-            checks.append(at_least(name, now, was * keep, f"{rule} {was}"))
-    if baseline_sweep is not None and baseline_sweep.best is not None:
-        was = baseline_sweep.best.samples_per_s
-        now = sweep.best.samples_per_s if sweep and sweep.best else None
-        checks.append(at_least("best throughput (samples/s)", now, was * keep, f"{rule} {was:,.1f}"))
-        checks += _points(baseline_sweep, sweep, keep, rule)
+            checks.append(judge(name, now, was * keep, rule=f"{rule} {was}", spread=spread, tolerance=tolerance))
+    if fastest(baseline_sweep) is not None:
+        checks.append(_best(baseline_sweep, sweep, tolerance, rule))
+        checks.append(_aggregate(baseline_sweep, sweep, tolerance))
+        checks += _points(baseline_sweep, sweep, tolerance, rule)
     return checks
 
 
-def _points(baseline: SweepReport, sweep: SweepReport | None, keep: float, rule: str) -> list[Check]:
-    """Every point the baseline ran: within tolerance now. A point skipped here (the safe batch shrank)
-    or out of memory fails; one that crashed is an ERROR, reported once by run_errors."""
+def _best(baseline: SweepReport, sweep: SweepReport | None, tolerance: float, rule: str) -> Check:
+    """The fastest point now against the fastest of the baseline (see the module docstring)."""
+    was = fastest(baseline)
+    now = fastest(sweep)
+    keep = 1.0 - tolerance
+    name, point_rule = BEST, f"{rule} {was.samples_per_s:,.1f}"
+    if now is None:
+        measured = 0.0 if sweep is not None and sweep.results else None
+        return judge(name, measured, was.samples_per_s * keep, rule=point_rule, note="no point completed here")
+    same = {r.point: r for r in sweep.results}.get(was.point)
+    if now.point == was.point:
+        note = f"best point {was.point.label} in both"
+    else:
+        note = f"baseline best {was.point.label}; now best {now.point.label}"
+        if same is not None and same.ok:
+            note += f" (the baseline's best point now: {same.samples_per_s:,.1f})"
+    spread = wider(point_spread(was, "baseline"), point_spread(now, "now"))
+    return judge(name, now.samples_per_s, was.samples_per_s * keep, rule=point_rule, spread=spread,
+                 tolerance=tolerance, note=note, busy=busy_reason([now]))
+
+
+def _aggregate(baseline: SweepReport, sweep: SweepReport | None, tolerance: float) -> Check:
+    """The geometric mean of now/baseline over the points both completed, against its standard error."""
+    keep = 1.0 - tolerance
+    rule = f">= {keep:.2f}"
+    now = {r.point: r for r in sweep.results if r.ok and r.samples_per_s} if sweep else {}
+    pairs = [(was, now[was.point]) for was in baseline.results
+             if was.ok and was.samples_per_s and was.point in now]
+    if not pairs:
+        measured = 0.0 if sweep is not None and sweep.results else None
+        return judge(AGGREGATE, measured, keep, rule=rule, note="no point the baseline ran completed here")
+    logs = [math.log(after.samples_per_s / before.samples_per_s) for before, after in pairs]
+    spread = _aggregate_spread(logs, [wider(point_spread(b, "baseline"), point_spread(a, "now")) for b, a in pairs])
+    missing = sum(1 for r in baseline.results if r.ok and r.samples_per_s) - len(pairs)
+    note = f"{len(pairs)} points, ratios {math.exp(min(logs)):.2f}-{math.exp(max(logs)):.2f}"
+    if missing:
+        note += f"; {missing} baseline point(s) did not complete here (see per point)"
+    return judge(AGGREGATE, math.exp(statistics.fmean(logs)), keep, rule=rule, spread=spread,
+                 tolerance=tolerance, note=note, busy=busy_reason([after for _, after in pairs]))
+
+
+def _aggregate_spread(logs: list[float], spreads: list[Spread | None]) -> Spread | None:
+    """The larger of the points' scatter (4 standard errors of the mean log-ratio, k >= 3) and their own
+    measured spreads averaged over k points (their geometric mean / sqrt(k)); either may be unknown."""
+    k = len(logs)
+    known = [s.share for s in spreads if s is not None]
+    found = []
+    if k >= _AGGREGATE_MIN_POINTS:
+        found.append(Spread(share=4 * statistics.stdev(logs) / math.sqrt(k),
+                            basis=f"4 standard errors over {k} points"))
+    if known:
+        typical = math.exp(statistics.fmean(math.log(max(s, 1e-9)) for s in known))
+        found.append(Spread(share=typical / math.sqrt(k),
+                            basis=f"the points' own spreads, typically {typical:.0%}, over {k} points"))
+    return wider(*found)
+
+
+def _points(baseline: SweepReport, sweep: SweepReport | None, tolerance: float, rule: str) -> list[Check]:
+    """Every point the baseline ran, within tolerance now: shown, not gating. A point skipped here (the
+    safe batch shrank) or out of memory fails; one that crashed is an ERROR, reported once by run_errors."""
+    keep = 1.0 - tolerance
     now = {r.point: r for r in sweep.results} if sweep else {}
     skipped = {s.point: s.reason for s in sweep.skipped} if sweep else {}
     checks = []
     for before in baseline.results:
         after = now.get(before.point)
-        if not before.ok or (after is not None and after.status not in (OK, OOM)):
+        if not before.ok or not before.samples_per_s or (after is not None and after.status not in (OK, OOM)):
             continue
         name, bound = f"throughput {before.point.label}", before.samples_per_s * keep
         point_rule = f"{rule} {before.samples_per_s:,.1f}"
         if after is None:
             why = skipped.get(before.point, "not in this run")
-            checks.append(Check(name=name, status=FAIL, expected=bound, rule=point_rule, detail=f"not run: {why}"))
+            checks.append(Check(name=name, status=FAIL, expected=bound, rule=point_rule, detail=f"not run: {why}",
+                                gating=False))
+        elif not after.ok:
+            checks.append(judge(name, 0.0, bound, rule=point_rule, gating=False, note="out of memory here"))
         else:
-            checks.append(at_least(name, after.samples_per_s if after.ok else 0.0, bound, point_rule))
+            spread = wider(point_spread(before, "baseline"), point_spread(after, "now"))
+            checks.append(judge(name, after.samples_per_s, bound, rule=point_rule, spread=spread,
+                                tolerance=tolerance, gating=False, busy=busy_reason([after])))
     return checks
 
 
 def against_thresholds(thresholds: Mapping[str, float], probe: ProbeResult | None,
                        sweep: SweepReport | None) -> list[Check]:
-    """Absolute bounds from a qualification spec."""
-    best = sweep.best if sweep else None
+    """Absolute bounds from a qualification spec, each against its measurement's own spread."""
+    best, top = (sweep.best if sweep else None), fastest(sweep)
+    probed = probe_spread(probe, "now") if probe else None
     measured = {
-        "min_ceiling": probe.ceiling if probe else None,
-        "min_safe_batch": probe.safe_batch if probe else None,
-        "min_best_samples_per_s": best.samples_per_s if best else None,
-        "max_best_bubble": best.bubble_measured if best else None,
+        "min_ceiling": (probe.ceiling if probe else None, probed),
+        "min_safe_batch": (probe.safe_batch if probe else None, probed),
+        "min_best_samples_per_s": (top.samples_per_s if top else None, point_spread(top, "now") if top else None),
+        "max_best_bubble": (best.bubble_measured if best else None, _bubble_spread(best)),
     }
     checks = []
     for key, bound in thresholds.items():
-        if key in MINIMUMS:
-            checks.append(at_least(MINIMUMS[key], measured[key], bound, f">= minimum {bound:g}"))
+        value, spread = measured[key]
+        if key == "min_best_samples_per_s":
+            checks.append(judge(MINIMUMS[key], value, bound, rule=f">= minimum {bound:g}", spread=spread,
+                                busy=busy_reason([top]) if top else None))
+        elif key in MINIMUMS:
+            checks.append(at_least(MINIMUMS[key], value, bound, f">= minimum {bound:g}", spread))
         else:
-            checks.append(at_most(MAXIMUMS[key], measured[key], bound, f"<= maximum {bound:g}"))
+            checks.append(at_most(MAXIMUMS[key], value, bound, f"<= maximum {bound:g}", spread))
     return checks
+
+
+def _bubble_spread(result: TrialResult | None) -> Spread | None:
+    if result is None or not result.bubble_measured:
+        return None
+    low, high = result.bubble_measured_min, result.bubble_measured_max
+    if low is None or high is None:
+        return None
+    return Spread(share=max(0.0, high - low) / result.bubble_measured, basis=f"now, over {result.num_repeats} repeats")
 
 
 def run_errors(probe_error: str | None, sweep: SweepReport | None) -> list[Check]:
@@ -107,8 +343,6 @@ def run_errors(probe_error: str | None, sweep: SweepReport | None) -> list[Check
             checks.append(Check(name=f"ran {result.point.label}", status=CHECK_ERROR,
                                 detail=f"{result.status}: {result.error}"))
     return checks
-
-
 
 
 def device_model(profile: Profile) -> str | None:

@@ -287,6 +287,9 @@ class TrialResult(Record):
     bubble_measured_min: float | None = None
     bubble_measured_max: float | None = None
     load: MachineLoad | None = None
+    # CUDA only: per measured step, the device's own time (CUDA events, origin to the step's last work,
+    # slowest rank), beside the wall-clock step_times_s it can only be below.
+    cuda_step_times_s: tuple[float, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -361,7 +364,8 @@ INCONCLUSIVE = "INCONCLUSIVE"  # the check's own measured spread is wider than i
 
 @dataclass(frozen=True, kw_only=True)
 class Check(Record):
-    """One qualification check: PASS, FAIL (a threshold missed) or ERROR (it could not be measured)."""
+    """One qualification check: PASS, FAIL (a bound missed by more than the measurement's spread),
+    INCONCLUSIVE (the spread reaches across the bound) or ERROR (it could not be measured)."""
 
     name: str
     status: str
@@ -382,13 +386,16 @@ class Verdict(Record):
     baseline: str | None = None  # path of the baseline profile
     baseline_device: str | None = None
     tolerance: float = 0.10
+    repeats: int | None = None  # runs of each sweep point made here
     probe: ProbeResult | None = None
     sweep: SweepReport | None = None
 
     @property
     def status(self) -> str:
-        statuses = {c.status for c in self.checks}
-        return CHECK_ERROR if CHECK_ERROR in statuses else FAIL if FAIL in statuses else PASS
+        """ERROR if a gating check is an ERROR, else FAIL if one failed, else INCONCLUSIVE if one is, else
+        PASS. Checks with gating=False are shown but never change it."""
+        statuses = {c.status for c in self.checks if c.gating}
+        return next((s for s in (CHECK_ERROR, FAIL, INCONCLUSIVE) if s in statuses), PASS)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,8 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from mbtune.config import ProbeConfig, QualifySpec, SweepConfig
+from mbtune.errors import (EXIT_COULD_NOT_RUN, BudgetTooSmallError, ConfigError, DeviceError, MbtuneError,
+                           WorkloadBrokenError)
 from mbtune.jobs import TrialProgress, describe, probe_workload, sweep_workload, tune_workload
 from mbtune.records import ProbeResult, Profile, SweepReport, Verdict
+
+# Errors that are bad input for probe and sweep but, for a qualification, mean this machine could not run
+# what it is held to (no such device here, a budget or workload that fails here): an ERROR check.
+_RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
 
 # Fields that say where and how to write, not what to measure: a resumed run may change them.
 _NOT_MEASUREMENT = {"command_line", "profiles_dir", "extra_warnings", "trial_timeout_s", "point_timeout_s"}
@@ -83,18 +89,22 @@ def _comparable(configs: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
-                profiles_dir: Path | None) -> Verdict:
-    """Re-run a baseline's (or a spec's) probe and sweep here and judge them: PASS, FAIL or ERROR per check.
+                profiles_dir: Path | None, repeats: int | None = None) -> Verdict:
+    """Re-run a baseline's (or a spec's) probe and sweep here and judge them: PASS, FAIL, INCONCLUSIVE or
+    ERROR per check (see mbtune.qualify). Each sweep point runs `repeats` times (default 3), each in fresh
+    processes.
 
     Bad input (an unreadable baseline, another device model) raises; a run that cannot complete (no
     device, a crash, a trial killed) becomes an ERROR check, so CI gets a verdict either way."""
     from mbtune import qualify
     from mbtune.device import resolve_device
-    from mbtune.errors import BudgetTooSmallError, DeviceError, TrialFailedError, WorkloadBrokenError
     from mbtune.profiles import load_profile
 
+    repeats = qualify.DEFAULT_REPEATS if repeats is None else repeats
+    if repeats < 1:
+        raise ConfigError(f"repeats={repeats} is out of range", hint="Use --repeats 1 or more (default 3).")
     baseline = load_profile(Path(spec.baseline)) if spec.baseline else None
-    probe_config, sweep_config = _qualify_configs(spec, baseline)
+    probe_config, sweep_config = _qualify_configs(spec, baseline, repeats)
     probe = sweep = info = None
     probe_error = None
     try:
@@ -107,7 +117,9 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
         else:
             outcome = run_tune(probe_config, sweep_config, progress, profiles_dir=profiles_dir)
             probe, sweep = outcome.probe, outcome.sweep
-    except (DeviceError, TrialFailedError, BudgetTooSmallError, WorkloadBrokenError) as exc:
+    except MbtuneError as exc:
+        if not (isinstance(exc, _RUN_FAILURES) or exc.exit_code == EXIT_COULD_NOT_RUN):
+            raise
         probe_error = exc.one_line()
     checks = qualify.run_errors(probe_error, sweep)
     if baseline is not None:
@@ -115,15 +127,17 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     checks += qualify.against_thresholds(dict(spec.thresholds), probe, sweep)
     return Verdict(checks=tuple(checks), device=info, baseline=spec.baseline,
                    baseline_device=qualify.device_model(baseline) if baseline else None, tolerance=spec.tolerance,
-                   probe=probe, sweep=sweep)
+                   repeats=repeats if sweep_config is not None else None, probe=probe, sweep=sweep)
 
 
-def _qualify_configs(spec: QualifySpec, baseline: Profile | None) -> tuple[ProbeConfig, SweepConfig | None]:
-    """The spec's own configs, or the ones that reproduce what the baseline measured."""
+def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
+                     repeats: int) -> tuple[ProbeConfig, SweepConfig | None]:
+    """The spec's own configs, or the ones that reproduce what the baseline measured; sweeps run each
+    point `repeats` times."""
     from mbtune.errors import ProfileError
 
     if spec.probe is not None:
-        return spec.probe, spec.sweep
+        return spec.probe, dataclasses.replace(spec.sweep, repeats=repeats) if spec.sweep else None
     if baseline is None or baseline.probe is None:
         raise ProfileError(f"baseline {spec.baseline} holds no probe to re-run",
                            hint="Qualify against a profile written by mbtune probe or tune.")
@@ -140,5 +154,5 @@ def _qualify_configs(spec: QualifySpec, baseline: Profile | None) -> tuple[Probe
     sweep = SweepConfig(workload=was.workload, workload_options=probe.workload_options, device=probe.device,
                         num_stages=max(p.num_stages for p in points) if points else 1, points=points,
                         objective=baseline.sweep.objective, warmup_steps=baseline.sweep.warmup_steps,
-                        measured_steps=baseline.sweep.measured_steps)
+                        measured_steps=baseline.sweep.measured_steps, repeats=repeats)
     return probe, sweep

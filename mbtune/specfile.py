@@ -5,6 +5,7 @@ workload = "gpt"                 # built-in name or package.module:factory
 device = "cuda"
 memory_budget = "8GiB"
 tolerance = "10%"                # against the baseline, when there is one
+repeats = 3                      # runs of each sweep point, each in fresh processes (default 3)
 baseline = "profiles/cuda-nvidia-h200/gpt.json"   # optional; relative to this file
 
 [options]                        # workload options
@@ -28,21 +29,56 @@ max_best_bubble = 0.5
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mbtune.config import ProbeConfig, QualifySpec, SweepConfig, parse_bytes, parse_fraction
 from mbtune.errors import ConfigError
+from mbtune.qualify import DEFAULT_REPEATS
 
-_TOP = {"workload", "device", "memory_budget", "tolerance", "baseline", "options", "probe", "sweep", "thresholds"}
+_TOP = {"workload", "device", "memory_budget", "tolerance", "repeats", "baseline", "options", "probe", "sweep",
+        "thresholds"}
 _SWEEP_NAMES = {"stages": "num_stages", "micro_batches": "micro_batches", "accum": "accum_steps",
                 "steps": "measured_steps", "warmup": "warmup_steps"}
+
+
+class LoadedSpec(NamedTuple):
+    """A spec file read: what to run and hold it to, and how many runs each sweep point gets."""
+
+    spec: QualifySpec
+    repeats: int
 
 
 def load_spec(path: Path, *, baseline: str | None = None, tolerance: float | None = None,
               allow_different_device: bool = False, command_line: str = "") -> QualifySpec:
     """Read a TOML spec; flags given on the command line win over the file."""
+    return read_spec(path, baseline=baseline, tolerance=tolerance, allow_different_device=allow_different_device,
+                     command_line=command_line).spec
+
+
+def read_spec(path: Path, *, baseline: str | None = None, tolerance: float | None = None,
+              repeats: int | None = None, allow_different_device: bool = False,
+              command_line: str = "") -> LoadedSpec:
+    """Read a TOML spec and its repeats (the flag, else the file's `repeats` or [sweep] repeats, else 3);
+    flags given on the command line win over the file."""
+    data = _read(path)
+    if baseline is None and data.get("baseline"):
+        baseline = str((Path(path).parent / data["baseline"]).resolve())
+    repeats = _repeats(data, repeats)
+    probe = _probe(data, command_line) if "workload" in data else None
+    sweep = _sweep(data, command_line) if probe and "sweep" in data else None
+    spec = QualifySpec(
+        baseline=baseline, probe=probe, sweep=dataclasses.replace(sweep, repeats=repeats) if sweep else None,
+        tolerance=tolerance if tolerance is not None else parse_fraction(data.get("tolerance", 0.10), name="tolerance"),
+        thresholds=tuple(sorted((k, float(v)) for k, v in data.get("thresholds", {}).items())),
+        allow_different_device=allow_different_device,
+    )
+    return LoadedSpec(spec=spec, repeats=repeats)
+
+
+def _read(path: Path) -> dict[str, Any]:
     try:
         data = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -53,15 +89,14 @@ def load_spec(path: Path, *, baseline: str | None = None, tolerance: float | Non
     if unknown:
         raise ConfigError(f"spec {path} has unknown key(s) {', '.join(unknown)}",
                           hint=f"Known keys: {', '.join(sorted(_TOP))}.")
-    if baseline is None and data.get("baseline"):
-        baseline = str((Path(path).parent / data["baseline"]).resolve())
-    probe = _probe(data, command_line) if "workload" in data else None
-    return QualifySpec(
-        baseline=baseline, probe=probe, sweep=_sweep(data, command_line) if probe and "sweep" in data else None,
-        tolerance=tolerance if tolerance is not None else parse_fraction(data.get("tolerance", 0.10), name="tolerance"),
-        thresholds=tuple(sorted((k, float(v)) for k, v in data.get("thresholds", {}).items())),
-        allow_different_device=allow_different_device,
-    )
+    return data
+
+
+def _repeats(data: dict[str, Any], flag: int | None) -> int:
+    value = flag if flag is not None else data.get("repeats", _table(data, "sweep").get("repeats", DEFAULT_REPEATS))
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"repeats={value!r} is out of range", hint="Use an integer >= 1 (default 3).")
+    return value
 
 
 def _probe(data: dict[str, Any], command_line: str) -> ProbeConfig:

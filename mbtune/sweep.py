@@ -158,7 +158,9 @@ def merge_repeats(repeats: Sequence[TrialResult]) -> TrialResult:
         mfu_pct=typical.mfu_pct * scale if typical.mfu_pct else None,
         bubble_measured=bubble, bubble_measured_min=min(bubbles, default=None),
         bubble_measured_max=max(bubbles, default=None),
-        excess_idle_pct=100.0 * (bubble - typical.bubble_theoretical) if bubble is not None else None,
+        excess_idle_pct=100.0 * (bubble - typical.bubble_theoretical)
+        if bubble is not None and typical.bubble_theoretical is not None else None,
+        cuda_step_times_s=tuple(t for r in repeats for t in r.cuda_step_times_s),
         peak_memory_bytes=tuple(max((b for b in per_rank if b is not None), default=None)
                                 for per_rank in zip(*(r.peak_memory_bytes for r in repeats))),
         num_repeats=n, repeat_step_time_medians_s=tuple(medians), samples_per_s_min=min(rates),

@@ -46,14 +46,24 @@ class CudaBackend:
     def info(self) -> DeviceInfo:
         torch = self._torch
         props = torch.cuda.get_device_properties(self.index)
-        uuid = str(getattr(props, "uuid", "") or "") or None
-        if uuid and not uuid.startswith("GPU-"):
-            uuid = f"GPU-{uuid}"
         return DeviceInfo(
             backend="cuda", name=props.name, index=self.index, total_memory_bytes=props.total_memory,
-            uuid=uuid, driver_version=nvml_driver_version(), cuda_version=torch.version.cuda,
+            uuid=device_uuid(self.index), driver_version=nvml_driver_version(), cuda_version=torch.version.cuda,
             torch_version=torch.__version__, num_cpus=os.cpu_count() or 1,
         )
+
+
+def device_uuid(index: int) -> str | None:
+    """The UUID of CUDA device `index` as NVML spells it ("GPU-..."), or None where torch does not say.
+
+    CUDA's device order is not NVML's, and CUDA_VISIBLE_DEVICES renumbers devices; the UUID is what both
+    agree on."""
+    import torch
+
+    raw = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    if not raw:
+        return None
+    return raw if raw.startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
 
 
 def nvml_driver_version() -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -62,7 +62,9 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int |
     report = _RankRun(spec, rank, device).run(hang=hang_rank == rank)
     # Only on success: tearing the group down on failure would let peers fail (and report) before we do.
     dist.destroy_process_group()
-    return report
+    # This process's whole CPU time (a forked rank starts from zero), so the parent can tell the point's
+    # own CPU use from other processes'.
+    return replace(report, cpu_time_s=time.process_time())
 
 
 def _set_threads(threads: int) -> None:
@@ -86,9 +88,12 @@ def _rank_device(spec: PipelineSpec, rank: int) -> torch.device:
 
 @dataclass
 class _StepTimes:
-    step_s: list[float]
-    pipeline_s: list[float]
-    losses: list[float]
+    step_s: list[float] = field(default_factory=list)
+    pipeline_s: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    cuda_step_s: list[float] = field(default_factory=list)  # CUDA events: origin to the step's last work
+    first_start_unix_s: float | None = None  # time.time() as the first step started (NVML samples use it)
+    last_end_unix_s: float | None = None  # time.time() as the last step ended
 
 
 class _Autocast(nn.Module):
@@ -119,7 +124,7 @@ class _RankRun:
         self.modules = [self.workload.build(b, seed=spec.seed).to(device) for b in self.blocks]
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_stages - 1 in self.stage_indices
-        self.timer = ActionTimer(synchronize=self._synchronize)
+        self.timer = ActionTimer(new_event=_timing_event if device.type == "cuda" else None)
         stages = [build_stage(_with_precision(m, spec.precision, device), stage_index=s,
                               num_stages=spec.num_stages, device=device)
                   for m, s in zip(self.modules, self.stage_indices)]
@@ -149,8 +154,8 @@ class _RankRun:
         spec = self.spec
         if hang:
             time.sleep(HANG_S)
-        warmup = _StepTimes([], [], [])
-        measured = _StepTimes([], [], [])
+        warmup = _StepTimes()
+        measured = _StepTimes()
         grads = None
         for step in range(spec.total_steps):
             is_measured = step >= spec.warmup_steps
@@ -165,6 +170,9 @@ class _RankRun:
                         capture: bool) -> dict[str, torch.Tensor] | None:
         self._barrier()
         start = time.perf_counter()
+        start_unix_s = time.time()
+        if timed_step is not None:
+            self.timer.begin_step()
         losses: list[torch.Tensor] = []
         for accum in range(self.spec.grad_accum_steps):
             if timed_step is not None:
@@ -177,8 +185,16 @@ class _RankRun:
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        self.timer.end_step()
         self._barrier()
         end = time.perf_counter()
+        end_unix_s = time.time()
+        cuda_step_s = self.timer.finish_step()  # reads this step's events, outside the timed region
+        if cuda_step_s is not None:
+            times.cuda_step_s.append(cuda_step_s)
+        if times.first_start_unix_s is None:
+            times.first_start_unix_s = start_unix_s
+        times.last_end_unix_s = end_unix_s
         times.step_s.append(end - start)
         times.pipeline_s.append(pipeline_end - start)
         if losses:
@@ -217,7 +233,10 @@ class _RankRun:
             step_times_s=tuple(measured.step_s), pipeline_times_s=tuple(measured.pipeline_s),
             warmup_step_times_s=tuple(warmup.step_s), actions=tuple(self.timer.records),
             losses=tuple(measured.losses), peak_memory_bytes=peak, memory_source=source, grads=grads,
-            output_dtype=self.output_dtype,
+            output_dtype=self.output_dtype, cuda_step_times_s=tuple(measured.cuda_step_s),
+            measured_window_unix_s=(measured.first_start_unix_s, measured.last_end_unix_s)
+            if measured.first_start_unix_s is not None and measured.last_end_unix_s is not None else None,
+            device_uuid=_device_uuid(self.device),
         )
 
 
@@ -226,6 +245,18 @@ def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch
         return None
     factories: dict[str, Callable[..., torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
     return factories[spec.optimizer](params, lr=spec.learning_rate)
+
+
+def _timing_event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)
+
+
+def _device_uuid(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    from mbtune.device.cuda import device_uuid
+
+    return device_uuid(device.index)
 
 
 def _peak_memory(device: torch.device) -> tuple[int | None, str]:

@@ -15,7 +15,8 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -70,21 +71,64 @@ def _accepts_return_outputs(cls: type) -> bool:
     return "return_outputs" in inspect.signature(cls.step).parameters
 
 
+class TimingEvent(Protocol):
+    """What ActionTimer needs of a CUDA event (torch.cuda.Event(enable_timing=True)); tests pass fakes."""
+
+    def record(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    def elapsed_time(self, end_event: Any) -> float: ...  # milliseconds from this event to end_event
+
+
+def event_offsets_s(reference: TimingEvent, events: Sequence[TimingEvent]) -> list[float]:
+    """Seconds from the reference event to each event, on the device's own clock (all must have completed).
+
+    With the reference recorded at the step's origin, these are the events' times on the step's
+    perf_counter clock, relative to that origin: the same clock the CPU path reads directly."""
+    return [reference.elapsed_time(event) / 1000.0 for event in events]
+
+
+@dataclass
+class _PendingSpan:
+    """An action timed by events, waiting for the step to end before its times are read."""
+
+    step: int
+    accum: int
+    stage: int
+    kind: str
+    microbatch: int
+    start: TimingEvent
+    end: TimingEvent
+
+
 class ActionTimer:
     """Records when each stage computes what, by wrapping the stage's per-micro-batch methods.
 
     Waiting for activations or gradients happens in the schedule before these calls, so the recorded spans
-    are compute only. On CUDA the device is synchronized on both sides of each span.
+    are compute only. On the CPU a span is two perf_counter reads. Given `new_event` (on CUDA: a timing
+    event factory), a span is a pair of events recorded on the current stream and nothing waits for the
+    device inside the step, so compute keeps overlapping communication as it would in training; the
+    events are read once by `finish_step`, after the step's closing barrier.
     """
 
-    def __init__(self, *, synchronize: Callable[[], None] | None = None) -> None:
+    def __init__(self, *, new_event: Callable[[], TimingEvent] | None = None) -> None:
         self.records: list[ActionRecord] = []
-        self._synchronize = synchronize or (lambda: None)
+        self._new_event = new_event
         self._enabled = False
         self._step = 0
         self._accum = 0
         self._origin_s = 0.0
         self._pending_loss: tuple[int, int] | None = None  # (stage, micro-batch) whose loss comes next
+        self._reference: TimingEvent | None = None  # recorded at the step's origin
+        self._step_end: TimingEvent | None = None
+        self._spans: list[_PendingSpan] = []
+
+    def begin_step(self) -> None:
+        """Mark the origin of a measured optimizer step on the device (call right after its opening
+        barrier, where the origin's perf_counter is read); nothing to do on the CPU."""
+        self._spans, self._step_end = [], None
+        self._reference = self._recorded() if self._new_event else None
 
     def start(self, *, step: int, accum: int, origin_s: float) -> None:
         """Record from now on, tagging spans with this step and relative to origin_s (perf_counter)."""
@@ -92,6 +136,28 @@ class ActionTimer:
 
     def stop(self) -> None:
         self._enabled = False
+
+    def end_step(self) -> None:
+        """Mark the end of the step's device work (call before its closing barrier)."""
+        if self._reference is not None:
+            self._step_end = self._recorded()
+
+    def finish_step(self) -> float | None:
+        """After the step's closing barrier: turn its events into ActionRecords (one wait for the device)
+        and return the device's step time in seconds, origin to end_step; None on the CPU."""
+        reference, spans, step_end = self._reference, self._spans, self._step_end
+        self._reference, self._spans, self._step_end = None, [], None
+        if reference is None:
+            return None
+        events = [e for span in spans for e in (span.start, span.end)] + ([step_end] if step_end else [])
+        if events:
+            events[-1].synchronize()
+        offsets = event_offsets_s(reference, events)
+        for i, span in enumerate(spans):
+            self.records.append(ActionRecord(step=span.step, accum=span.accum, stage=span.stage, kind=span.kind,
+                                             microbatch=span.microbatch, start_s=offsets[2 * i],
+                                             end_s=offsets[2 * i + 1]))
+        return offsets[-1] if step_end is not None else None
 
     def instrument(self, stage: PipelineStage) -> None:
         """Shadow the stage's compute methods with timed versions (instance attributes win over the class)."""
@@ -133,11 +199,22 @@ class ActionTimer:
 
         return timed
 
+    def _recorded(self) -> TimingEvent:
+        assert self._new_event is not None
+        event = self._new_event()
+        event.record()
+        return event
+
     def _timed(self, run: Callable[[], Any], *, stage: int, kind: str, microbatch: int) -> Any:
-        self._synchronize()
+        if self._new_event is not None:
+            assert self._reference is not None, "begin_step() must mark the step's origin before actions run"
+            start_event = self._recorded()
+            result = run()
+            self._spans.append(_PendingSpan(step=self._step, accum=self._accum, stage=stage, kind=kind,
+                                            microbatch=int(microbatch), start=start_event, end=self._recorded()))
+            return result
         start = time.perf_counter()
         result = run()
-        self._synchronize()
         end = time.perf_counter()
         self.records.append(ActionRecord(
             step=self._step, accum=self._accum, stage=stage, kind=kind, microbatch=int(microbatch),

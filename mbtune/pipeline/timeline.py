@@ -1,7 +1,8 @@
 """What a pipelined run returns: per-rank reports, the action timeline, and the measured bubble. No torch import.
 
 Times are time.perf_counter seconds relative to the start of the optimizer step they belong to; every rank
-starts a step right after the same barrier, so the ranks' clocks agree to within the barrier's skew.
+starts a step right after the same barrier, so the ranks' clocks agree to within the barrier's skew. On CUDA
+action times come from CUDA events measured from an event recorded at that same origin.
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ class StageReport(Record):
     memory_source: str = ""  # cuda_max_allocated | cpu_vmhwm
     output_dtype: str = ""  # dtype of the last stage's output (evidence of autocast), on that rank only
     grads: dict[str, Any] | None = None  # "<block>.<param>" -> CPU tensor, the last step's before the update
+    # CUDA only: per measured step, the device's own time (events) from the step's origin to the end of its
+    # last work, without the closing barrier; at most the wall-clock step time.
+    cuda_step_times_s: tuple[float, ...] = ()
+    # time.time() as the first measured step started and as the last one ended (the parent keeps only the
+    # NVML samples taken in between).
+    measured_window_unix_s: tuple[float, float] | None = None
+    cpu_time_s: float | None = None  # this rank process's CPU time over its whole life
+    device_uuid: str | None = None  # CUDA: the GPU this rank ran on ("GPU-..."), as NVML names it
 
     @property
     def loss(self) -> float | None:
@@ -90,6 +99,33 @@ class PipelineOutcome(Record):
         if not self.reports:
             return ()
         return tuple(max(times) for times in zip(*(r.step_times_s for r in self.reports)))
+
+    @property
+    def cuda_step_times_s(self) -> tuple[float, ...]:
+        """CUDA only: per measured step, the slowest rank's device time (see StageReport); () elsewhere."""
+        if not self.reports or not all(r.cuda_step_times_s for r in self.reports):
+            return ()
+        return tuple(max(times) for times in zip(*(r.cuda_step_times_s for r in self.reports)))
+
+    @property
+    def measured_window_unix_s(self) -> tuple[float, float] | None:
+        """time.time() from the first rank's start of the measured steps to the last rank's end."""
+        windows = [r.measured_window_unix_s for r in self.reports if r.measured_window_unix_s is not None]
+        if not windows:
+            return None
+        return min(w[0] for w in windows), max(w[1] for w in windows)
+
+    @property
+    def rank_cpu_time_s(self) -> float | None:
+        """The CPU time of all rank processes together; None unless every rank reported its own."""
+        if not self.reports or any(r.cpu_time_s is None for r in self.reports):
+            return None
+        return sum(r.cpu_time_s for r in self.reports)
+
+    @property
+    def device_uuids(self) -> tuple[str, ...]:
+        """The GPUs the ranks ran on, in rank order (empty on the CPU)."""
+        return tuple(r.device_uuid for r in self.reports if r.device_uuid)
 
     @property
     def loss(self) -> float | None:

@@ -11,11 +11,12 @@ from dataclasses import replace
 from typing import Any
 
 from mbtune.errors import ConfigError, ProfileError
-from mbtune.pipeline.theory import stages_per_rank
 from mbtune.plan.calibrate import calibrate
-from mbtune.plan.planner import Link, PlanGrid, plan, predict
+from mbtune.plan.planner import Link, PlanGrid, deepen, plan, predict, without_per_sample_memory
 from mbtune.plan.quick import quick_search, simulator_predictor
 from mbtune.plan.records import (
+    SCATTER_MEASURED,
+    SCATTER_MODES,
     BlockFacts,
     CostModel,
     PlanReport,
@@ -114,18 +115,20 @@ def calibrate_profile(profile: Profile) -> CostModel:
 
 
 def validate_results(results: Sequence[TrialResult], *, workload: str, workload_options: dict[str, Any] | None = None,
-                     optimizer: str = "adamw", method: str = LEAVE_ONE_OUT, facts: BlockFacts | None = None) -> Validation:
-    """Predicted against measured step time and bubble for every point that ran (median and worst error)."""
+                     optimizer: str = "adamw", method: str = LEAVE_ONE_OUT, facts: BlockFacts | None = None,
+                     scatter: str = SCATTER_MEASURED) -> Validation:
+    """Predicted against measured step time and bubble for every point that ran (median and worst error),
+    with the measurements' noise floor beside them."""
     facts = facts or block_facts(workload, workload_options or {})
     return validate(results, lambda runs: calibrate(runs, facts, workload=workload, optimizer=optimizer),
-                    method=method)
+                    method=method, scatter=scatter)
 
 
-def validate_profile(profile: Profile, *, method: str = LEAVE_ONE_OUT) -> Validation:
+def validate_profile(profile: Profile, *, method: str = LEAVE_ONE_OUT, scatter: str = SCATTER_MEASURED) -> Validation:
     """validate_results over a profile's sweep."""
     sweep = _sweep_of(profile)
     return validate_results(sweep.results, workload=sweep.workload, workload_options=sweep.workload_options,
-                            optimizer=_optimizer(profile), method=method)
+                            optimizer=_optimizer(profile), method=method, scatter=scatter)
 
 
 def memory_limit(profile: Profile) -> tuple[float | None, str]:
@@ -154,44 +157,57 @@ def plan_from_profile(profile: Profile, *, num_stages: int, micro_batches: Seque
                       data_parallel: int = 1, link_bandwidth_bytes_per_s: float | None = None,
                       link_latency_s: float | None = None, micro_batch_size: int | None = None,
                       global_batch: int | None = None, grad_accum_steps: int = 1, num_blocks: int | None = None,
-                      virtual_stages: int = 2, validation_method: str | None = LEAVE_ONE_OUT) -> PlanReport:
+                      virtual_stages: int = 2, validation_method: str | None = LEAVE_ONE_OUT,
+                      scatter: str = SCATTER_MEASURED) -> PlanReport:
     """Calibrate on the profile's sweep, validate against it, and predict, rank and recommend the grid
     (schedules x micro-batches at `num_stages` ranks and `data_parallel` replicas), with memory per rank
     checked against the probed ceiling. Without a micro-batch size or global batch, the most-measured size.
-    `validation_method` None skips the validation (leave-one-out refits the model once per measured point)."""
+    `validation_method` None skips the validation (leave-one-out refits the model once per measured point).
+    `scatter` measured draws costs from the measured scatter, none predicts with average costs (validation
+    likewise). Where the probe's memory model is not resolved, memory per rank has no per-sample part."""
     sweep = _sweep_of(profile)
     _check_plan_inputs(num_stages, micro_batches, schedules, data_parallel, link_bandwidth_bytes_per_s,
-                       link_latency_s, micro_batch_size, global_batch, num_blocks)
+                       link_latency_s, micro_batch_size, global_batch, num_blocks, scatter)
     facts = block_facts(sweep.workload, sweep.workload_options)
+    per_sample, warnings = per_sample_memory(profile)
+    if not per_sample:
+        facts = without_per_sample_memory(facts)
     optimizer = _optimizer(profile)
     model = calibrate(sweep.results, facts, workload=sweep.workload, workload_options=sweep.workload_options,
                       device=sweep.device.name, optimizer=optimizer)
     validation = None if validation_method is None else validate(
         sweep.results, lambda runs: calibrate(runs, facts, workload=sweep.workload, optimizer=optimizer),
-        method=validation_method)
+        method=validation_method, scatter=scatter)
     if micro_batch_size is None and global_batch is None:
         sizes = [r.point.micro_batch_size for r in sweep.results if r.ok]
         micro_batch_size = max(sorted(set(sizes), reverse=True), key=sizes.count)  # ties: the largest
     link = Link(bandwidth_bytes_per_s=link_bandwidth_bytes_per_s, latency_s=link_latency_s)
-    warnings = [] if link_bandwidth_bytes_per_s or link_latency_s is not None else [
-        "no link given: stage-to-stage hand-overs cost what they cost on the profiled machine"]
-    needed = num_stages * max(stages_per_rank(s, virtual_stages) for s in schedules)
-    if num_blocks is None and facts.num_blocks < needed and facts.num_blocks >= 3:
-        warnings.append(f"the profiled {sweep.workload} has {facts.num_blocks} blocks, too few for {needed} stages: "
-                        f"planned as {needed} blocks, its interior blocks repeated (choose with --blocks)")
-        num_blocks = needed
+    if not (link_bandwidth_bytes_per_s or link_latency_s is not None):
+        warnings.append("no link given: stage-to-stage hand-overs cost what they cost on the profiled machine")
     grid = PlanGrid(num_stages=num_stages, micro_batches=tuple(micro_batches), schedules=tuple(schedules),
                     data_parallel=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
                     grad_accum_steps=grad_accum_steps, virtual_stages=virtual_stages, num_blocks=num_blocks)
     limit, source = memory_limit(profile)
     report = plan(model, grid, link=link, memory_limit_bytes=limit, memory_limit_source=source,
-                  tokens_per_sample=_tokens_per_sample(sweep.results), validation=validation, warnings=warnings)
+                  tokens_per_sample=_tokens_per_sample(sweep.results), validation=validation, warnings=warnings,
+                  scatter=scatter, per_sample_memory=per_sample)
     return replace(report, device=sweep.device)
+
+
+def per_sample_memory(profile: Profile) -> tuple[bool, list[str]]:
+    """Whether the plan may count memory per sample, and the note that says why not: a probe whose memory
+    model is not resolved (its slope not clearly above its own scatter) measured no per-sample memory, so
+    the plan uses none either: measured peaks less parameter state are the base."""
+    model = profile.probe.memory_model if profile.probe is not None else None
+    if model is None or model.resolved:
+        return True, []
+    return False, ["no per-sample memory (the probe's memory model is not resolved): memory per rank is the "
+                   "measured base plus parameter state, in-flight activations not counted"]
 
 
 def _check_plan_inputs(num_stages: int, micro_batches: Sequence[int], schedules: Sequence[str], data_parallel: int,
                        bandwidth: float | None, latency: float | None, micro_batch_size: int | None,
-                       global_batch: int | None, num_blocks: int | None) -> None:
+                       global_batch: int | None, num_blocks: int | None, scatter: str) -> None:
     from mbtune.pipeline.theory import SCHEDULE_NAMES
 
     def require(ok: bool, name: str, value: object, valid: str) -> None:
@@ -209,6 +225,7 @@ def _check_plan_inputs(num_stages: int, micro_batches: Sequence[int], schedules:
     require(micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "an integer >= 1")
     require(global_batch is None or global_batch >= 1, "global_batch", global_batch, "an integer >= 1")
     require(num_blocks is None or num_blocks >= 3, "blocks", num_blocks, "an integer >= 3")
+    require(scatter in SCATTER_MODES, "scatter", scatter, " | ".join(SCATTER_MODES))
     if micro_batch_size is not None and global_batch is not None:
         raise ConfigError("--micro-batch-size and --global-batch both given",
                           hint="Give one: the other follows from micro-batches, accumulation and data-parallel size.")
@@ -219,7 +236,7 @@ def recommended_timeline(report: PlanReport) -> Prediction | None:
     best = report.best
     if best is None:
         return None
-    return predict(report.model, best.point, memory_limit_bytes=report.memory_limit_bytes,
+    return predict(deepen(report.model, best.num_blocks), best.point, memory_limit_bytes=report.memory_limit_bytes,
                    link=Link(bandwidth_bytes_per_s=report.link_bandwidth_bytes_per_s, latency_s=report.link_latency_s),
                    keep_timeline=True)
 

@@ -3,7 +3,9 @@
 Scaling to another number of stages: the cost model holds per-block costs (calibrate.py), so a stage of
 any split costs the sum of its blocks, split as the runner would split them (by parameter count). A what-if
 deeper model (`num_blocks` above the workload's) keeps the first and last blocks and repeats the mean of
-the interior ones. Beyond this machine, the stage-to-stage hand-over costs the link's latency plus the
+the interior ones. Where no depth is chosen and a point has more stages than the workload has blocks, that
+point alone is planned one block per stage: a prediction depends only on its own configuration, never on
+which other schedules are listed beside it. Beyond this machine, the stage-to-stage hand-over costs the link's latency plus the
 boundary activation (bytes per sample x micro-batch size) over its bandwidth; data-parallel replicas add a
 ring all-reduce of each rank's fp32 gradients after the pipeline (not overlapped: an upper bound). Compute
 costs stay those of the profiled device: the plan is for devices like it.
@@ -11,6 +13,9 @@ costs stay those of the profiled device: the plan is for devices like it.
 Where the cost model knows how measured durations scatter (CostModel.spread), a prediction is the median
 of several simulated steps with costs drawn from that scatter (fixed seeds, so the same point always gets
 the same answer and every point sees the same draws), as the measured step time is the median of steps.
+With scatter "none" (with_scatter) the spread is dropped and one simulated step of average costs is the
+prediction: the scatter of a busy machine is part of what it predicts, so a plan for a quieter target can
+leave it out.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from mbtune.pipeline.theory import (
 from mbtune.plan.calibrate import point_orders
 from mbtune.plan.orders import RankOrders
 from mbtune.plan.records import (
+    SCATTER_MEASURED,
+    SCATTER_MODES,
+    SCATTER_NONE,
     BlockCost,
     BlockFacts,
     CostModel,
@@ -36,6 +44,7 @@ from mbtune.plan.records import (
     PlanSkipped,
     Prediction,
     Simulation,
+    Spread,
     StageCost,
     Validation,
 )
@@ -69,7 +78,28 @@ class PlanGrid:
     global_batch: int | None = None
     grad_accum_steps: int = 1
     virtual_stages: int = 2
-    num_blocks: int | None = None  # what-if deeper model; None: the workload's own
+    num_blocks: int | None = None  # what-if deeper model for every point; None: the workload's own
+    deepen_as_needed: bool = True  # without num_blocks, a point with too few blocks gets one block per stage
+
+
+def with_scatter(model: CostModel, scatter: str) -> CostModel:
+    """The model as the scatter mode predicts with it: measured keeps the calibrated spread (costs drawn from
+    it), none drops it (average costs, one deterministic simulated step)."""
+    if scatter not in SCATTER_MODES:
+        raise ValueError(f"unknown scatter mode {scatter!r}; known: {', '.join(SCATTER_MODES)}")
+    return replace(model, spread=Spread()) if scatter == SCATTER_NONE and model.spread.known else model
+
+
+def without_per_sample_memory(facts: BlockFacts) -> BlockFacts:
+    """The facts with no activation bytes per sample: a calibration over them takes each measured peak less
+    parameter state as the base, and predicted memory per rank is that base plus parameter state."""
+    return replace(facts, saved_bytes_per_sample=())
+
+
+def point_depth(num_blocks: int, point: SweepPoint) -> int:
+    """The blocks a point is planned with when no depth is chosen: the workload's own where they give every
+    stage one, else one per stage (ranks x stages per rank)."""
+    return max(num_blocks, point.num_stages * point.virtual_stages)
 
 
 def deepen(model: CostModel, num_blocks: int) -> CostModel:
@@ -241,29 +271,61 @@ def _micro_batch_size(grid: PlanGrid, m: int) -> tuple[int, str | None]:
 def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_limit_bytes: float | None = None,
          memory_limit_source: str = "", tokens_per_sample: int | None = None,
          orders_of: Callable[[SweepPoint], RankOrders] = point_orders, validation: Validation | None = None,
-         warnings: Sequence[str] = ()) -> PlanReport:
+         warnings: Sequence[str] = (), scatter: str = SCATTER_MEASURED, per_sample_memory: bool = True) -> PlanReport:
     """Predict every point of the grid, rank them (fitting ones by throughput first, then those whose memory
-    is unknown, then those that do not fit) and recommend the best that fits."""
+    is unknown, then those that do not fit) and recommend the best that fits. `scatter`: see with_scatter.
+    `per_sample_memory` False leaves in-flight activations out of memory per rank (its base should then be
+    calibrated without them too, see without_per_sample_memory)."""
     if grid.num_blocks is not None:
         model = deepen(model, grid.num_blocks)
-    points, skipped = grid_points(grid, model.facts.num_blocks)
+    model = with_scatter(model, scatter)
+    if not per_sample_memory:
+        model = replace(model, facts=without_per_sample_memory(model.facts))
+    auto = grid.num_blocks is None and grid.deepen_as_needed and model.facts.num_blocks >= 3
+    points, skipped = grid_points(grid, None if auto else model.facts.num_blocks)
+    models = {model.facts.num_blocks: model}
     predictions = []
     for point in points:
+        depth = point_depth(model.facts.num_blocks, point) if auto else model.facts.num_blocks
+        if depth not in models:
+            models[depth] = deepen(model, depth)
+        deep = models[depth]
         try:
-            predictions.append(predict(model, point, link=link, memory_limit_bytes=memory_limit_bytes,
+            predictions.append(predict(deep, point, link=link, memory_limit_bytes=memory_limit_bytes,
                                        tokens_per_sample=tokens_per_sample, orders_of=orders_of))
         except ValueError as exc:
             skipped.append(PlanSkipped(point=point, reason=str(exc)))
     ranked = sorted(predictions, key=lambda p: ({True: 0, None: 1, False: 2}[p.fits], -p.samples_per_s))
     recommended = 0 if ranked and ranked[0].fits is not False else None
-    notes = list(warnings) + list(model.notes)
+    notes = list(warnings) + _depth_notes(model, ranked) + list(model.notes)
+    if scatter == SCATTER_MEASURED and not model.spread.known:
+        notes.append("no scatter measured: predictions use the average costs")
     if grid.data_parallel > 1 and (link is None or link.bandwidth_bytes_per_s is None):
         notes.append("data-parallel all-reduce taken as free: give a link bandwidth to charge it")
     if memory_limit_bytes is None:
         notes.append("no probed ceiling: memory per rank is predicted but not checked")
     return PlanReport(workload=model.workload, workload_options=dict(model.workload_options), model=model,
-                      num_blocks=model.facts.num_blocks, predictions=tuple(ranked), skipped=tuple(skipped),
+                      num_blocks=model.facts.num_blocks, scatter=scatter, per_sample_memory=per_sample_memory,
+                      predictions=tuple(ranked), skipped=tuple(skipped),
                       recommended=recommended, validation=validation, warnings=tuple(notes),
                       memory_limit_bytes=memory_limit_bytes, memory_limit_source=memory_limit_source,
                       link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s if link else None,
                       link_latency_s=link.latency_s if link else None)
+
+
+def _depth_notes(model: CostModel, predictions: Sequence[Prediction]) -> list[str]:
+    """Which schedules were planned deeper than the model, and that throughputs of different depths are of
+    different models."""
+    own = model.facts.num_blocks
+    deeper: dict[int, list[str]] = {}
+    for p in predictions:
+        if p.num_blocks != own and p.point.schedule not in deeper.setdefault(p.num_blocks, []):
+            deeper[p.num_blocks].append(p.point.schedule)
+    if not deeper:
+        return []
+    planned = "; ".join(f"{', '.join(names)} as {depth} blocks" for depth, names in sorted(deeper.items()))
+    note = (f"the {model.workload} model has {own} blocks, too few for one per stage: planned {planned}, its "
+            "interior blocks repeated")
+    if len({p.num_blocks for p in predictions}) > 1:
+        note += "; rows of different depth are different models (choose one depth for all with --blocks)"
+    return [note]

@@ -14,6 +14,11 @@ COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 _COST_FIELD = {FORWARD: "forward_s", BACKWARD: "backward_s", BACKWARD_INPUT: "backward_input_s",
                BACKWARD_WEIGHT: "backward_weight_s"}
 
+# How predictions treat the measured scatter of durations: draw costs from it, or use the average costs only.
+SCATTER_MEASURED, SCATTER_NONE = "measured", "none"
+SCATTER_MODES = (SCATTER_MEASURED, SCATTER_NONE)
+BETWEEN_RUN, WITHIN_RUN = "between-run", "within-run"  # what a NoiseFloor compares
+
 
 @dataclass(frozen=True, kw_only=True)
 class OrderedAction(Record):
@@ -183,6 +188,11 @@ class Prediction(Record):
         """The busiest rank's predicted memory."""
         return max(self.memory_bytes) if self.memory_bytes else 0.0
 
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of the model this point was predicted for (a deepened one where the workload had too few)."""
+        return sum(self.blocks_per_stage)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ValidationRow(Record):
@@ -200,6 +210,22 @@ class ValidationRow(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NoiseFloor(Record):
+    """How far a point's measured step time moves when nothing about the point changes: an error this size
+    cannot be told apart from the measurement's own noise.
+
+    between-run: for each point with two or more repeats (fresh processes each), (max - min) / median of the
+    repeats' median step times (for a pair, |a - b| / their mean). within-run: (max - min) / median of one
+    run's measured steps, all the data holds without repeats; it leaves out what changes between processes,
+    so it understates the between-run floor. Median and worst over the points."""
+
+    kind: str  # between-run | within-run
+    median: float
+    worst: float
+    num_points: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Validation(Record):
     """How well the calibrated simulator reproduces the points the sweep measured."""
 
@@ -209,6 +235,15 @@ class Validation(Record):
     worst_step_error: float | None = None
     median_bubble_error: float | None = None  # of |predicted - measured|
     worst_bubble_error: float | None = None
+    noise_floor: NoiseFloor | None = None  # of the measured step times the errors are against
+    scatter: str = SCATTER_MEASURED  # measured: predictions drew costs from the measured scatter; none: average costs
+
+    @property
+    def within_noise_floor(self) -> bool | None:
+        """Whether the median error is no larger than the median noise floor (None when either is unknown)."""
+        if self.median_step_error is None or self.noise_floor is None:
+            return None
+        return self.median_step_error <= self.noise_floor.median
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,8 +261,10 @@ class PlanReport(Record):
     workload: str
     workload_options: dict[str, Any] = field(default_factory=dict)
     device: DeviceInfo | None = None
-    model: CostModel
-    num_blocks: int
+    model: CostModel  # before any per-point deepening (see Prediction.num_blocks)
+    num_blocks: int  # the model's blocks: the workload's own, or --blocks
+    scatter: str = SCATTER_MEASURED  # measured: costs drawn from the measured scatter; none: average costs only
+    per_sample_memory: bool = True  # False: activations per sample left out (the probe could not resolve them)
     link_bandwidth_bytes_per_s: float | None = None
     link_latency_s: float | None = None
     memory_limit_bytes: float | None = None

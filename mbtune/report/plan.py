@@ -11,7 +11,14 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from mbtune.plan.records import PlanReport, Prediction, QuickResult, Validation
+from mbtune.plan.records import (
+    WITHIN_RUN,
+    NoiseFloor,
+    PlanReport,
+    Prediction,
+    QuickResult,
+    Validation,
+)
 from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 
 
@@ -24,18 +31,29 @@ def _signed_pct(value: float | None) -> str:
 
 
 def predictions_table(report: PlanReport, *, limit: int | None = 20) -> Table:
-    """The ranked predictions, recommended first and highlighted; memory per rank against the ceiling."""
-    table = Table(title=f"Plan: {report.workload}, {report.num_blocks} blocks, predicted by the calibrated simulator",
+    """The ranked predictions, recommended first and highlighted; memory per rank against the ceiling. A
+    blocks column appears where points were planned at different depths."""
+    depths = sorted({p.num_blocks for p in report.predictions} or {report.num_blocks})
+    blocks = f"{depths[0]} blocks" if len(depths) == 1 else f"{depths[0]}-{depths[-1]} blocks"
+    table = Table(title=f"Plan: {report.workload}, {blocks}, predicted by the calibrated simulator "
+                        f"(scatter: {report.scatter})",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
-    for header, justify in (("#", "right"), ("schedule", "left"), ("p", "right"), ("v", "right"), ("m", "right"),
-                            ("mbs", "right"), ("dp", "right"), ("global", "right"), ("samples/s", "right"),
-                            ("step", "right"), ("bubble", "right"), ("mem/rank", "right"), ("fits", "left")):
+    columns = [("#", "right"), ("schedule", "left"), ("p", "right"), ("v", "right"), ("m", "right"),
+               ("mbs", "right"), ("dp", "right"), ("global", "right"), ("samples/s", "right"), ("step", "right"),
+               ("bubble", "right"), ("mem/rank", "right"), ("fits", "left")]
+    if len(depths) > 1:
+        columns.insert(2, ("blocks", "right"))
+    for header, justify in columns:
         table.add_column(header, justify=justify, no_wrap=True)
     shown = report.predictions if limit is None else report.predictions[:limit]
     for index, p in enumerate(shown):
-        table.add_row(*_prediction_row(index + 1, p), style="bold green" if index == report.recommended else "")
+        row = _prediction_row(index + 1, p)
+        if len(depths) > 1:
+            row.insert(2, str(p.num_blocks))
+        table.add_row(*row, style="bold green" if index == report.recommended else "")
     hidden = len(report.predictions) - len(shown)
-    table.caption = ("bubble: simulated / theoretical  mem/rank: the busiest rank"
+    memory = "the busiest rank" + ("" if report.per_sample_memory else ", no per-sample memory")
+    table.caption = (f"bubble: simulated / theoretical  mem/rank: {memory}"
                      + (f"  ({hidden} more not shown)" if hidden > 0 else ""))
     return table
 
@@ -51,7 +69,8 @@ def _prediction_row(position: int, p: Prediction) -> list[str]:
 
 def validation_table(validation: Validation) -> Table:
     """Predicted against measured for every point that ran, with the median and worst errors below."""
-    table = Table(title=f"Simulator against the measured sweep ({validation.method})", title_justify="left",
+    table = Table(title=f"Simulator against the measured sweep ({validation.method}, scatter: "
+                        f"{validation.scatter})", title_justify="left",
                   box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
     for header in ("point", "measured", "predicted", "error", "bubble measured", "bubble predicted", "diff"):
         table.add_column(header, justify="left" if header == "point" else "right", no_wrap=True)
@@ -61,8 +80,33 @@ def validation_table(validation: Validation) -> Table:
                       "n/a" if row.bubble_error is None else f"{100 * row.bubble_error:+.1f} pts")
     table.caption = (f"step time error: median {_pct(validation.median_step_error)}, worst "
                      f"{_pct(validation.worst_step_error)}; bubble: median {_points(validation.median_bubble_error)}, "
-                     f"worst {_points(validation.worst_bubble_error)}")
+                     f"worst {_points(validation.worst_bubble_error)}\n"
+                     f"noise floor: {noise_floor_text(validation.noise_floor)}\n{noise_verdict(validation)}")
+    table.caption_justify = "left"
     return table
+
+
+def noise_floor_text(noise: NoiseFloor | None) -> str:
+    """The noise floor as median and worst, and what it compares."""
+    if noise is None:
+        return "unknown (no point has repeats or more than one measured step)"
+    text = f"median {_pct(noise.median)}, worst {_pct(noise.worst)} over {noise.num_points} point(s)"
+    if noise.kind == WITHIN_RUN:
+        return f"{text}, within one run; sweep with --repeats 2 for the between-run floor"
+    return f"{text}, between repeats of the same point"
+
+
+def noise_verdict(validation: Validation) -> str:
+    """One line: whether the median step-time error is within the measurements' noise floor or above it."""
+    within = validation.within_noise_floor
+    if within is None:
+        return "no noise floor to compare the error against"
+    noise = validation.noise_floor
+    assert noise is not None and validation.median_step_error is not None
+    kind = "within one run" if noise.kind == WITHIN_RUN else "between runs"
+    relation = "is within" if within else "is above"
+    return (f"median error {_pct(validation.median_step_error)} {relation} the noise floor "
+            f"{_pct(noise.median)} ({kind})")
 
 
 def _points(value: float | None) -> str:
@@ -112,12 +156,19 @@ def plan_dict(report: PlanReport) -> dict[str, Any]:
     data = report.to_dict()
     best = report.best
     validation = report.validation
+    noise = validation.noise_floor if validation else None
     data["summary"] = {
         "recommended": best.point.label if best else None,
         "recommended_samples_per_s": best.samples_per_s if best else None,
+        "scatter": report.scatter,
+        "per_sample_memory": report.per_sample_memory,
         "validation_method": validation.method if validation else None,
         "median_step_error": validation.median_step_error if validation else None,
         "worst_step_error": validation.worst_step_error if validation else None,
+        "noise_floor_kind": noise.kind if noise else None,
+        "noise_floor_median": noise.median if noise else None,
+        "noise_floor_worst": noise.worst if noise else None,
+        "median_step_error_within_noise_floor": validation.within_noise_floor if validation else None,
     }
     return data
 
@@ -126,12 +177,13 @@ def plan_frame(report: PlanReport) -> Any:
     """The predictions as a pandas DataFrame, ranked, in SI units."""
     import pandas as pd
 
-    rows = [{"rank": i + 1, "schedule": p.point.schedule, "num_stages": p.point.num_stages,
+    rows = [{"rank": i + 1, "schedule": p.point.schedule, "num_blocks": p.num_blocks, "num_stages": p.point.num_stages,
              "virtual_stages": p.point.virtual_stages, "num_microbatches": p.point.num_microbatches,
              "micro_batch_size": p.point.micro_batch_size, "data_parallel_size": p.point.data_parallel_size,
              "global_batch": p.point.global_batch, "samples_per_s": p.samples_per_s, "step_time_s": p.step_time_s,
              "bubble": p.bubble, "bubble_theoretical": p.bubble_theoretical,
-             "memory_bytes_max": p.max_memory_bytes, "fits": p.fits, "recommended": i == report.recommended}
+             "memory_bytes_max": p.max_memory_bytes, "fits": p.fits, "recommended": i == report.recommended,
+             "scatter": report.scatter}
             for i, p in enumerate(report.predictions)]
     return pd.DataFrame(rows)
 

@@ -13,65 +13,108 @@ from rich.console import Console
 from rich.table import Table
 
 from mbtune.errors import ProfileError
-from mbtune.records import CHECK_ERROR, FAIL, PASS, ComparisonRow, Verdict
+from mbtune.records import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, ComparisonRow, Verdict
 from mbtune.report import fmt_rate, print_json
 
-_STYLE = {PASS: "green", FAIL: "bold red", CHECK_ERROR: "bold magenta"}
+_STYLE = {PASS: "green", FAIL: "bold red", CHECK_ERROR: "bold magenta", INCONCLUSIVE: "bold yellow"}
+PER_POINT_TITLE = "per point (shown, not gating)"
 
 
 def _number(value: float | None) -> str:
     if value is None:
         return "n/a"
-    return f"{value:,.0f}" if float(value).is_integer() else fmt_rate(value)
+    if float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:.3f}" if abs(value) < 10 else fmt_rate(value)
 
 
-def verdict_table(verdict: Verdict) -> Table:
-    """One row per check, then the overall verdict in the caption."""
-    device = f"{verdict.device.backend}: {verdict.device.name}" if verdict.device else "no device"
-    table = Table(title=f"Qualification on {device}", title_justify="left", box=box.SIMPLE_HEAD)
-    for name in ("check", "status", "measured", "rule", "detail"):
-        table.add_column(name, justify="right" if name == "measured" else "left")
-    for check in verdict.checks:
+def _spread(check: Check) -> str:
+    return "n/a" if check.spread_pct is None else f"{check.spread_pct:.1f}%"
+
+
+def _checks_table(checks: list[Check], title: str) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("check", "status", "measured", "expected", "spread", "detail"):
+        table.add_column(name, justify="right" if name in ("measured", "spread") else "left")
+    for check in checks:
         measured = "" if check.measured is None else _number(check.measured)
-        table.add_row(check.name, f"[{_STYLE[check.status]}]{check.status}[/]", measured, check.rule, check.detail)
-    counts = {s: sum(c.status == s for c in verdict.checks) for s in (PASS, FAIL, CHECK_ERROR)}
-    baseline = f" against {verdict.baseline} (tolerance {verdict.tolerance:.0%})" if verdict.baseline else ""
-    table.caption = (f"verdict: [{_STYLE[verdict.status]}]{verdict.status}[/]{baseline}; {counts[PASS]} passed, "
-                     f"{counts[FAIL]} failed, {counts[CHECK_ERROR]} errors")
+        table.add_row(check.name, f"[{_STYLE[check.status]}]{check.status}[/]", measured, check.rule,
+                      _spread(check), check.detail)
     return table
 
 
+def verdict_table(verdict: Verdict) -> Table:
+    """One row per gating check, then the overall verdict in the caption."""
+    device = f"{verdict.device.backend}: {verdict.device.name}" if verdict.device else "no device"
+    gating = [c for c in verdict.checks if c.gating]
+    table = _checks_table(gating, f"Qualification on {device}")
+    counts = {s: sum(c.status == s for c in gating) for s in (PASS, FAIL, INCONCLUSIVE, CHECK_ERROR)}
+    baseline = f" against {verdict.baseline} (tolerance {verdict.tolerance:.0%})" if verdict.baseline else ""
+    repeats = f", {verdict.repeats} repeats per point" if verdict.repeats else ""
+    table.caption = (f"verdict: [{_STYLE[verdict.status]}]{verdict.status}[/]{baseline}{repeats}; "
+                     f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[INCONCLUSIVE]} inconclusive, "
+                     f"{counts[CHECK_ERROR]} errors")
+    return table
+
+
+def per_point_table(verdict: Verdict) -> Table | None:
+    """The checks that are shown but do not decide the verdict (each sweep point on its own), or None."""
+    rows = [c for c in verdict.checks if not c.gating]
+    return _checks_table(rows, PER_POINT_TITLE) if rows else None
+
+
 def print_verdict(console: Console, verdict: Verdict, fmt: str) -> None:
+    """The verdict as JSON (every check, gating or not), or as the per-point table then the verdict table."""
     if fmt == "json":
         print_json({"status": verdict.status, **verdict.to_dict()})
-    else:
-        console.print(verdict_table(verdict))
+        return
+    points = per_point_table(verdict)
+    if points is not None:
+        console.print(points)
+    console.print(verdict_table(verdict))
 
 
 def junit_xml(verdict: Verdict) -> str:
-    """JUnit XML: one testcase per check; a missed threshold is a failure, a crash or timeout an error."""
+    """JUnit XML: one testcase per check. A gating FAIL is a <failure>, an ERROR an <error>, an INCONCLUSIVE
+    check <skipped> with the figures; a check that does not gate is never a failure: when it did not pass,
+    it is <skipped> with its status, so the counts agree with the exit code."""
     device = verdict.device.name if verdict.device else "unknown device"
-    failures = sum(c.status == FAIL for c in verdict.checks)
-    errors = sum(c.status == CHECK_ERROR for c in verdict.checks)
+    failures = sum(c.status == FAIL and c.gating for c in verdict.checks)
+    errors = sum(c.status == CHECK_ERROR and c.gating for c in verdict.checks)
+    skipped = sum(c.status != PASS and not (c.gating and c.status in (FAIL, CHECK_ERROR)) for c in verdict.checks)
     attrs = {"name": "mbtune qualify", "tests": str(len(verdict.checks)), "failures": str(failures),
-             "errors": str(errors)}
+             "errors": str(errors), "skipped": str(skipped)}
     suites = ET.Element("testsuites", attrs)
     suite = ET.SubElement(suites, "testsuite", {**attrs, "name": f"mbtune qualify on {device}",
                                                 "hostname": socket.gethostname()})
     properties = ET.SubElement(suite, "properties")
     for name, value in (("baseline", verdict.baseline or ""), ("baseline_device", verdict.baseline_device or ""),
-                        ("tolerance", f"{verdict.tolerance:g}")):
+                        ("tolerance", f"{verdict.tolerance:g}"), ("repeats", str(verdict.repeats or "")),
+                        ("verdict", verdict.status)):
         ET.SubElement(properties, "property", {"name": name, "value": value})
     for check in verdict.checks:
-        case = ET.SubElement(suite, "testcase", {"classname": f"mbtune.qualify.{device}", "name": check.name,
-                                                 "time": "0"})
-        message = f"measured {_number(check.measured)}, expected {check.rule}".strip()
-        if check.status == FAIL:
-            ET.SubElement(case, "failure", {"message": message, "type": "threshold"}).text = check.detail or message
-        elif check.status == CHECK_ERROR:
-            ET.SubElement(case, "error", {"message": check.detail or message, "type": "run"}).text = check.detail
+        _testcase(suite, check, device)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def _testcase(suite: ET.Element, check: Check, device: str) -> None:
+    kind = "" if check.gating else ".per_point"
+    case = ET.SubElement(suite, "testcase", {"classname": f"mbtune.qualify{kind}.{device}", "name": check.name,
+                                             "time": "0"})
+    spread = f", spread {check.spread_pct:.1f}%" if check.spread_pct is not None else ""
+    message = f"measured {_number(check.measured)}, expected {check.rule}{spread}".strip()
+    text = f"{message}: {check.detail}" if check.detail else message
+    if check.status == PASS:
+        return
+    if not check.gating:
+        ET.SubElement(case, "skipped", {"message": f"not gating: {check.status}: {text}"})
+    elif check.status == FAIL:
+        ET.SubElement(case, "failure", {"message": message, "type": "threshold"}).text = check.detail or message
+    elif check.status == CHECK_ERROR:
+        ET.SubElement(case, "error", {"message": check.detail or message, "type": "run"}).text = check.detail
+    else:
+        ET.SubElement(case, "skipped", {"message": f"{INCONCLUSIVE}: {text}"})
 
 
 def write_junit(verdict: Verdict, path: Path) -> Path:

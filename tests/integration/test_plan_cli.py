@@ -54,10 +54,22 @@ def test_plan_predicts_beyond_the_machine_and_validates_on_what_ran(swept, tmp_p
     assert plan["recommended"] is not None
     assert all(p["point"]["data_parallel_size"] == 4 for p in predictions)
     assert plan["validation"]["rows"]  # predicted vs measured for the points the sweep ran
+    summary = plan["summary"]
+    assert summary["scatter"] == "measured" and summary["noise_floor_kind"] == "within-run"  # no --repeats
+    assert summary["noise_floor_median"] is not None and summary["median_step_error_within_noise_floor"] is not None
     assert (tmp_path / "plots" / "plan_throughput.png").exists()
     tracks = {(e["pid"], e["tid"]) for e in json.loads((tmp_path / "plan.json").read_text())["traceEvents"]
               if e.get("ph") == "X"}
     assert len(tracks) == 8
+
+
+def test_plan_without_scatter_says_so(swept):
+    root, _ = swept
+    [profile] = (root / "profiles").glob("cpu-*/mlp.json")
+    result = mbtune("plan", str(profile), "--stages", "4", "-m", "4,8", "--schedules", "gpipe", "--scatter", "none",
+                    "--validation", "none")
+    assert result.returncode == 0, result.stderr
+    assert "(scatter: none)" in result.stdout
 
 
 def test_plan_bad_input_is_one_line(swept):

@@ -86,12 +86,52 @@ def test_plan_from_a_profile_checks_memory_against_the_ceiling() -> None:
 def test_more_stages_than_blocks_plans_a_deeper_model_and_says_so() -> None:
     report = plan_from_profile(profile(), num_stages=4, micro_batches=(4,), schedules=("gpipe", "interleaved-1f1b"),
                                validation_method=None)
-    assert report.num_blocks == 8  # 4 ranks x 2 stages each for the interleaved schedule
-    assert len(report.predictions) == 2 and not report.skipped
-    assert any("4 blocks, too few for 8 stages" in w and "--blocks" in w for w in report.warnings)
+    assert report.num_blocks == 4  # the mlp's own: enough for gpipe's 4 stages
+    depths = {p.point.schedule: p.num_blocks for p in report.predictions}
+    assert depths == {"gpipe": 4, "interleaved-1f1b": 8} and not report.skipped  # 4 ranks x 2 stages each
+    assert any("has 4 blocks, too few" in w and "interleaved-1f1b as 8 blocks" in w and "--blocks" in w
+               for w in report.warnings)
     chosen = plan_from_profile(profile(), num_stages=4, micro_batches=(4,), schedules=("interleaved-1f1b",),
                                num_blocks=4, validation_method=None)
     assert not chosen.predictions and "--blocks" in chosen.skipped[0].reason
+
+
+def test_a_prediction_does_not_depend_on_the_other_schedules_listed() -> None:
+    def gpipe(schedules: tuple[str, ...]) -> list:
+        report = plan_from_profile(profile(), num_stages=8, micro_batches=(16,), schedules=schedules,
+                                   validation_method=None)
+        return [p for p in report.predictions if p.point.schedule == "gpipe"]
+
+    alone = gpipe(("gpipe",))
+    assert alone == gpipe(("gpipe", "interleaved-1f1b", "zbv")) and alone[0].num_blocks == 8
+
+
+def test_scatter_none_plans_and_validates_with_average_costs() -> None:
+    report = plan_from_profile(profile(), num_stages=2, micro_batches=(4,), schedules=("gpipe",), scatter="none")
+    assert report.scatter == "none" and not report.model.spread.known
+    assert report.validation is not None and report.validation.scatter == "none"
+    assert plan_from_profile(profile(), num_stages=2, micro_batches=(4,), schedules=("gpipe",),
+                             validation_method=None).scatter == "measured"
+
+
+def test_an_unresolved_probe_memory_model_leaves_out_per_sample_memory() -> None:
+    resolved = profile()
+    unresolved_probe = replace(sample_probe(), memory_model=replace(sample_probe().memory_model, resolved=False))
+    unresolved = replace(resolved, probe=unresolved_probe)
+    grid = {"num_stages": 2, "micro_batches": (4,), "schedules": ("gpipe",), "validation_method": None}
+    counted, left_out = plan_from_profile(resolved, **grid), plan_from_profile(unresolved, **grid)
+    assert counted.per_sample_memory and not any("per-sample memory" in w for w in counted.warnings)
+    assert not left_out.per_sample_memory
+    assert [w for w in left_out.warnings if w.startswith("no per-sample memory")] == [
+        "no per-sample memory (the probe's memory model is not resolved): memory per rank is the measured base "
+        "plus parameter state, in-flight activations not counted"]
+    assert left_out.model.facts.saved_bytes_per_sample == ()
+    # The base takes in what the activations were at the measured points, so it is larger.
+    assert left_out.model.base_bytes > counted.model.base_bytes
+    [prediction] = left_out.predictions
+    assert prediction.stage_memory_bytes == pytest.approx(
+        [16.0 * sum(left_out.model.facts.parameters[b] for b in blocks) for blocks in ((0, 1), (2, 3))])
+    assert prediction.memory_bytes == pytest.approx([left_out.model.base_bytes + s for s in prediction.stage_memory_bytes])
 
 
 def test_model_and_validation_of_a_profile() -> None:
@@ -115,6 +155,7 @@ def test_memory_limit_falls_back_to_the_probe() -> None:
     ({"micro_batch_size": 4, "global_batch": 64}, "both given"),
     ({"link_bandwidth_bytes_per_s": 0.0}, "link_bandwidth=0.0 is out of range"),
     ({"num_blocks": 2}, "blocks=2 is out of range"),
+    ({"scatter": "sometimes"}, "scatter='sometimes' is out of range"),
 ])
 def test_bad_plan_inputs_are_config_errors(changes, message) -> None:
     arguments = {"num_stages": 2, "micro_batches": (4,), "schedules": ("gpipe",), **changes}

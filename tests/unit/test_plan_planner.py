@@ -13,8 +13,9 @@ from mbtune.plan.planner import (
     plan,
     predict,
     stage_costs,
+    with_scatter,
 )
-from mbtune.plan.records import BlockCost, BlockFacts, CostModel, LinearCost
+from mbtune.plan.records import SCATTER_MEASURED, SCATTER_NONE, BlockCost, BlockFacts, CostModel, LinearCost, Spread
 from mbtune.records import SweepPoint
 
 FORWARD_PER_SAMPLE_S = 1e-3  # per block
@@ -134,3 +135,46 @@ def test_warnings_say_what_was_not_charged_or_checked() -> None:
     warnings = plan(model(), grid).warnings
     assert any("all-reduce taken as free" in w for w in warnings)
     assert any("not checked" in w for w in warnings)
+
+
+def test_a_point_is_predicted_the_same_whatever_else_is_listed() -> None:
+    """The model a point is predicted with depends only on that point: gpipe at 8 ranks gets 8 blocks whether
+    or not an interleaved schedule (which needs 16) is listed beside it. Same model, same seeds: equal."""
+    scattered = model(4, spread=Spread(compute=(0.5, 1.0, 2.5), gap=(1.0,), transfer=(1.0,)))
+    alone = plan(scattered, PlanGrid(num_stages=8, micro_batches=(16,), schedules=("gpipe",), micro_batch_size=2))
+    listed = plan(scattered, PlanGrid(num_stages=8, micro_batches=(16,), schedules=("gpipe", "interleaved-1f1b"),
+                                      micro_batch_size=2))
+    gpipe = [p for p in listed.predictions if p.point.schedule == "gpipe"]
+    assert gpipe == list(alone.predictions) and gpipe[0].num_blocks == 8
+    interleaved = next(p for p in listed.predictions if p.point.schedule == "interleaved-1f1b")
+    assert interleaved.num_blocks == 16
+    assert alone.num_blocks == listed.num_blocks == 4  # the model's own depth; rows say theirs
+    assert any("interleaved-1f1b as 16 blocks" in w and "--blocks" in w for w in listed.warnings)
+    chosen = plan(scattered, PlanGrid(num_stages=8, micro_batches=(16,), schedules=("gpipe", "interleaved-1f1b"),
+                                      micro_batch_size=2, num_blocks=16))
+    assert {p.num_blocks for p in chosen.predictions} == {16}  # --blocks: one depth for every point
+
+
+def test_without_scatter_predictions_use_the_average_costs() -> None:
+    p, m, mbs = 4, 8, 2
+    scattered = model(spread=Spread(compute=(0.5, 1.0, 3.0)))
+    grid = PlanGrid(num_stages=p, micro_batches=(m,), schedules=("gpipe",), micro_batch_size=mbs)
+    average = plan(scattered, grid, scatter=SCATTER_NONE)
+    [prediction] = average.predictions
+    stage_f = 2 * FORWARD_PER_SAMPLE_S * mbs
+    assert prediction.pipeline_s == pytest.approx((m + p - 1) * 3 * stage_f)  # the textbook step, scatter-free
+    assert prediction == predict(model(), point(p=p, m=m, mbs=mbs))
+    assert average == plan(scattered, grid, scatter=SCATTER_NONE)  # deterministic
+    assert average.scatter == SCATTER_NONE and not average.model.spread.known
+    drawn = plan(scattered, grid)
+    assert drawn.scatter == SCATTER_MEASURED and drawn.predictions[0].pipeline_s != prediction.pipeline_s
+    assert with_scatter(scattered, SCATTER_MEASURED) is scattered
+    with pytest.raises(ValueError, match="unknown scatter mode"):
+        plan(scattered, grid, scatter="sometimes")
+
+
+def test_without_per_sample_memory_a_rank_holds_its_base_and_parameter_state() -> None:
+    grid = PlanGrid(num_stages=4, micro_batches=(8,), schedules=("gpipe",), micro_batch_size=2)
+    report = plan(model(), grid, per_sample_memory=False)
+    assert not report.per_sample_memory and report.model.facts.saved_bytes_per_sample == ()
+    assert report.predictions[0].memory_bytes == pytest.approx((1000 + 16 * 2 * PARAMETERS,) * 4)

@@ -140,10 +140,44 @@ def test_plan_tables_and_json() -> None:
     data = json.loads(json.dumps(plan_dict(report)))
     assert data["summary"]["recommended"] == report.best.point.label
     assert data["summary"]["median_step_error"] == pytest.approx(0.0, abs=1e-9)
+    assert data["summary"]["scatter"] == "measured" and data["summary"]["noise_floor_median"] is None
     console = Console(file=io.StringIO(), width=140, color_system=None)
     print_plan(console, report, "table")
     out = console.file.getvalue()
-    assert "Recommendation" in out and "Simulator against the measured sweep (in-sample)" in out
+    assert "Recommendation" in out and "Simulator against the measured sweep (in-sample, scatter: measured)" in out
+    assert "(scatter: measured)" in out and "no noise floor to compare the error against" in out
+
+
+def test_the_validation_shows_the_noise_floor_and_the_verdict() -> None:
+    from dataclasses import replace
+
+    from mbtune.plan.calibrate import calibrate
+    from mbtune.plan.validate import validate
+
+    results = [replace(measured(SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=m, grad_accum_steps=1,
+                                           micro_batch_size=4)), num_repeats=2, repeat_step_time_medians_s=(1.0, 1.1))
+               for m in (2, 4)]
+    validation = validate(results, lambda runs: calibrate(runs, FACTS, workload="synthetic"), method=IN_SAMPLE,
+                          scatter="none")
+    text = render(validation_table(validation), 140)
+    assert "(in-sample, scatter: none)" in text
+    assert "noise floor: median 9.5%, worst 9.5% over 2 point(s), between repeats of the same point" in text
+    assert "median error 0.0% is within the noise floor 9.5% (between runs)" in text
+    within_run = replace(validation, median_step_error=0.2,
+                         noise_floor=replace(validation.noise_floor, kind="within-run", median=0.05))
+    text = " ".join(render(validation_table(within_run), 140).split())  # the caption wraps at the table's width
+    assert "within one run; sweep with --repeats 2 for the between-run floor" in text
+    assert "median error 20.0% is above the noise floor 5.0% (within one run)" in text
+    report = plan(model(4), PlanGrid(num_stages=4, micro_batches=(8,), schedules=("gpipe", "interleaved-1f1b"),
+                                     micro_batch_size=2), validation=validation, scatter="none")
+    summary = json.loads(json.dumps(plan_dict(report)))["summary"]
+    assert summary["scatter"] == "none" and summary["noise_floor_kind"] == "between-run"
+    assert summary["noise_floor_median"] == pytest.approx(0.1 / 1.05)
+    assert summary["median_step_error_within_noise_floor"] is True
+    table = render(predictions_table(report), 140)
+    assert "4-8 blocks" in table and "(scatter: none)" in table
+    rows = {line.split()[1]: line.split()[2] for line in table.splitlines() if line.strip()[:1].isdigit()}
+    assert rows == {"gpipe": "4", "interleaved-1f1b": "8"}  # the blocks column: each row's depth
 
 
 def test_quick_panel() -> None:

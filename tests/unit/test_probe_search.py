@@ -48,9 +48,9 @@ def test_finds_exact_ceiling_with_next_size_failing(limit):
 def test_trial_counts_are_pinned():
     run = fake_trials(below(100))
     search_ceiling(run, budget_bytes=budget_for(100), resolution=1)
-    # Growth lands just under the model's ceiling, the model's ceiling decides, the next size up fails;
-    # the ceiling is confirmed and the safe batch passes two fresh runs.
-    assert run.sizes == [1, 4, 32, 97, 100, 101, 100, 85, 85]
+    # Growth goes to the model's ceiling, the next size up fails; the ceiling is confirmed and the safe
+    # batch passes two fresh runs.
+    assert run.sizes == [1, 4, 32, 100, 101, 100, 85, 85]
 
 
 def test_model_needs_fewer_trials_than_doubling_and_bisection():
@@ -58,7 +58,7 @@ def test_model_needs_fewer_trials_than_doubling_and_bisection():
     search_ceiling(guided, budget_bytes=budget_for(389), resolution=1)
     plain = fake_trials(below(389))
     search_ceiling(plain, budget_bytes=None, resolution=1)  # no budget: no model guess, grow and bisect
-    assert len(guided.sizes) == 10
+    assert len(guided.sizes) == 9
     assert len(guided.sizes) < len(plain.sizes)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 
@@ -9,29 +10,208 @@ import pytest
 
 from mbtune.config import QualifySpec
 from mbtune.errors import ConfigError
-from mbtune.qualify import against_baseline, against_thresholds, check_same_device, compare_profiles, run_errors
-from mbtune.records import Metadata, Profile, TrialResult, Verdict
-from mbtune.report.qualify import junit_xml
-from mbtune.specfile import load_spec
+from mbtune.qualify import (
+    AGGREGATE,
+    BEST,
+    EXIT_INCONCLUSIVE,
+    against_baseline,
+    against_thresholds,
+    check_same_device,
+    compare_profiles,
+    exit_code,
+    judge,
+    run_errors,
+)
+from mbtune.records import (
+    CHECK_ERROR,
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    Check,
+    DeviceInfo,
+    Metadata,
+    Profile,
+    SweepPoint,
+    SweepReport,
+    TrialResult,
+    Verdict,
+)
+from mbtune.report.qualify import PER_POINT_TITLE, junit_xml, per_point_table, verdict_table
+from mbtune.specfile import load_spec, read_spec
+from mbtune.sweep import rank_results
 from tests.unit.test_records import sample_probe
-from tests.unit.test_report import sweep_report
+from tests.unit.test_report import render, sweep_report
 
 
 def statuses(checks) -> dict[str, str]:
     return {c.name: c.status for c in checks}
 
 
+def grid(rates, *, spread=0.0, repeats=3) -> SweepReport:
+    """A sweep of one point per rate (gpipe, m = 1, 2, ...), each with samples/s min-max of +-spread/2."""
+    results = []
+    for m, rate in enumerate(rates, start=1):
+        point = SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+        results.append(TrialResult(point=point, status="ok", samples_per_s=rate, num_repeats=repeats,
+                                   samples_per_s_min=rate * (1 - spread / 2), samples_per_s_max=rate * (1 + spread / 2)))
+    ranking, pareto = rank_results(results, "throughput")
+    return SweepReport(workload="mlp", device=DeviceInfo(backend="cpu", name="Test CPU"), objective="throughput",
+                       results=tuple(results), ranking=ranking, pareto=pareto, repeats=repeats)
+
+
+def verdict_of(checks) -> Verdict:
+    return Verdict(checks=tuple(checks), tolerance=0.1)
+
+
 def test_same_results_pass_and_shortfalls_beyond_tolerance_fail():
     probe, sweep = sample_probe(), sweep_report()
     assert set(statuses(against_baseline(probe, sweep, probe, sweep, tolerance=0.1)).values()) == {"PASS"}
-    worse_probe = replace(probe, ceiling=3, safe_batch=3)  # 75% and 100% of baseline
+    worse_probe = replace(probe, ceiling=3, first_failing=4, safe_batch=3)  # 75% and 100% of baseline
     slower = replace(sweep, results=tuple(replace(r, samples_per_s=r.samples_per_s * 0.85) if r.ok else r
                                           for r in sweep.results))
-    got = statuses(against_baseline(probe, sweep, worse_probe, slower, tolerance=0.1))
+    checks = against_baseline(probe, sweep, worse_probe, slower, tolerance=0.1)
+    got = statuses(checks)
     assert got["ceiling"] == "FAIL" and got["safe batch"] == "PASS"
-    assert got["best throughput (samples/s)"] == "FAIL"
+    assert got[BEST] == "FAIL" and got[AGGREGATE] == "FAIL"
     assert got["throughput 1f1b p=2 m=4 accum=1 mbs=4"] == "FAIL"
+    assert [c.name for c in checks if not c.gating] == ["throughput gpipe p=2 m=2 accum=1 mbs=4",
+                                                         "throughput 1f1b p=2 m=4 accum=1 mbs=4"]
     assert statuses(against_baseline(probe, sweep, worse_probe, slower, tolerance=0.3))["ceiling"] == "PASS"
+
+
+def test_one_noisy_point_cannot_fail_the_verdict():
+    rates = [100.0 + i for i in range(30)]
+    baseline = grid(rates, spread=0.04)
+    now = grid([r * 0.5 if i == 3 else r for i, r in enumerate(rates)], spread=0.04)
+    checks = against_baseline(None, baseline, None, now, tolerance=0.1)
+    got = {c.name: c for c in checks}
+    noisy = got["throughput gpipe p=2 m=4 accum=1 mbs=4"]
+    assert noisy.status == FAIL and not noisy.gating
+    assert got[AGGREGATE].gating and got[AGGREGATE].status == PASS and got[BEST].status == PASS
+    assert verdict_of(checks).status == PASS
+
+
+def test_the_aggregate_fails_when_every_point_is_slower():
+    rates = [100.0, 120.0, 140.0, 90.0]
+    checks = against_baseline(None, grid(rates, spread=0.05), None, grid([r * 0.7 for r in rates], spread=0.05),
+                              tolerance=0.1)
+    aggregate = next(c for c in checks if c.name == AGGREGATE)
+    assert aggregate.status == FAIL and aggregate.gating and aggregate.measured == pytest.approx(0.7)
+    # Every ratio the same, so no scatter: the spread is the points' own 5%, averaged over 4 points.
+    assert aggregate.spread_pct == pytest.approx(2.5)
+    assert verdict_of(checks).status == FAIL
+
+
+def test_a_spread_wider_than_the_tolerance_is_inconclusive_with_its_figures():
+    rates = [100.0, 150.0]
+    checks = against_baseline(None, grid(rates, spread=0.05), None, grid([r * 0.95 for r in rates], spread=0.34),
+                              tolerance=0.1)
+    best = next(c for c in checks if c.name == BEST)
+    assert best.status == INCONCLUSIVE and best.spread_pct == pytest.approx(34.0)
+    assert "spread 34% (now, over 3 repeats) is wider than the 10% tolerance" in best.detail
+    assert verdict_of(checks).status == INCONCLUSIVE
+
+
+def test_a_shortfall_beyond_a_wide_spread_still_fails():
+    rates = [100.0, 150.0, 120.0]
+    checks = against_baseline(None, grid(rates, spread=0.05), None, grid([r * 0.5 for r in rates], spread=0.3),
+                              tolerance=0.1)
+    best = next(c for c in checks if c.name == BEST)
+    assert best.status == FAIL and "short by more than the spread 30%" in best.detail
+
+
+def test_a_shortfall_measured_on_a_busy_machine_is_inconclusive_not_fail():
+    from mbtune.records import MachineLoad
+
+    rates = [100.0, 150.0, 120.0]
+    load = MachineLoad(other_cpu_share=0.7, num_cpus=2, busy=True, reason="other processes took 70% of the 2 CPUs")
+    slow = grid([r * 0.5 for r in rates], spread=0.05)
+    busy = replace(slow, results=tuple(replace(r, load=load) for r in slow.results))
+    got = {c.name: c for c in against_baseline(None, grid(rates, spread=0.05), None, busy, tolerance=0.1)}
+    assert got[BEST].status == INCONCLUSIVE and "other processes took 70%" in got[BEST].detail
+    assert got[AGGREGATE].status == INCONCLUSIVE and "3 of 3 points" in got[AGGREGATE].detail
+    one_busy = replace(slow, results=(replace(slow.results[0], load=load),) + slow.results[1:])
+    got = {c.name: c for c in against_baseline(None, grid(rates, spread=0.05), None, one_busy, tolerance=0.1)}
+    assert got[AGGREGATE].status == FAIL and got[BEST].status == FAIL  # the fastest point ran on a quiet machine
+    light = replace(load, other_cpu_share=0.3, reason="other processes took 30% of the 2 CPUs")
+    much_slower = grid([r * 0.2 for r in rates], spread=0.05)
+    much_slower = replace(much_slower, results=tuple(replace(r, load=light) for r in much_slower.results))
+    got = statuses(against_baseline(None, grid(rates, spread=0.05), None, much_slower, tolerance=0.1))
+    assert got[BEST] == FAIL and got[AGGREGATE] == FAIL  # more than a 30% load can explain
+
+
+def test_judge_decides_against_the_spread():
+    from mbtune.qualify import Spread
+
+    wide = Spread(share=0.2, basis="now, over 3 repeats")
+    assert judge("x", 95.0, 90.0, rule="", spread=wide, tolerance=0.1).status == INCONCLUSIVE
+    assert judge("x", 200.0, 90.0, rule="", spread=wide, tolerance=0.1).status == PASS  # clears the low end
+    assert judge("x", 60.0, 90.0, rule="", spread=wide, tolerance=0.1).status == FAIL
+    narrow = Spread(share=0.05, basis="baseline, over 3 steps")
+    assert judge("x", 91.0, 90.0, rule="", spread=narrow, tolerance=0.1).status == PASS
+    assert judge("x", 88.0, 90.0, rule="", spread=narrow, tolerance=0.1).status == INCONCLUSIVE  # within spread
+    assert judge("x", 80.0, 90.0, rule="", spread=narrow, tolerance=0.1).status == FAIL
+    unknown = judge("x", 80.0, 90.0, rule="")
+    assert unknown.status == FAIL and unknown.spread_pct is None and "spread unknown" in unknown.detail
+    assert judge("x", 0.4, 0.5, rule="", upper=True).status == PASS
+    assert judge("x", 0.6, 0.5, rule="", upper=True).status == FAIL
+    assert judge("x", None, 0.5, rule="").status == CHECK_ERROR
+
+
+def test_a_ceiling_bracket_wider_than_the_tolerance_is_inconclusive():
+    probe = replace(sample_probe(), ceiling=100, first_failing=130, safe_batch=85)
+    now = replace(probe, ceiling=95, first_failing=96)
+    got = {c.name: c for c in against_baseline(probe, None, now, None, tolerance=0.1)}
+    assert got["ceiling"].status == INCONCLUSIVE and got["ceiling"].spread_pct == pytest.approx(29.0)
+    assert "fits at 100, fails at 130" in got["ceiling"].detail
+    exact = {c.name: c.status for c in against_baseline(now, None, now, None, tolerance=0.1)}
+    assert exact == {"ceiling": PASS, "safe batch": PASS}
+
+
+def test_verdict_status_orders_error_fail_inconclusive_pass_over_gating_checks_only():
+    def check(status, gating=True):
+        return Check(name=status, status=status, gating=gating)
+
+    assert verdict_of([check(PASS)]).status == PASS
+    assert verdict_of([check(PASS), check(INCONCLUSIVE)]).status == INCONCLUSIVE
+    assert verdict_of([check(INCONCLUSIVE), check(FAIL)]).status == FAIL
+    assert verdict_of([check(FAIL), check(CHECK_ERROR), check(INCONCLUSIVE)]).status == CHECK_ERROR
+    assert verdict_of([check(PASS), check(FAIL, gating=False), check(CHECK_ERROR, gating=False)]).status == PASS
+    assert [exit_code(s) for s in (PASS, FAIL, CHECK_ERROR, INCONCLUSIVE)] == [0, 1, 3, EXIT_INCONCLUSIVE]
+    assert EXIT_INCONCLUSIVE == 4
+
+
+def test_junit_skips_inconclusive_and_non_gating_checks():
+    checks = (Check(name="ceiling", status=PASS, measured=4, rule=">= 90% of baseline 4"),
+              Check(name=BEST, status=INCONCLUSIVE, measured=95.0, rule=">= 90% of baseline 100.0", spread_pct=34.0,
+                    detail="spread 34% (now, over 3 repeats) is wider than the 10% tolerance"),
+              Check(name="throughput gpipe", status=FAIL, measured=50.0, rule=">= 90% of baseline 100.0",
+                    gating=False))
+    verdict = Verdict(checks=checks, device=sample_probe().device, baseline="base.json", tolerance=0.1, repeats=3)
+    root = ET.fromstring(junit_xml(verdict))
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("3", "0", "0", "2")
+    cases = {c.get("name"): c for c in root.findall("./testsuite/testcase")}
+    skipped = cases[BEST].find("skipped")
+    assert skipped is not None and skipped.get("message").startswith("INCONCLUSIVE: measured 95, expected >= 90%")
+    assert "spread 34.0%" in skipped.get("message") and "wider than the 10% tolerance" in skipped.get("message")
+    assert cases["throughput gpipe"].find("failure") is None
+    assert cases["throughput gpipe"].find("skipped").get("message").startswith("not gating: FAIL")
+    assert cases["ceiling"].find("skipped") is None
+
+
+def test_report_shows_spread_and_per_point_rows_apart_and_json_keeps_them():
+    rates = [100.0, 150.0]
+    checks = against_baseline(None, grid(rates, spread=0.05), None, grid(rates, spread=0.05), tolerance=0.1)
+    verdict = verdict_of(checks)
+    main = render(verdict_table(verdict), 200)
+    header = next(line for line in main.splitlines() if line.strip().startswith("check"))
+    assert header.split() == ["check", "status", "measured", "expected", "spread", "detail"]
+    assert "throughput gpipe" not in main and AGGREGATE in main and "verdict: PASS" in main
+    points = render(per_point_table(verdict), 200)
+    assert PER_POINT_TITLE in points and "throughput gpipe p=2 m=2 accum=1 mbs=4" in points and "5.0%" in points
+    data = json.loads(json.dumps(verdict.to_dict()))
+    assert [c["gating"] for c in data["checks"]] == [True, True, False, False]
+    assert Verdict.from_dict(data) == verdict
 
 
 def test_points_skipped_now_fail_and_crashes_are_errors_once():
@@ -53,7 +233,7 @@ def test_absolute_thresholds():
                    "best point's measured bubble": "FAIL"}
 
 
-def test_verdict_status_and_junit():
+def test_verdict_status_and_junit_failures_and_errors():
     probe, sweep = sample_probe(), sweep_report()
     checks = tuple(against_thresholds({"min_ceiling": 5}, probe, sweep) + run_errors("killed by SIGKILL", None))
     verdict = Verdict(checks=checks, device=probe.device, baseline="base.json", tolerance=0.1)
@@ -80,6 +260,20 @@ def test_spec_from_toml(tmp_path):
     assert spec.probe.workload_options == (("layers", 2),)
     assert spec.sweep.num_stages == 2 and spec.sweep.micro_batches == (2, 4) and spec.sweep.accum_steps == (1,)
     assert load_spec(spec_path, tolerance=0.2).tolerance == 0.2  # the flag wins
+
+
+def test_spec_repeats_flag_file_and_default(tmp_path):
+    path = tmp_path / "q.toml"
+    path.write_text('baseline = "base.json"\n')
+    assert read_spec(path).repeats == 3
+    path.write_text('baseline = "base.json"\nrepeats = 5\n')
+    assert read_spec(path).repeats == 5 and read_spec(path, repeats=2).repeats == 2
+    path.write_text('workload = "mlp"\ndevice = "cpu"\n[sweep]\nstages = 1\nrepeats = 4\n')
+    loaded = read_spec(path)
+    assert loaded.repeats == 4 and loaded.spec.sweep.repeats == 4
+    path.write_text('baseline = "base.json"\nrepeats = 0\n')
+    with pytest.raises(ConfigError, match="repeats=0"):
+        read_spec(path)
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -1,0 +1,170 @@
+"""Benchmark: do qualification verdicts mean something on this machine?
+
+(a) Self-check: make a baseline like `make demo` (the gpt workload tuned on the CPU under a 512 MiB cap),
+    or reuse one with --profile, then qualify this machine against it --runs times (default 10) at the
+    default tolerance. Nothing changed, so no run may FAIL (PASS or INCONCLUSIVE are both honest).
+(b) Slow-down check: qualify once more pinned to one core (`taskset -c 0`, half the cores of a two-core
+    machine, and OMP_NUM_THREADS=1). That machine really is slower, so the verdict must be FAIL. A
+    shortfall measured while other work keeps the machine busy is INCONCLUSIVE by design, so run this on
+    a machine nothing else is measuring on; the "busy points" column says whether it was.
+
+Prints every run's verdict, exit code and wall time, the gating figures (best throughput now / baseline,
+the geometric mean over common points, each with its measured spread), the counts, and whether both
+rules held.
+
+Run (tens of minutes on two cores):   .venv/bin/python bench/qualify.py
+Quick smoke of the mechanics:         .venv/bin/python bench/qualify.py --runs 1 --repeats 1 --workload mlp \\
+                                          -O layers=1 -O width=32 --memory-budget 256MiB \\
+                                          --tune-args "--max-batch 32 --schedules gpipe -m 2 --accum 1"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEST = "best throughput (samples/s)"
+AGGREGATE = "throughput, all common points (geometric mean of now/baseline ratios)"
+STATUSES = ("PASS", "INCONCLUSIVE", "FAIL", "ERROR")
+
+
+def mbtune(args: list[str], *, cwd: Path, prefix: tuple[str, ...] = (),
+           env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run the mbtune CLI from this checkout; return the finished process and its wall time (s)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    start = time.perf_counter()
+    done = subprocess.run([*prefix, sys.executable, "-m", "mbtune", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd)
+    return done, time.perf_counter() - start
+
+
+def make_baseline(args: argparse.Namespace, scratch: Path) -> Path:
+    """Tune the workload like `make demo` into a scratch profiles folder; the profile's path."""
+    root = scratch / "baseline"
+    options = [x for kv in args.option for x in ("-O", kv)]
+    command = ["tune", "--workload", args.workload, *options, "--device", "cpu", "--memory-budget",
+               args.memory_budget, "--steps", "2", "--profiles-dir", str(root), *shlex.split(args.tune_args)]
+    print("baseline: mbtune " + " ".join(command), flush=True)
+    done, wall_s = mbtune(command, cwd=scratch)
+    if done.returncode != 0:
+        sys.exit(f"the baseline tune failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    [path] = root.glob(f"*/{args.workload}.json")
+    print(f"baseline made in {wall_s:.0f} s: {path}", flush=True)
+    return path
+
+
+def qualify_once(baseline: Path, args: argparse.Namespace, scratch: Path, *, slow: bool) -> dict:
+    """One `mbtune qualify` run; its verdict, exit code, wall time and gating figures."""
+    command = ["qualify", "--baseline", str(baseline), "--repeats", str(args.repeats), "--no-save",
+               "--format", "json", *(["--tolerance", args.tolerance] if args.tolerance else [])]
+    prefix = ("taskset", "-c", "0") if slow else ()
+    done, wall_s = mbtune(command, cwd=scratch, prefix=prefix, env={"OMP_NUM_THREADS": "1"} if slow else None)
+    try:
+        verdict = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return {"status": "ERROR", "exit": done.returncode, "wall_s": wall_s, "error": done.stderr.strip()[-300:]}
+    checks = {c["name"]: c for c in verdict["checks"]}
+    results = (verdict.get("sweep") or {}).get("results", [])
+    keep = 1.0 - verdict["tolerance"]
+    best, aggregate = checks.get(BEST, {}), checks.get(AGGREGATE, {})
+    return {
+        "status": verdict["status"], "exit": done.returncode, "wall_s": wall_s,
+        "best_ratio": best["measured"] * keep / best["expected"] if best.get("measured") is not None else None,
+        "best_spread_pct": best.get("spread_pct"), "best_status": best.get("status"),
+        "aggregate_ratio": aggregate.get("measured"), "aggregate_spread_pct": aggregate.get("spread_pct"),
+        "aggregate_status": aggregate.get("status"),
+        "not_passed": [f"{c['name']}: {c['status']}: {c['detail']}" for c in verdict["checks"]
+                       if c["gating"] and c["status"] != "PASS"],
+        "per_point_fails": sum(1 for c in verdict["checks"] if not c["gating"] and c["status"] == "FAIL"),
+        "per_point": sum(1 for c in verdict["checks"] if not c["gating"]),
+        "busy_points": sum(1 for r in results if (r.get("load") or {}).get("busy")),
+        "points": len(results),
+    }
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def print_run(label: str, run: dict) -> None:
+    print(f"{label:<7}{run['status']:<14}{run['exit']:>4}{run['wall_s']:>8.0f}"
+          f"{_fmt(run.get('best_ratio'), '.3f'):>8}{_fmt(run.get('best_spread_pct'), '.1f'):>8}"
+          f"  {str(run.get('best_status')):<13}{_fmt(run.get('aggregate_ratio'), '.3f'):>8}"
+          f"{_fmt(run.get('aggregate_spread_pct'), '.1f'):>8}  {str(run.get('aggregate_status')):<13}"
+          f"{run.get('per_point_fails', 0):>5}/{run.get('per_point', 0):<5}"
+          f"{run.get('busy_points', 0):>5}/{run.get('points', 0):<5}", flush=True)
+    for line in run.get("not_passed", []):
+        print(f"{'':7}  {line}")
+    if run.get("error"):
+        print(f"{'':7}  {run['error']}")
+
+
+def header() -> None:
+    print(f"{'run':<7}{'verdict':<14}{'exit':>4}{'wall s':>8}{'best':>8}{'spr %':>8}  {'':<13}"
+          f"{'geomean':>8}{'spr %':>8}  {'':<13}{'point FAILs':<12}{'busy points'}")
+    print("(best: fastest point now / fastest of the baseline; geomean: over common points; spr: measured spread; "
+          "point FAILs are not gating; busy: points measured while other work took over a quarter of the CPUs)")
+
+
+def summarize(runs: list[dict], slow: dict | None) -> None:
+    counts = {s: sum(r["status"] == s for r in runs) for s in STATUSES}
+    print(f"\nself-check, {len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in counts.items())
+          + f"; exit codes {sorted({r['exit'] for r in runs})}")
+    for key, name in (("best_ratio", "best throughput now/baseline"), ("aggregate_ratio", "geometric mean")):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if values:
+            print(f"  {name}: median {statistics.median(values):.3f}, min-max {min(values):.3f}-{max(values):.3f}")
+    walls = [r["wall_s"] for r in runs]
+    print(f"  wall time per run: median {statistics.median(walls):.0f} s, min-max {min(walls):.0f}-{max(walls):.0f} s")
+    print(f"  rule: 0 FAILs against itself: {'held' if counts['FAIL'] == 0 else 'DID NOT HOLD'}")
+    if slow is not None:
+        print(f"slow-down (taskset -c 0, OMP_NUM_THREADS=1): {slow['status']} (exit {slow['exit']}), best "
+              f"{_fmt(slow.get('best_ratio'), '.3f')}, geometric mean {_fmt(slow.get('aggregate_ratio'), '.3f')}")
+        print(f"  rule: a slower machine FAILs: {'held' if slow['status'] == 'FAIL' else 'DID NOT HOLD'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", type=Path, help="Reuse this baseline profile instead of making one.")
+    parser.add_argument("--runs", type=int, default=10, help="Self-qualifications to make (default 10).")
+    parser.add_argument("--repeats", type=int, default=3, help="qualify --repeats (default 3).")
+    parser.add_argument("--tolerance", default=None, help="qualify --tolerance (default: qualify's, 10%%).")
+    parser.add_argument("--workload", default="gpt", help="Workload of the baseline tune (default gpt).")
+    parser.add_argument("-O", "--option", action="append", default=[], help="Workload option KEY=VALUE.")
+    parser.add_argument("--memory-budget", default="512MiB", help="Baseline tune's budget (default 512MiB).")
+    parser.add_argument("--tune-args", default="", help="More arguments for the baseline tune (a quick smoke).")
+    parser.add_argument("--no-slow", action="store_true", help="Skip the slow-down check.")
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="mbtune-bench-qualify-"))
+    baseline = args.profile.resolve() if args.profile else make_baseline(args, scratch)
+    print(f"machine: {os.cpu_count()} CPUs, {len(os.sched_getaffinity(0))} usable; qualify --repeats "
+          f"{args.repeats}, tolerance {args.tolerance or 'default'}; best = fastest now / fastest baseline")
+    header()
+    runs = []
+    for i in range(args.runs):
+        runs.append(qualify_once(baseline, args, scratch, slow=False))
+        print_run(f"{i + 1}", runs[-1])
+    slow = None
+    if args.no_slow:
+        pass
+    elif shutil.which("taskset") is None:
+        print("slow-down check skipped: taskset is not installed")
+    else:
+        slow = qualify_once(baseline, args, scratch, slow=True)
+        print_run("slow", slow)
+    summarize(runs, slow)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
