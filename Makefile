@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/probe.py
 	$(BIN)/python bench/sweep.py
 	$(BIN)/python bench/plan.py
+	$(BIN)/python bench/qualify.py
 	$(BIN)/python bench/faults.py
 
 clean:
