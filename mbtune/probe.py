@@ -62,6 +62,7 @@ class _State:
     guided_step: int = 0  # the length of the last growth step to the model's ceiling
     last_guess: float | None = None  # where the model put the ceiling then
     strides: int = 0  # steps up from where the model put the ceiling, since the model was last trusted
+    flipped: bool = False  # a size that ran failed on a later run: the band reaches down to it
     guided_width: int | None = None  # the bracket's width when the last guided bracket step was chosen
 
     def record(self, outcome: TrialOutcome) -> None:
@@ -77,11 +78,14 @@ class _State:
                 # A size that ran before failed now: everything from here up is unreliable.
                 below = [s for s in self.passes if s < size]
                 self.lo = max(below, default=0)
+                self.guided_width = None  # a flip, not a stalled model: the model may steer again
+                self.flipped = True
 
     def stop_width(self) -> int:
         """The bracket width at which the search stops, in whole granules."""
         g = self.granularity
-        wanted = self.resolution or math.ceil(RESOLUTION_FRACTION * self.lo)
+        # 1% of the largest size that ran: after a flip lo falls back, but the band is still up there.
+        wanted = self.resolution or math.ceil(RESOLUTION_FRACTION * max(self.passes, default=self.lo))
         return max(g, math.ceil(wanted / g) * g)
 
 
@@ -188,13 +192,21 @@ def _narrow(state: _State, guess: float | None) -> int:
     width = hi - lo
     stalled = state.guided_width is not None and width > GUIDED_SHRINK * state.guided_width
     blurred = _model_scatter_samples(state) > width / 4
-    if guess is None or stalled or blurred or not lo < guess < hi + g:
+    if state.flipped:
+        # The size just failed had run before: it lies in the band. One resolution step below it is the
+        # likeliest size to pass every time and close the bracket at once.
+        state.flipped, state.guided_width = False, None
+        return max(lo + g, _round_down(hi - state.stop_width(), g))
+    if guess is None or stalled or blurred or guess <= lo:
         state.guided_width = None
         candidate = _round_down((lo + hi) / 2, g)
     else:
         state.guided_width = width
         candidate = _round_down(guess, g)
-    return min(max(candidate, lo + g), hi - g)
+    # A step within one resolution of either end would leave the bracket barely narrower if it went
+    # the expected way; one resolution in from the ends closes it when it does.
+    inset = state.stop_width() if width > 2 * state.stop_width() else g
+    return min(max(candidate, lo + inset), hi - inset)
 
 
 def search_ceiling(run_trial: RunTrial, *, granularity: int = 1, max_batch: int | None = None,
