@@ -77,7 +77,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
             if progress:
                 progress.end_trial(outcome.status, REPLAYED)
             return outcome
-        outcome = _run_classified(trial_config.trial(batch_size=batch_size, device=device), config.trial_timeout_s)
+        outcome = run_classified_trial(trial_config.trial(batch_size=batch_size, device=device), config.trial_timeout_s)
         if store:
             store.record(PROBE_TRIAL, outcome.to_dict())
         if progress:
@@ -107,7 +107,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
 RECHECK_BUDGET_FACTOR = 2
 
 
-def _run_classified(trial: TrialConfig, timeout_s: float) -> TrialOutcome:
+def run_classified_trial(trial: TrialConfig, timeout_s: float) -> TrialOutcome:
     """run_trial, with errors under a memory cap re-checked with more room before they count as errors."""
     from mbtune.worker import run_trial
 
