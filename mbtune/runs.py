@@ -15,7 +15,8 @@ from mbtune.config import ProbeConfig, QualifySpec, SweepConfig
 from mbtune.errors import (EXIT_COULD_NOT_RUN, BudgetTooSmallError, ConfigError, DeviceError, MbtuneError,
                            WorkloadBrokenError)
 from mbtune.jobs import TrialProgress, describe, probe_workload, sweep_workload, tune_workload
-from mbtune.records import ProbeResult, Profile, SweepReport, Verdict
+from mbtune.records import ProbeResult, Profile, SweepReport
+from mbtune.verdicts import Verdict
 
 # Errors that are bad input for probe and sweep but, for a qualification, mean this machine could not run
 # what it is held to (no such device here, a budget or workload that fails here): an ERROR check.

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mbtune.errors import ProfileError
-from mbtune.records import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, ComparisonRow, Verdict
+from mbtune.verdicts import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, ComparisonRow, Verdict
 from mbtune.report import fmt_rate, print_json
 
 _STYLE = {PASS: "green", FAIL: "bold red", CHECK_ERROR: "bold magenta", INCONCLUSIVE: "bold yellow"}

@@ -22,20 +22,8 @@ from mbtune.qualify import (
     judge,
     run_errors,
 )
-from mbtune.records import (
-    CHECK_ERROR,
-    FAIL,
-    INCONCLUSIVE,
-    PASS,
-    Check,
-    DeviceInfo,
-    Metadata,
-    Profile,
-    SweepPoint,
-    SweepReport,
-    TrialResult,
-    Verdict,
-)
+from mbtune.records import DeviceInfo, Metadata, Profile, SweepPoint, SweepReport, TrialResult
+from mbtune.verdicts import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, Verdict
 from mbtune.report.qualify import PER_POINT_TITLE, junit_xml, per_point_table, verdict_table
 from mbtune.specfile import load_spec, read_spec
 from mbtune.sweep import rank_results
