@@ -125,6 +125,8 @@ def main() -> None:
         started = time.perf_counter()
         found = search_ceiling(run, **probe_kwargs(config))
         rows[MBTUNE].append(Found(found.ceiling, len(found.trials), time.perf_counter() - started))
+        print(f"  repeat {repeat + 1}: mbtune probe -> {found.ceiling}, safe {found.safe_batch}; trials "
+              + " ".join(f"{t.batch_size}:{t.status}({t.wall_s:.1f}s)" for t in found.trials))
         started = time.perf_counter()
         ceiling, trials, first_oom = doubling_bisection(run, config.granularity)
         rows[DOUBLING].append(Found(ceiling, trials, time.perf_counter() - started))

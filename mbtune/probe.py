@@ -32,6 +32,11 @@ REFINE_SHARE = 0.25
 FLAT_SHARE = 1 / 8
 # A guided step inside the bracket must at least halve it; otherwise the next step bisects.
 GUIDED_SHRINK = 0.5
+# Once a size has both run and failed, the default resolution widens to the band: twice itself, or
+# what the memory model's scatter spans (this many scatters, in samples), at most this share of the ceiling.
+BAND_RESOLUTIONS = 2
+BAND_SCATTERS = 2.0
+BAND_CAP_FRACTION = 0.05
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,11 +68,14 @@ class _State:
     last_guess: float | None = None  # where the model put the ceiling then
     strides: int = 0  # steps up from where the model put the ceiling, since the model was last trusted
     flipped: bool = False  # a size that ran failed on a later run: the band reaches down to it
+    band_seen: bool = False  # some size both ran and failed: the ceiling is a band, not a size
+    falls: int = 0  # trials that failed since the last one that ran
     guided_width: int | None = None  # the bracket's width when the last guided bracket step was chosen
 
     def record(self, outcome: TrialOutcome) -> None:
         self.trials.append(outcome)
         size = outcome.batch_size
+        self.falls = 0 if outcome.ok else self.falls + 1
         if outcome.ok:
             self.passes[size] = self.passes.get(size, 0) + 1
             if self.hi is None or size < self.hi:
@@ -79,13 +87,19 @@ class _State:
                 below = [s for s in self.passes if s < size]
                 self.lo = max(below, default=0)
                 self.guided_width = None  # a flip, not a stalled model: the model may steer again
-                self.flipped = True
+                self.flipped = self.band_seen = True
 
     def stop_width(self) -> int:
         """The bracket width at which the search stops, in whole granules."""
         g = self.granularity
-        # 1% of the largest size that ran: after a flip lo falls back, but the band is still up there.
-        wanted = self.resolution or math.ceil(RESOLUTION_FRACTION * max(self.passes, default=self.lo))
+        # 1% of the largest size that ran, or of the smallest ceiling a bracket that narrow could end
+        # with below the first failing size: after a flip lo falls back, and before a size near the
+        # ceiling ran the largest that ran is far below it; the band is up there.
+        top = max(max(self.passes, default=self.lo), (self.hi or 0) / (1 + RESOLUTION_FRACTION))
+        wanted = self.resolution or math.ceil(RESOLUTION_FRACTION * top)
+        if self.resolution is None and self.band_seen:
+            band = max(BAND_RESOLUTIONS * wanted, BAND_SCATTERS * _model_scatter_samples(self))
+            wanted = max(wanted, min(BAND_CAP_FRACTION * top, band))
         return max(g, math.ceil(wanted / g) * g)
 
 
@@ -184,29 +198,35 @@ def _grow(state: _State, guess: float | None) -> int:
 
 
 def _narrow(state: _State, guess: float | None) -> int:
-    """Next size inside the bracket: the model's ceiling while the model is sharper than the bracket
+    """Next size inside the bracket.
+
+    While the model puts the ceiling at or above the smallest failing size (the failures are the band,
+    not the model's error), step down from that size: one resolution, then twice as far after each
+    further failure, so the trials stay near the ceiling where they decide something instead of
+    bisecting from far below. Otherwise the model's ceiling while the model is sharper than the bracket
     (its scatter, in samples, under a quarter of the width) and each such step at least halves the
     bracket; else bisection, which guarantees progress."""
-    g, lo, hi = state.granularity, state.lo, state.hi
+    g, lo, hi, r = state.granularity, state.lo, state.hi, state.stop_width()
     assert hi is not None
     width = hi - lo
     stalled = state.guided_width is not None and width > GUIDED_SHRINK * state.guided_width
     blurred = _model_scatter_samples(state) > width / 4
-    if state.flipped:
-        # The size just failed had run before: it lies in the band. One resolution step below it is the
-        # likeliest size to pass every time and close the bracket at once.
+    if state.falls and (state.flipped or (guess is not None and guess >= hi - r)):
         state.flipped, state.guided_width = False, None
-        return max(lo + g, _round_down(hi - state.stop_width(), g))
-    if guess is None or stalled or blurred or guess <= lo:
+        candidate = _round_down(hi - r * 2 ** (state.falls - 1), g)
+    elif guess is None or stalled or blurred or guess <= lo:
         state.guided_width = None
         candidate = _round_down((lo + hi) / 2, g)
     else:
         state.guided_width = width
         candidate = _round_down(guess, g)
+    if width <= 2 * r:
+        # Within two resolutions a size at most one resolution from both ends closes the bracket
+        # whichever way it goes: one trial, where a step next to an end may need two.
+        return min(max(candidate, hi - r, lo + g), lo + r, hi - g)
     # A step within one resolution of either end would leave the bracket barely narrower if it went
     # the expected way; one resolution in from the ends closes it when it does.
-    inset = state.stop_width() if width > 2 * state.stop_width() else g
-    return min(max(candidate, lo + inset), hi - inset)
+    return min(max(candidate, lo + r), hi - r)
 
 
 def search_ceiling(run_trial: RunTrial, *, granularity: int = 1, max_batch: int | None = None,

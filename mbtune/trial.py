@@ -60,6 +60,7 @@ def _train(workload: Workload, config: TrialConfig, backend: Any):
     use_scaler = config.precision == "fp16"
     scaler = torch.amp.GradScaler("cuda") if use_scaler else None
     generator = torch.Generator().manual_seed(config.seed)
+    _create_optimizer_state(model, optimizer)
     for _ in range(config.steps):
         inputs, targets = (t.to(device) for t in workload.make_batch(config.batch_size, generator))
         backend.synchronize()
@@ -78,6 +79,21 @@ def _train(workload: Workload, config: TrialConfig, backend: Any):
         step_s = time.perf_counter() - start
         yield step_s, float(loss.detach())
         del inputs, targets, loss
+
+
+def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state before the first step, by one step on zero gradients.
+
+    Optimizers create their state (AdamW's two moments, SGD's momentum) in their first step, so without
+    this the first training step peaks lower than every later one, and a batch too large for training
+    fails only in the second step, a whole step later. With the state in place every step, the first
+    included, peaks as training does, and an out-of-memory comes in the first. Zero gradients leave
+    SGD's weights as they were and move AdamW's only by its weight decay (1 - lr x decay)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _optimizer(name: str, params: Any) -> torch.optim.Optimizer:

@@ -192,3 +192,40 @@ def test_an_underestimating_model_does_not_creep_up_in_shrinking_steps():
     steps = [b - a for a, b in zip(growing, growing[1:])]
     assert steps == sorted(steps), sizes  # no creeping: each step at least as long as the one before
     assert len(sizes) <= 20, sizes
+
+
+def test_within_two_resolutions_one_trial_closes_the_bracket():
+    # The model overshoots (memory grows faster above 1000 than below), so 1200 fails with 1000 run:
+    # a bracket 200 wide at resolution 100 must close in one trial, whichever way it goes.
+    for limit in (1040, 1160):
+        run = fake_trials(below(limit))
+        result = search_ceiling(run, budget_bytes=budget_for(1200), resolution=100)
+        assert result.first_failing - result.ceiling <= 100
+        assert result.ceiling <= limit < result.first_failing
+        narrowing = run.sizes[run.sizes.index(1200) + 1:]
+        assert narrowing[0] == 1100  # one resolution from both ends of [1024, 1200)
+        assert set(narrowing[1:]) <= {result.ceiling, result.safe_batch}  # then only confirmation
+
+
+def test_failures_under_a_model_that_overshoots_step_down_from_the_top():
+    # Memory that the model reads as fitting up to ~1000 while everything above 900 fails: the search
+    # steps down from the failing sizes (one resolution, then twice as far) instead of bisecting from
+    # the growth phase's last size far below.
+    run = fake_trials(below(900))
+    result = search_ceiling(run, budget_bytes=budget_for(1000), resolution=10)
+    assert result.ceiling <= 900 < result.first_failing <= result.ceiling + 10
+    failed = [s for s in run.sizes if s > 900]
+    assert failed == sorted(failed, reverse=True)  # each try below the last failure
+    after_first_failure = run.sizes[run.sizes.index(failed[0]):]
+    assert min(after_first_failure) >= 800 or min(after_first_failure) == result.safe_batch
+    assert not [s for s in after_first_failure if s < 800 and s != result.safe_batch]  # no step from far below
+
+
+def test_a_flip_widens_the_default_resolution_to_the_band():
+    # Sizes from 980 up run on their first try and fail on every later one: a band. With the default
+    # resolution (1%) the search stops at a bracket of at least two resolutions once it has seen that.
+    run = fake_trials(lambda batch, attempt: batch < 980 or (batch <= 1000 and attempt == 1))
+    result = search_ceiling(run, budget_bytes=budget_for(1000))
+    assert result.ceiling < 980 and result.first_failing <= 1000
+    assert result.resolution >= 2 * 10  # twice 1% of the ceiling
+    assert run.sizes.count(result.ceiling) >= 2
