@@ -1,3 +1,21 @@
-"""mbtune: profile real hardware to find the best batch configuration for pipeline-parallel training."""
+"""mbtune: profile real hardware to find the best batch configuration for pipeline-parallel training.
+
+The Python API (imported on first use, so `import mbtune` stays fast): mbtune.probe, mbtune.sweep,
+mbtune.tune, mbtune.plan and mbtune.load_profile; see mbtune.api.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["__version__", "load_profile", "plan", "probe", "sweep", "tune"]
+_API = {"probe", "sweep", "tune", "plan", "load_profile"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from mbtune import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'mbtune' has no attribute {name!r}")

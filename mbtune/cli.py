@@ -16,6 +16,7 @@ from mbtune.errors import EXIT_COULD_NOT_RUN, Interrupted, MbtuneError
 
 app = typer.Typer(
     name="mbtune", no_args_is_help=True, add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Profile real hardware to find the best batch configuration for pipeline-parallel training.",
 )
 
@@ -31,6 +32,10 @@ Save = Annotated[bool, typer.Option(help="Save results to profiles/<device>/<wor
 Plot = Annotated[Optional[Path], typer.Option("--plot", help="Write PNG pictures (timeline, throughput, bubble, memory) into this folder (needs matplotlib).")]
 Trace = Annotated[Optional[Path], typer.Option("--trace", help="Write the best point's timeline as Chrome trace-event JSON (opens in Perfetto).")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run of the same command from its journal, without re-running finished trials.")]
+LoadTimeout = Annotated[float, typer.Option("--load-timeout", help="Seconds to import the workload's module and call its factory (in a child process) before giving up.")]
+TrialTimeout = Annotated[float, typer.Option("--trial-timeout", help="Seconds before a probe trial is killed.")]
+Confirm = Annotated[int, typer.Option("--confirm", help="Fresh runs the ceiling and the safe batch must each pass.")]
+Threads = Annotated[Optional[int], typer.Option("--threads", help="torch threads per process (default: all cores for a probe trial, cores / stages for a pipeline stage).")]
 
 
 def _version(value: bool) -> None:
@@ -55,13 +60,14 @@ def probe(
     margin: Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")] = 0.15,
     granularity: Annotated[int, typer.Option(help="Batch sizes are multiples of this.")] = 1,
     max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Stop growing at this batch size.")] = None,
-    confirm: Annotated[int, typer.Option(help="Fresh runs the ceiling and the safe batch must each pass.")] = 2,
+    confirm: Confirm = 2,
     resolution: Annotated[Optional[int], typer.Option(help="Stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling, at least one granule; 1: the exact answer).")] = None,
     precision: Precision = "fp32",
     optimizer: Optimizer = "adamw",
     steps: Annotated[int, typer.Option(help="Full training steps per trial (>= 2, so optimizer state exists).")] = 2,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads per trial (default: all cores).")] = None,
-    trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds before a trial is killed.")] = 600.0,
+    threads: Threads = None,
+    trial_timeout: TrialTimeout = 600.0,
+    load_timeout: LoadTimeout = 120.0,
     profiles_dir: ProfilesDir = Path("profiles"),
     save: Save = True,
     resume: Resume = False,
@@ -71,10 +77,11 @@ def probe(
     from mbtune.runs import run_probe
 
     fmt = _check_format(format)
+    _check_resume(resume, save)
     config = _probe_config(
         workload=workload, option=option, device=device, memory_budget=memory_budget, margin=margin,
         granularity=granularity, max_batch=max_batch, confirm=confirm, resolution=resolution, precision=precision,
-        optimizer=optimizer, steps=steps, threads=threads, trial_timeout_s=trial_timeout,
+        optimizer=optimizer, steps=steps, threads=threads, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout,
     )
     outcome = _with_progress("probe", lambda p: run_probe(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
@@ -117,6 +124,7 @@ def sweep(
     precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast in every stage).")] = "fp32",
     threads: Annotated[Optional[int], typer.Option(help="torch threads per stage process (default: cores / stages on CPU).")] = None,
     point_timeout: PointTimeout = 600.0,
+    load_timeout: LoadTimeout = 120.0,
     profiles_dir: ProfilesDir = Path("profiles"),
     save: Save = True,
     resume: Resume = False,
@@ -128,12 +136,14 @@ def sweep(
     from mbtune.runs import run_sweep
 
     fmt = _check_format(format)
+    _check_resume(resume, save)
+    _check_outputs(plot_dir=plot, files=(trace,))
     config = _sweep_config(
         workload=workload, option=option, device=device, stages=stages, schedules=schedules,
         micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
         from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
         optimizer=optimizer, precision=precision, threads=threads, point_timeout=point_timeout,
-        profiles_dir=profiles_dir, strategy=strategy, repeats=repeats,
+        load_timeout=load_timeout, profiles_dir=profiles_dir, strategy=strategy, repeats=repeats,
     )
     outcome = _with_progress("sweep", lambda p: run_sweep(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
@@ -149,71 +159,102 @@ def tune(
     margin: Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")] = 0.15,
     granularity: Annotated[int, typer.Option(help="Probe batch sizes are multiples of this.")] = 1,
     max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Stop the probe growing at this batch size.")] = None,
+    confirm: Confirm = 2,
+    resolution: Annotated[Optional[int], typer.Option(help="Probe: stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling).")] = None,
+    probe_steps: Annotated[int, typer.Option("--probe-steps", help="Full training steps per probe trial (>= 2).")] = 2,
+    trial_timeout: TrialTimeout = 600.0,
     stages: Stages = 2,
     schedules: Schedules = None,
     micro_batches: MicroBatches = None,
     accum: Accum = "1,2",
+    micro_batch_size: MicroBatchSize = None,
+    global_batch: GlobalBatch = None,
     objective: Objective = "throughput",
+    strategy: Annotated[str, typer.Option("--strategy", help="grid: run every runnable point; quick: the simulator, calibrated on a few points, picks what to run.")] = "grid",
     steps: SweepSteps = 3,
+    warmup: Warmup = 1,
     repeats: Repeats = 1,
-    resolution: Annotated[Optional[int], typer.Option(help="Probe: stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling).")] = None,
+    virtual_stages: VirtualStages = 2,
     optimizer: Optimizer = "adamw",
     precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast), for the probe and the sweep.")] = "fp32",
+    threads: Threads = None,
     point_timeout: PointTimeout = 600.0,
+    load_timeout: LoadTimeout = 120.0,
     profiles_dir: ProfilesDir = Path("profiles"),
     save: Save = True,
     resume: Resume = False,
+    plot: Plot = None,
+    trace: Trace = None,
     format: Format = "table",
 ) -> None:
     """Probe the memory ceiling, then sweep pipeline configurations around the safe batch."""
     from mbtune.runs import run_tune
 
     fmt = _check_format(format)
+    _check_resume(resume, save)
+    _check_outputs(plot_dir=plot, files=(trace,))
     probe_config = _probe_config(workload=workload, option=option, device=device, memory_budget=memory_budget,
-                                 margin=margin, granularity=granularity, max_batch=max_batch, optimizer=optimizer,
-                                 precision=precision, trial_timeout_s=point_timeout, resolution=resolution)
+                                 margin=margin, granularity=granularity, max_batch=max_batch, confirm=confirm,
+                                 resolution=resolution, steps=probe_steps, optimizer=optimizer, precision=precision,
+                                 threads=threads, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout)
     sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
-                                 schedules=schedules, micro_batches=micro_batches, accum=accum, objective=objective,
-                                 steps=steps, optimizer=optimizer, precision=precision, point_timeout=point_timeout,
-                                 repeats=repeats)
+                                 schedules=schedules, micro_batches=micro_batches, accum=accum,
+                                 micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective,
+                                 strategy=strategy, steps=steps, warmup=warmup, repeats=repeats,
+                                 virtual_stages=virtual_stages, optimizer=optimizer, precision=precision,
+                                 threads=threads, point_timeout=point_timeout, load_timeout=load_timeout)
     outcome = _with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p,
                                                          profiles_dir=_target(profiles_dir, save), resume=resume))
-    _finish(fmt, outcome)
+    _finish(fmt, outcome, plot=plot, trace=trace)
 
 
 def _probe_config(*, option: list[str] | None, memory_budget: str | None, **fields: object) -> object:
     from mbtune.config import ProbeConfig, parse_bytes, parse_options
     from mbtune.profiles import command_line
 
-    budget = parse_bytes(memory_budget, name="--memory-budget") if memory_budget else None
+    budget = parse_bytes(memory_budget, name="--memory-budget") if memory_budget is not None else None
     return ProbeConfig(workload_options=parse_options(option or []), memory_budget_bytes=budget,
                        command_line=command_line(), **fields)
 
 
 def _sweep_config(*, workload: str, option: list[str] | None, device: str, stages: int, schedules: str | None,
                   micro_batches: str | None, accum: str, objective: str, steps: int, optimizer: str,
-                  point_timeout: float, micro_batch_size: int | None = None, global_batch: int | None = None,
-                  from_profile: Path | None = None, warmup: int = 1, virtual_stages: int = 2,
-                  threads: int | None = None, profiles_dir: Path | None = None, precision: str = "fp32",
-                  strategy: str = "grid", repeats: int = 1) -> object:
+                  point_timeout: float, load_timeout: float, micro_batch_size: int | None = None,
+                  global_batch: int | None = None, from_profile: Path | None = None, warmup: int = 1,
+                  virtual_stages: int = 2, threads: int | None = None, profiles_dir: Path | None = None,
+                  precision: str = "fp32", strategy: str = "grid", repeats: int = 1) -> object:
     from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
     from mbtune.profiles import command_line
 
-    limits = {}
-    if from_profile is not None:
-        from mbtune.jobs import limits_from_profile
-
-        limits = limits_from_profile(from_profile)
     return SweepConfig(
         workload=workload, workload_options=parse_options(option or []), device=device, num_stages=stages,
         schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
         micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
         micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective, measured_steps=steps,
         warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, precision=precision, threads=threads,
-        strategy=strategy, repeats=repeats,
-        point_timeout_s=point_timeout, profiles_dir=str(profiles_dir) if profiles_dir else None,
-        command_line=command_line(), **limits,
+        strategy=strategy, repeats=repeats, point_timeout_s=point_timeout, load_timeout_s=load_timeout,
+        profiles_dir=str(profiles_dir) if profiles_dir else None,
+        from_profile=str(from_profile) if from_profile is not None else None, command_line=command_line(),
     )
+
+
+def _check_resume(resume: bool, save: bool) -> None:
+    from mbtune.errors import ConfigError
+
+    if resume and not save:
+        raise ConfigError("--resume continues from the journal that saving keeps, and --no-save keeps none",
+                          hint="Drop --no-save to resume, or drop --resume to run without saving.")
+
+
+def _check_outputs(*, plot_dir: Path | None = None, files: tuple[Path | None, ...] = ()) -> None:
+    """Output paths are checked before anything is measured, so a typo costs nothing."""
+    from mbtune.outputs import check_writable
+
+    if plot_dir is not None:
+        check_writable(plot_dir, folder=True)
+    for path in files:
+        if path is not None:
+            check_writable(path)
 
 
 def _with_progress(label: str, job):  # noqa: ANN001, ANN202 - a thin wrapper around one library call
@@ -229,11 +270,12 @@ def _target(profiles_dir: Path, save: bool) -> Path | None:
 
 
 def _finish(fmt: str, outcome: object, *, plot: Path | None = None, trace: Path | None = None) -> None:
-    """Print what the run produced, write pictures and traces; exit 130 when it was interrupted (after
-    saving what finished)."""
-    from mbtune.errors import EXIT_INTERRUPTED
+    """Print what the run produced, write pictures and traces; exit 128 + the signal's number when it was
+    interrupted (after saving what finished), 3 when no point produced a result."""
+    from mbtune.errors import EXIT_INTERRUPTED, NothingMeasuredError
     from mbtune.report import make_console
     from mbtune.report.sweep import write_artifacts
+    from mbtune.sweep import nothing_measured
     from mbtune.report.tune import print_results
 
     saved = str(outcome.saved_to) if outcome.saved_to else None
@@ -242,12 +284,15 @@ def _finish(fmt: str, outcome: object, *, plot: Path | None = None, trace: Path 
     if outcome.sweep is not None and (plot or trace):
         write_artifacts(make_console(stderr=True), outcome.sweep, plot_dir=plot, trace_path=trace)
     if outcome.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(128 + _received[-1] if _received else EXIT_INTERRUPTED)
+    if outcome.sweep is not None and (why := nothing_measured(outcome.sweep)):
+        raise NothingMeasuredError(why)
 
 
 @app.command()
 def show(
     profile: Annotated[Path, typer.Argument(help="A profile file written by probe (profiles/<device>/<workload>.json).")],
+    errors: Annotated[bool, typer.Option("--errors", help="Also print every failed trial's and point's whole error tail (traceback and stderr).")] = False,
     format: Format = "table",
 ) -> None:
     """Print a saved profile again."""
@@ -256,7 +301,7 @@ def show(
     from mbtune.report.profile import print_profile
 
     fmt = _check_format(format)
-    print_profile(make_console(), load_profile(profile), fmt, path=str(profile))
+    print_profile(make_console(), load_profile(profile), fmt, path=str(profile), errors=errors)
 
 
 @app.command()
@@ -285,6 +330,7 @@ def qualify(
     fmt = _check_format(format)
     if fmt == "csv":
         raise ConfigError("qualify prints table or json", hint="Use --format table or json (and --junit for CI).")
+    _check_outputs(files=(junit,))
     share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
     path = str(baseline) if baseline else None
     if spec is not None:
@@ -371,16 +417,35 @@ def _check_format(fmt: str) -> str:
     return fmt
 
 
+_received: list[int] = []  # the signals that interrupted this run
+
+
+def _as_flag(exc: MbtuneError) -> MbtuneError:
+    """A ConfigError that names a config field, told in terms of its flag (hints name flags only here)."""
+    from mbtune.config import flag_for
+    from mbtune.errors import ConfigError
+
+    field = getattr(exc, "field", None)
+    if not isinstance(exc, ConfigError) or not field:
+        return exc
+    flag = flag_for(field)
+    return ConfigError(str(exc).replace(f"{field}=", f"{flag} ", 1), hint=exc.hint or f"Fix {flag}.",
+                       detail=exc.detail)
+
+
 def _interrupted(signum: int, frame: object) -> None:
     # Our own exception rather than KeyboardInterrupt, which click would turn into "Aborted!" and exit 1.
-    raise Interrupted("interrupted")
+    # SIGTERM and SIGHUP (a cancelled CI job, `timeout`, a closed terminal) stop the run as Ctrl-C does.
+    _received.append(signum)
+    raise Interrupted(f"interrupted by {signal.Signals(signum).name}", exit_code=128 + signum)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app and map known errors to one line and an exit code."""
     from mbtune.report import print_error
 
-    signal.signal(signal.SIGINT, _interrupted)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupted)
     try:
         app(args=argv, prog_name="mbtune")
     except (MbtuneError, Interrupted) as exc:
@@ -388,7 +453,8 @@ def main(argv: list[str] | None = None) -> None:
             if exc.detail:
                 sys.stderr.write(f"{exc.detail}\n")
             raise
-        print_error(exc.one_line())
+        shown = _as_flag(exc) if isinstance(exc, MbtuneError) else exc
+        print_error(shown.one_line())
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug in mbtune: still one line unless debugging
         if os.environ.get("MBTUNE_DEBUG"):

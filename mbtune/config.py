@@ -6,13 +6,31 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from mbtune.checks import check_types, require_unique
+from mbtune.checks import require as _require
 from mbtune.errors import ConfigError
 from mbtune.records import SweepPoint
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 DEFAULT_MARGIN = 0.15
+# Timeouts above a week are a typo (or inf): a hung trial would hold a CI runner for that long.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+DEFAULT_TRIAL_TIMEOUT_S = 600.0
+DEFAULT_LOAD_TIMEOUT_S = 120.0
 USUAL_MARGIN_RANGE = (0.10, 0.20)
+
+# Config fields whose command-line flag is not the field's name with dashes (every other field's is).
+# The CLI names flags in hints from this; the Python API takes either name.
+FLAG_NAMES = {"trial_timeout_s": "trial-timeout", "load_timeout_s": "load-timeout", "point_timeout_s": "point-timeout",
+              "accum_steps": "accum", "measured_steps": "steps", "warmup_steps": "warmup", "num_stages": "stages",
+              "memory_budget_bytes": "memory-budget", "workload_options": "option"}
+
+
+def flag_for(field_name: str) -> str:
+    """The command-line flag of a config field."""
+    return "--" + FLAG_NAMES.get(field_name, field_name.replace("_", "-"))
+
 
 _UNITS = {
     "": 1, "b": 1,
@@ -102,9 +120,10 @@ def _number_or_text(raw: str) -> int | float | str:
     return raw
 
 
-def _require(condition: bool, field_name: str, value: object, valid: str) -> None:
-    if not condition:
-        raise ConfigError(f"{field_name}={value!r} is out of range: expected {valid}", hint=f"Fix --{field_name.replace('_', '-')}.")
+
+
+def _check_timeout(seconds: float, field_name: str) -> None:
+    _require(0 < seconds <= MAX_TIMEOUT_S, field_name, seconds, f"seconds above 0 and at most {MAX_TIMEOUT_S:g} (a week)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +142,7 @@ class TrialConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_types(self)
         _require(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
         _require(self.steps >= 2, "steps", self.steps, ">= 2 (optimizer state must exist)")
         _require(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
@@ -150,12 +170,14 @@ class ProbeConfig:
     optimizer: str = "adamw"
     steps: int = 2
     threads: int | None = None
-    trial_timeout_s: float = 600.0
+    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     seed: int = 0
     command_line: str = ""
     extra_warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        check_types(self)
         object.__setattr__(self, "device", parse_device(self.device))
         _require(not math.isnan(self.margin) and 0.0 <= self.margin <= 0.5, "margin", self.margin, "0 to 0.5 (usual 0.10-0.20)")
         _require(self.granularity >= 1, "granularity", self.granularity, "an integer >= 1")
@@ -163,8 +185,9 @@ class ProbeConfig:
                  f">= granularity ({self.granularity})")
         _require(self.confirm >= 1, "confirm", self.confirm, "an integer >= 1")
         _require(self.resolution is None or self.resolution >= 1, "resolution", self.resolution, "an integer >= 1")
-        _require(self.trial_timeout_s > 0, "trial_timeout_s", self.trial_timeout_s, "seconds > 0")
-        _require(self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "memory_budget",
+        _check_timeout(self.trial_timeout_s, "trial_timeout_s")
+        _check_timeout(self.load_timeout_s, "load_timeout_s")
+        _require(self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "memory_budget_bytes",
                  self.memory_budget_bytes, "a size above zero")
         # The remaining fields are validated by building a trial config from them.
         self.trial(batch_size=self.granularity, device="cuda:0" if self.precision == "fp16" else self.device)
@@ -214,25 +237,31 @@ class SweepConfig:
     optimizer: str = "adamw"
     precision: str = "fp32"
     threads: int | None = None
-    point_timeout_s: float = 600.0
+    point_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     objective: str = "throughput"
     strategy: str = "grid"
     seed: int = 0
     profiles_dir: str | None = None  # where to look for this device's probe when safe_batch is not given
+    from_profile: str | None = None  # a saved profile whose probe bounds the micro-batch size instead
     points: tuple[SweepPoint, ...] | None = None  # run exactly these (qualification re-runs a baseline's)
     command_line: str = ""
 
     def __post_init__(self) -> None:
         from mbtune.pipeline.theory import SCHEDULE_NAMES
 
+        check_types(self)
         object.__setattr__(self, "device", parse_device(self.device))
-        _require(self.num_stages >= 1, "stages", self.num_stages, "an integer >= 1")
+        _require(self.num_stages >= 1, "num_stages", self.num_stages, "an integer >= 1")
+        for name in ("schedules", "micro_batches", "accum_steps"):
+            require_unique(getattr(self, name), name)
         _require(bool(self.schedules), "schedules", self.schedules, "at least one schedule")
         unknown = [s for s in self.schedules if s not in SCHEDULE_NAMES]
         _require(not unknown, "schedules", ",".join(unknown), " | ".join(SCHEDULE_NAMES))
         _require(self.micro_batches is None or (bool(self.micro_batches) and min(self.micro_batches) >= 1),
                  "micro_batches", self.micro_batches, "integers >= 1")
-        _require(bool(self.accum_steps) and min(self.accum_steps) >= 1, "accum", self.accum_steps, "integers >= 1")
+        _require(bool(self.accum_steps) and min(self.accum_steps) >= 1, "accum_steps", self.accum_steps,
+                 "integers >= 1")
         if self.micro_batch_size is not None and self.global_batch is not None:
             raise ConfigError("--micro-batch-size and --global-batch both given",
                               hint="Give one: the other follows from micro-batches and accumulation steps.")
@@ -241,13 +270,14 @@ class SweepConfig:
             _require(value is None or value >= 1, name, value, "an integer >= 1")
         _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
-        _require(self.measured_steps >= 1, "steps", self.measured_steps, "an integer >= 1")
+        _require(self.measured_steps >= 1, "measured_steps", self.measured_steps, "an integer >= 1")
         _require(self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
         _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
         _require(self.precision in ("fp32", "bf16"), "precision", self.precision,
                  "fp32 | bf16 for pipelined steps (fp16 would need one loss scale across all ranks)")
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
-        _require(self.point_timeout_s > 0, "point_timeout", self.point_timeout_s, "seconds > 0")
+        _check_timeout(self.point_timeout_s, "point_timeout_s")
+        _check_timeout(self.load_timeout_s, "load_timeout_s")
         _require(self.objective in OBJECTIVES, "objective", self.objective, " | ".join(OBJECTIVES))
         _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
 
@@ -283,6 +313,7 @@ class QualifySpec:
     allow_different_device: bool = False
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.baseline is None and self.probe is None:
             raise ConfigError("nothing to qualify against: no baseline and no workload in the spec",
                               hint="Pass --baseline profiles/<device>/<workload>.json or --spec qualify.toml.")

@@ -7,7 +7,9 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_COULD_NOT_RUN = 3
-EXIT_INTERRUPTED = 130
+EXIT_INCONCLUSIVE = 4  # qualify: the verdict could not be decided within the measured noise
+EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM and SIGHUP exit 128 + their number (143, 129), as shells report them
+ONE_LINE_CHARS = 160
 
 
 class Reported:
@@ -23,9 +25,31 @@ class Reported:
         self.detail = detail  # e.g. a trial's full error text; shown with MBTUNE_DEBUG=1
 
     def one_line(self) -> str:
-        """The message plus what to do about it, on one line."""
-        text = str(self).rstrip(".")
+        """The message plus what to do about it, on one line of at most about ONE_LINE_CHARS: the message
+        is cut (the hint, what to do, never is); MBTUNE_DEBUG=1 shows the whole text."""
+        text = " | ".join(line.strip() for line in str(self).splitlines() if line.strip()).rstrip(".")
+        room = max(60, ONE_LINE_CHARS - len(self.hint) - 2)
+        text = _shorten(text, room)
         return f"{text}. {self.hint}" if self.hint else f"{text}."
+
+
+def _shorten(text: str, room: int) -> str:
+    """Cut text to room characters: long words first (a path keeps its start and its file name), then the
+    middle (the start says what failed, the end often why)."""
+    words = text.split(" ")
+    while len(" ".join(words)) > room:
+        longest = max(range(len(words)), key=lambda i: len(words[i]))
+        word = words[longest]
+        if len(word) <= 24:
+            break
+        excess = len(" ".join(words)) - room
+        keep = max(20, len(word) - excess - 3)
+        words[longest] = f"{word[: keep // 2]}...{word[len(word) - (keep - keep // 2):]}"
+    text = " ".join(words)
+    if len(text) > room:
+        head = (room - 5) * 2 // 3
+        text = f"{text[:head].rstrip()} ... {text[len(text) - (room - 5 - head):].lstrip()}"
+    return text
 
 
 class MbtuneError(Reported, Exception):
@@ -33,9 +57,15 @@ class MbtuneError(Reported, Exception):
 
 
 class ConfigError(MbtuneError, ValueError):
-    """A setting is out of range or malformed (bad input)."""
+    """A setting is out of range or malformed (bad input). `field` names the config field when one is at
+    fault, so the CLI can name its flag instead."""
 
     exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, *, hint: str | None = None, detail: str = "", field: str | None = None,
+                 given: str = "", expected: str = "") -> None:
+        super().__init__(message, hint=hint, detail=detail)
+        self.field, self.given, self.expected = field, given, expected
 
 
 class WorkloadError(MbtuneError, ValueError):
@@ -66,6 +96,20 @@ class WorkloadBrokenError(MbtuneError):
     hint = "Fix the workload; MBTUNE_DEBUG=1 shows the trial's traceback."
 
 
+class WorkloadLoadError(MbtuneError):
+    """Loading the workload (importing its module, calling its factory) hung, exited or crashed its process."""
+
+    exit_code = EXIT_COULD_NOT_RUN
+    hint = "Rerun with MBTUNE_DEBUG=1 to see the loading process's traceback."
+
+
+class NothingMeasuredError(MbtuneError):
+    """A run ended without one usable result (every point failed or was skipped); what it did is saved."""
+
+    exit_code = EXIT_COULD_NOT_RUN
+    hint = "See the table for each point's cause; MBTUNE_DEBUG=1 shows the whole error text."
+
+
 class TrialFailedError(MbtuneError):
     """A trial failed for a reason other than memory, so the run cannot complete."""
 
@@ -93,3 +137,31 @@ class Interrupted(Reported, BaseException):
 
     exit_code = EXIT_INTERRUPTED
     hint = "Finished trials are journaled: rerun the same command with --resume to continue."
+
+    def __init__(self, message: str = "interrupted", *, exit_code: int = EXIT_INTERRUPTED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class HarnessError(MbtuneError):
+    """mbtune could not run a trial at all: its worker process died before the trial began. The workload was
+    never reached, so nothing is known about it."""
+
+    exit_code = EXIT_COULD_NOT_RUN
+    hint = "MBTUNE_DEBUG=1 shows the worker's last output."
+
+
+class NonFiniteLossError(ArithmeticError):
+    """A training step's loss is NaN or infinite. Raised inside a trial or rank process, which ends with the
+    nonfinite status; it never reaches the command line."""
+
+    def __init__(self, loss: float, step: int) -> None:
+        super().__init__(f"the loss is {loss} at step {step}: training diverged, or the workload computes a "
+                         "non-finite loss (check its loss function, data and learning rate)")
+        self.loss, self.step = loss, step
+
+
+class RunLockedError(MbtuneError):
+    """Another mbtune run holds the profile this run would write."""
+
+    hint = "Wait for it to finish, or write elsewhere with --profiles-dir."

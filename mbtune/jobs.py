@@ -14,6 +14,7 @@ from mbtune.config import ProbeConfig, SweepConfig, TrialConfig
 from mbtune.errors import ConfigError, Interrupted, TrialFailedError
 from mbtune.records import (
     ERROR,
+    HARNESS_FAULT,
     OK,
     OOM,
     DeviceInfo,
@@ -27,7 +28,7 @@ from mbtune.records import (
 
 if TYPE_CHECKING:
     from mbtune.store import RunStore
-    from mbtune.workloads import Workload
+    from mbtune.workloads.facts import WorkloadFacts
 
 PROBE_TRIAL, SWEEP_POINT = "probe_trial", "sweep_point"
 REPLAYED = "replayed from the journal"
@@ -55,9 +56,10 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     replayed in order instead of run again (the search is deterministic given its outcomes)."""
     from mbtune.device import resolve_device
     from mbtune.probe import search_ceiling
-    from mbtune.workloads import load_workload
+    from mbtune.workloads.facts import workload_facts
 
-    workload = load_workload(config.workload, config.workload_options)  # bad names fail here, before any trial
+    # Bad names and options fail here, before any trial; user code runs in a child under a deadline.
+    workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
     device = resolve_device(config.device)
     warnings = list(config.warnings())
     budget = _budget(config, device, warnings)
@@ -94,7 +96,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         granularity=config.granularity, safe_batch=found.safe_batch,
         safe_batch_verified=found.safe_batch_verified, memory_budget_bytes=budget,
         memory_model=found.memory_model, precision=config.precision, optimizer=config.optimizer,
-        num_parameters=workload.num_parameters(), flops_per_sample=workload.flops_per_sample,
+        num_parameters=workload.num_parameters, flops_per_sample=workload.flops_per_sample,
         max_batch=config.max_batch, confirm=config.confirm, steps=config.steps, resolution=found.resolution,
         safe_batch_first=found.safe_batch_first, warnings=tuple(warnings) + found.warnings,
     )
@@ -112,7 +114,7 @@ def run_classified_trial(trial: TrialConfig, timeout_s: float) -> TrialOutcome:
     from mbtune.worker import run_trial
 
     outcome = run_trial(trial, timeout_s=timeout_s)
-    if outcome.status != ERROR or trial.memory_budget_bytes is None:
+    if outcome.status != ERROR or trial.memory_budget_bytes is None or outcome.error_kind == HARNESS_FAULT:
         return outcome
     roomier = replace(trial, memory_budget_bytes=trial.memory_budget_bytes * RECHECK_BUDGET_FACTOR + 64 * 2**20)
     recheck = run_trial(roomier, timeout_s=timeout_s)
@@ -173,9 +175,9 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     from mbtune.device import resolve_device
     from mbtune.device.peak_flops import peak_flops
     from mbtune.sweep import plan_grid
-    from mbtune.workloads import load_workload
+    from mbtune.workloads.facts import workload_facts
 
-    workload = load_workload(config.workload, config.workload_options)
+    workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
     device = resolve_device(config.device)
     info = describe(device)
     num_stages, threads, warnings = _placement(config, device)
@@ -208,7 +210,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
         else:
             for point in grid.points:
                 run_one(point)
-    except Interrupted:
+    except (Interrupted, KeyboardInterrupt):  # Ctrl-C on the command line, or in a notebook
         interrupted = True
     return _sweep_report(config, info, results, grid.skipped + not_run, len(grid.points), interrupted,
                          warnings, (note,) if note else ())
@@ -252,6 +254,8 @@ def _with_saved_limits(config: SweepConfig, info: DeviceInfo, warnings: list[str
     from mbtune.errors import ProfileError
     from mbtune.profiles import load_profile, profile_path
 
+    if config.from_profile is not None:
+        return replace(config, **limits_from_profile(config.from_profile, config))
     if config.safe_batch is not None or config.profiles_dir is None:
         return config
     path = profile_path(config.profiles_dir, info, config.workload)
@@ -291,7 +295,7 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, list[
     return p, config.threads or max(1, cores // p), warnings
 
 
-def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: Workload,
+def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
                  peak_total: float | None) -> TrialResult:
     """The point run config.repeats times, each in fresh processes, merged (stopping at a failed one)."""
     from mbtune.sweep import merge_repeats
@@ -302,7 +306,7 @@ def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: i
     return merge_repeats(runs)
 
 
-def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: Workload,
+def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
                peak_total: float | None) -> TrialResult:
     from mbtune.device.load import LoadMeter, busy_warning
     from mbtune.device.nvml import NvmlSampler
@@ -355,12 +359,19 @@ def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress
     return probe, sweep_workload(sweep_config, progress, store)
 
 
-def limits_from_profile(path: object) -> dict[str, int | None]:
-    """sweep_limits of the probe saved in a profile (an error when the profile holds no probe)."""
+def limits_from_profile(path: str, config: SweepConfig) -> dict[str, int | None]:
+    """sweep_limits of the probe saved in a profile: an error when it holds no probe, or a probe of another
+    workload, other workload options or another precision than this sweep's."""
     from mbtune.errors import ProfileError
     from mbtune.profiles import load_profile
 
-    profile = load_profile(path)
-    if profile.probe is None:
+    probe = load_profile(path).probe
+    if probe is None:
         raise ProfileError(f"profile {path} holds no probe", hint="Run mbtune probe first, or use mbtune tune.")
-    return sweep_limits(profile.probe)
+    ours = (config.workload, dict(config.workload_options), config.precision)
+    theirs = (probe.workload, dict(probe.workload_options), probe.precision)
+    for what, mine, saved in zip(("workload", "workload options", "precision"), ours, theirs):
+        if mine != saved:
+            raise ProfileError(f"--from-profile {path} probed {what} {saved!r}, this sweep runs {mine!r}",
+                               hint="Give the profile of the same workload, options and precision.")
+    return sweep_limits(probe)

@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mbtune.errors import BudgetTooSmallError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
-from mbtune.records import ERROR, OK, OOM, MemoryModel, TrialOutcome
+from mbtune.errors import BudgetTooSmallError, HarnessError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
+from mbtune.records import ERROR, HARNESS_FAULT, NONFINITE, OK, OOM, MemoryModel, TrialOutcome
 
 RunTrial = Callable[[int], TrialOutcome]
 
@@ -258,6 +258,14 @@ def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
     if outcome.status not in (OK, OOM):
         state.trials.append(outcome)
         why = f"{(outcome.error or 'no error text').strip().splitlines()[-1]}"
+        detail = outcome.error_tail or outcome.error
+        if outcome.error_kind == HARNESS_FAULT:  # the worker's own words say what to do: the hint is never cut
+            raise HarnessError(f"the trial at batch {size} could not start its worker process",
+                               hint=why[:1].upper() + why[1:], detail=detail)
+        if outcome.status == NONFINITE:
+            raise WorkloadBrokenError(f"the trial at batch {size} stopped: {why.split(': ')[0]}", detail=detail,
+                                      hint="Training diverged, or the workload computes a non-finite loss: check its "
+                                           "loss function, data and learning rate (this is not a memory limit).")
         if outcome.status == ERROR and not state.passes:
             raise WorkloadBrokenError(f"the workload fails at batch {size} for a reason other than memory: {why}",
                                       detail=outcome.error)

@@ -9,13 +9,14 @@ import platform
 import re
 import socket
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from mbtune import __version__
+from mbtune.atomic import write_atomic
 from mbtune.errors import ProfileError
-from mbtune.records import SCHEMA_VERSION, DeviceInfo, Metadata, ProbeResult, Profile, SweepReport
+from mbtune.records import (SCHEMA_VERSION, DeviceInfo, Metadata, ProbeResult, Profile, RecordFieldError,
+                             SweepReport, short_repr, shorten)
 
 # Schema versions this mbtune reads, and the step that upgrades each older one (none yet: version 1 is
 # the first). A field added with a default needs no step; a renamed or restructured one does.
@@ -78,50 +79,64 @@ def save_probe(root: Path, probe: ProbeResult, command_line: str) -> Path:
 
 
 def write_profile(path: Path, profile: Profile) -> None:
-    """Atomic write: a temporary file in the same folder, fsync, then rename over the target."""
+    """Atomic write (mbtune.atomic): readers see the old profile or the new one, never a part."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        write_atomic(path, json.dumps(profile.to_dict(), indent=2, sort_keys=False) + "\n")
     except OSError as exc:
         raise ProfileError(f"cannot write profile {path}: {exc.strerror or exc}",
                            hint="Choose a writable folder with --profiles-dir.") from exc
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(profile.to_dict(), handle, indent=2, sort_keys=False)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+
+_CORRUPT = "Fix that field or re-run the probe."
 
 
 def load_profile(path: Path) -> Profile:
-    """Read a profile, refusing missing, corrupt and unknown-schema files with a clear message."""
+    """Read a profile, refusing missing, corrupt, mistyped and unknown-schema files with one line that names
+    the file and the field (e.g. probe.trials[3].status), what it holds and what was expected."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ProfileError(f"profile {path} does not exist", hint="Pass a file under profiles/.") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"profile {path} is not readable JSON ({exc})",
-                           hint="The file is corrupt; re-run the probe to write a new one.") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("schema_version"), int):
-        raise ProfileError(f"{path} is not an mbtune profile (no schema_version)")
-    version = data["schema_version"]
-    if version > SCHEMA_VERSION:
-        raise ProfileError(f"profile {path} has schema version {version}, newer than this mbtune reads "
-                           f"({SCHEMA_VERSION})", hint="Upgrade mbtune to read it.")
-    if version < OLDEST_READABLE_SCHEMA:
-        raise ProfileError(f"profile {path} has schema version {version}, older than this mbtune reads "
-                           f"({OLDEST_READABLE_SCHEMA}-{SCHEMA_VERSION})", hint="Re-run the probe to write a new one.")
+    data = _read_json(path)
+    version = _schema_version(path, data)
     try:
         return Profile.from_dict(migrate(data))
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:
-        raise ProfileError(f"profile {path} does not match schema version {version}: {exc}",
+    except RecordFieldError as exc:
+        raise ProfileError(f"profile {path}: {exc}", hint=_CORRUPT) from exc
+    except (TypeError, KeyError, ValueError, AttributeError, RecursionError) as exc:  # a migration step's
+        raise ProfileError(f"profile {path} does not match schema version {version}: {shorten(str(exc))}",
                            hint="The file is corrupt; re-run the probe to write a new one.") from exc
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError as exc:
+        raise ProfileError(f"profile {path} does not exist", hint="Pass a file under profiles/.") from exc
+    except RecursionError:
+        raise ProfileError(f"profile {path} is not readable JSON (nested too deeply to parse)",
+                           hint="The file is corrupt; re-run the probe to write a new one.") from None
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, bad UTF-8, a number past int's digit limit
+        raise ProfileError(f"profile {path} is not readable JSON ({shorten(str(exc), 120)})",
+                           hint="The file is corrupt; re-run the probe to write a new one.") from exc
+
+
+def _schema_version(path: Path, data: object) -> int:
+    """The file's schema version, refusing what is not a profile or is of a schema this mbtune cannot read."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path} is not an mbtune profile: the document is {short_repr(data)}, expected an "
+                           "object", hint="Pass a file written by mbtune probe, sweep or tune.")
+    if "schema_version" not in data:
+        raise ProfileError(f"{path} is not an mbtune profile (no schema_version)")
+    version = data["schema_version"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ProfileError(f"profile {path}: schema_version is {short_repr(version)}, expected an integer",
+                           hint=_CORRUPT)
+    if version > SCHEMA_VERSION:
+        raise ProfileError(f"profile {path} has schema version {short_repr(version)}, newer than this mbtune reads "
+                           f"({SCHEMA_VERSION})", hint="Upgrade mbtune to read it.")
+    if version < OLDEST_READABLE_SCHEMA:
+        raise ProfileError(f"profile {path} has schema version {short_repr(version)}, older than this mbtune reads "
+                           f"({OLDEST_READABLE_SCHEMA}-{SCHEMA_VERSION})", hint="Re-run the probe to write a new one.")
+    return version
 
 
 def migrate(data: dict) -> dict:

@@ -51,12 +51,11 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mbtune.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_OK, ConfigError
+from mbtune.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
 from mbtune.records import OK, OOM, ProbeResult, Profile, SweepReport, TrialResult
 from mbtune.verdicts import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, ComparisonRow
 
 DEFAULT_REPEATS = 3  # runs of each sweep point a qualification makes, each in fresh processes
-EXIT_INCONCLUSIVE = 4  # the verdict could not be decided within the measured noise
 AGGREGATE = "throughput, all common points (geometric mean of now/baseline ratios)"
 BEST = "best throughput (samples/s)"
 _AGGREGATE_MIN_POINTS = 3

@@ -14,7 +14,7 @@ from typing import Any
 from mbtune.config import ProbeConfig, QualifySpec, SweepConfig
 from mbtune.errors import (EXIT_COULD_NOT_RUN, BudgetTooSmallError, ConfigError, DeviceError, MbtuneError,
                            WorkloadBrokenError)
-from mbtune.jobs import TrialProgress, describe, probe_workload, sweep_workload, tune_workload
+from mbtune.jobs import TrialProgress, describe, limits_from_profile, probe_workload, sweep_workload, tune_workload
 from mbtune.records import ProbeResult, Profile, SweepReport
 from mbtune.verdicts import Verdict
 
@@ -23,7 +23,8 @@ from mbtune.verdicts import Verdict
 _RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
 
 # Fields that say where and how to write, not what to measure: a resumed run may change them.
-_NOT_MEASUREMENT = {"command_line", "profiles_dir", "extra_warnings", "trial_timeout_s", "point_timeout_s"}
+_NOT_MEASUREMENT = {"command_line", "profiles_dir", "extra_warnings", "trial_timeout_s", "point_timeout_s",
+                    "load_timeout_s"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +51,8 @@ def run_probe(config: ProbeConfig, progress: TrialProgress | None = None, *, pro
 def run_sweep(config: SweepConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,
               resume: bool = False) -> RunOutcome:
     """sweep_workload, journaled and saved to its profile (next to the probe already there)."""
+    if config.from_profile is not None:
+        limits_from_profile(config.from_profile, config)  # a wrong profile is bad input, before any file
     return _saved_run("sweep", {"sweep": config}, config.workload, config.device, profiles_dir, resume,
                       config.command_line, lambda store: (None, sweep_workload(config, progress, store)))
 
@@ -67,12 +70,13 @@ def _saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, p
     from mbtune.device import resolve_device
     from mbtune.store import RunStore
 
-    from mbtune.workloads import load_workload
+    from mbtune.workloads.facts import workload_facts
 
     if profiles_dir is None:
         probe, sweep = body(None)
         return RunOutcome(probe=probe, sweep=sweep)
-    load_workload(workload, next(iter(configs.values())).workload_options)  # bad input fails before any file
+    first = next(iter(configs.values()))
+    workload_facts(workload, first.workload_options, timeout_s=first.load_timeout_s)  # bad input fails before any file
     info = describe(resolve_device(device))
     with RunStore(profiles_dir, info, workload, kind=kind, config=_comparable(configs), resume=resume) as store:
         probe, sweep = body(store)

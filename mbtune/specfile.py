@@ -29,17 +29,32 @@ max_best_bubble = 0.5
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tomllib
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mbtune.config import ProbeConfig, QualifySpec, SweepConfig, parse_bytes, parse_fraction
+from mbtune.config import THRESHOLD_KEYS, ProbeConfig, QualifySpec, SweepConfig, parse_bytes, parse_fraction
 from mbtune.errors import ConfigError
 from mbtune.qualify import DEFAULT_REPEATS
+from mbtune.records import RecordFieldError, load_value, short_repr, shorten
 
-_TOP = {"workload", "device", "memory_budget", "tolerance", "repeats", "baseline", "options", "probe", "sweep",
-        "thresholds"}
+# Each top-level key: the TOML types it may hold, and those in words.
+_TOP: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "workload": (str, "a string"), "device": (str, "a string"), "memory_budget": ((str, int, float), "a size such as \"8GiB\""),
+    "tolerance": ((str, int, float), "a share such as \"10%\" or 0.1"), "repeats": (int, "an integer"),
+    "baseline": (str, "a path"), "options": (dict, "a table"), "probe": (dict, "a table"), "sweep": (dict, "a table"),
+    "thresholds": (dict, "a table"),
+}
+_SET_AT_THE_TOP = {"workload", "workload_options", "device", "memory_budget_bytes", "command_line", "extra_warnings"}
+_OPTION = int | float | str | bool  # a workload option's value
+# Longer text is no name, size, device or schedule (nor path): refused before any message could echo it.
+_TEXT_LIMIT = 256
+_PATH_LIMIT = 4096
+_PATHS = {"baseline", "[sweep] profiles_dir"}
 _SWEEP_NAMES = {"stages": "num_stages", "micro_batches": "micro_batches", "accum": "accum_steps",
                 "steps": "measured_steps", "warmup": "warmup_steps"}
 
@@ -62,69 +77,160 @@ def read_spec(path: Path, *, baseline: str | None = None, tolerance: float | Non
               repeats: int | None = None, allow_different_device: bool = False,
               command_line: str = "") -> LoadedSpec:
     """Read a TOML spec and its repeats (the flag, else the file's `repeats` or [sweep] repeats, else 3);
-    flags given on the command line win over the file."""
+    flags given on the command line win over the file. Every value is checked at this boundary: a wrong
+    type, a non-table section or an unknown key is one ConfigError naming the file and the field."""
     data = _read(path)
     if baseline is None and data.get("baseline"):
         baseline = str((Path(path).parent / data["baseline"]).resolve())
-    repeats = _repeats(data, repeats)
-    probe = _probe(data, command_line) if "workload" in data else None
-    sweep = _sweep(data, command_line) if probe and "sweep" in data else None
+    repeats = _repeats(path, data, repeats)
+    probe = _probe(path, data, command_line) if "workload" in data else None
+    sweep = _sweep(path, data, command_line) if probe and "sweep" in data else None
+    if tolerance is None:
+        with _named(path, "the top level"):
+            tolerance = parse_fraction(data.get("tolerance", 0.10), name="tolerance")
     spec = QualifySpec(
         baseline=baseline, probe=probe, sweep=dataclasses.replace(sweep, repeats=repeats) if sweep else None,
-        tolerance=tolerance if tolerance is not None else parse_fraction(data.get("tolerance", 0.10), name="tolerance"),
-        thresholds=tuple(sorted((k, float(v)) for k, v in data.get("thresholds", {}).items())),
-        allow_different_device=allow_different_device,
+        tolerance=tolerance, thresholds=_thresholds(path, data), allow_different_device=allow_different_device,
     )
     return LoadedSpec(spec=spec, repeats=repeats)
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """The file's TOML, its top-level keys known and of the right type."""
     try:
-        data = tomllib.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"spec {path} does not exist", hint="Pass the path of a qualify.toml.") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"spec {path} is not valid TOML: {exc}", hint="Fix the file.") from None
-    unknown = sorted(set(data) - _TOP)
+    except OSError as exc:
+        raise ConfigError(f"spec {path} is not readable: {exc.strerror or exc}", hint="Fix the file.") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"spec {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                          hint="Save the file as UTF-8.") from None
+    except RecursionError:
+        raise ConfigError(f"spec {path} is not valid TOML: nested too deeply to parse", hint="Fix the file.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"spec {path} is not valid TOML: {shorten(str(exc), 120)}", hint="Fix the file.") from None
+    unknown = sorted(set(data) - set(_TOP))
     if unknown:
-        raise ConfigError(f"spec {path} has unknown key(s) {', '.join(unknown)}",
-                          hint=f"Known keys: {', '.join(sorted(_TOP))}.")
+        raise ConfigError(f"spec {path} has unknown key(s) {_names(unknown)}; known: {', '.join(sorted(_TOP))}",
+                          hint="Fix the key's name.")
+    for key, value in data.items():
+        if not isinstance(value, _TOP[key][0]) or isinstance(value, bool):
+            hint = f"Write it as a [{key}] table." if _TOP[key][0] is dict else "Fix that value in the spec."
+            raise ConfigError(f"spec {path}: {key} is {short_repr(value)}, expected {_TOP[key][1]}", hint=hint)
+        _check_text(path, key, value)
     return data
 
 
-def _repeats(data: dict[str, Any], flag: int | None) -> int:
+def _repeats(path: Path, data: dict[str, Any], flag: int | None) -> int:
     value = flag if flag is not None else data.get("repeats", _table(data, "sweep").get("repeats", DEFAULT_REPEATS))
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"repeats={value!r} is out of range", hint="Use an integer >= 1 (default 3).")
+        where = "" if flag is not None else f"spec {path}: "
+        raise ConfigError(f"{where}repeats={short_repr(value)} is out of range: expected an integer >= 1",
+                          hint="Use an integer >= 1 (default 3).")
     return value
 
 
-def _probe(data: dict[str, Any], command_line: str) -> ProbeConfig:
+def _probe(path: Path, data: dict[str, Any], command_line: str) -> ProbeConfig:
     budget = data.get("memory_budget")
-    fields = _table(data, "probe")
-    try:
-        return ProbeConfig(workload=data["workload"], workload_options=_options(data), device=data.get("device", "auto"),
-                           memory_budget_bytes=parse_bytes(budget, name="memory_budget") if budget else None,
+    fields, options = _fields(path, data, "probe", ProbeConfig, {}), _options(path, data)
+    with _named(path, "probe"):
+        return ProbeConfig(workload=data["workload"], workload_options=options, device=data.get("device", "auto"),
+                           memory_budget_bytes=parse_bytes(budget, name="memory_budget") if budget is not None else None,
                            command_line=command_line, **fields)
-    except TypeError as exc:
-        raise ConfigError(f"[probe] in the spec: {exc}", hint="Use the names of mbtune probe's options.") from None
 
 
-def _sweep(data: dict[str, Any], command_line: str) -> SweepConfig:
-    fields = {_SWEEP_NAMES.get(k, k): tuple(v) if isinstance(v, list) else v for k, v in _table(data, "sweep").items()}
+def _sweep(path: Path, data: dict[str, Any], command_line: str) -> SweepConfig:
+    fields, options = _fields(path, data, "sweep", SweepConfig, _SWEEP_NAMES), _options(path, data)
+    with _named(path, "sweep"):
+        return SweepConfig(workload=data["workload"], workload_options=options, device=data.get("device", "auto"),
+                           command_line=command_line, **fields)
+
+
+def _fields(path: Path, data: dict[str, Any], section: str, config: type, renames: dict[str, str]) -> dict[str, Any]:
+    """A [probe] or [sweep] table as the config's keyword arguments, each value checked against the config
+    field's type (a TOML list becomes a tuple; a string where a list belongs is refused, not split)."""
+    names = {f.name for f in dataclasses.fields(config)} - _SET_AT_THE_TOP
+    hints = typing.get_type_hints(config)
+    fields: dict[str, Any] = {}
+    keys: dict[str, str] = {}  # field name -> the key that set it
+    unknown = []
+    for key, value in _table(data, section).items():
+        name = renames.get(key, key)
+        if name not in names:
+            unknown.append(key)
+            continue
+        if name in keys:
+            raise ConfigError(f"spec {path}: [{section}] sets {name} twice, as {keys[name]} and as {key}",
+                              hint="Keep one of them.")
+        keys[name] = key
+        fields[name] = _value(path, f"[{section}] {key}", hints[name], value)
+    if unknown:
+        known = sorted({k for k, v in renames.items() if v in names} | (names - set(renames.values())))
+        raise ConfigError(f"[{section}] in the spec {path} has unknown key(s) {_names(unknown)}; known: "
+                          f"{', '.join(known)}", hint="Fix the key's name.")
+    return fields
+
+
+def _value(path: Path, where: str, hint: Any, value: Any) -> Any:
+    args = typing.get_args(hint)
+    if type(None) in args:  # TOML has no null: an optional setting is one left out
+        options = tuple(a for a in args if a is not type(None))
+        hint = options[0] if len(options) == 1 else typing.Union[options]  # type: ignore[index]
+    _check_text(path, where, value)
     try:
-        return SweepConfig(workload=data["workload"], workload_options=_options(data),
-                           device=data.get("device", "auto"), command_line=command_line, **fields)
-    except TypeError as exc:
-        raise ConfigError(f"[sweep] in the spec: {exc}", hint="Use the names of mbtune sweep's options.") from None
+        return load_value(hint, value, path=where)
+    except RecordFieldError as exc:
+        fix = "Fix that value in the spec."
+        if not isinstance(value, (list, dict)) and typing.get_origin(hint) is tuple:
+            fix = f"A list is written in brackets, even of one item: [{short_repr(value)}]."
+        raise ConfigError(f"spec {path}: {exc}", hint=fix) from None
+
+
+def _thresholds(path: Path, data: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    table = _table(data, "thresholds")
+    unknown = [k for k in table if k not in THRESHOLD_KEYS]
+    if unknown:
+        raise ConfigError(f"[thresholds] in the spec {path} has unknown key(s) {_names(unknown)}; known: "
+                          f"{', '.join(THRESHOLD_KEYS)}", hint="Fix the key's name.")
+    return tuple(sorted((k, _value(path, f"[thresholds] {k}", float, v)) for k, v in table.items()))
+
+
+def _options(path: Path, data: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, _value(path, f"[options] {k}", _OPTION, v)) for k, v in _table(data, "options").items()))
 
 
 def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
     table = data.get(name, {})
     if not isinstance(table, dict):
-        raise ConfigError(f"{name} in the spec must be a table", hint=f"Write it as [{name}].")
+        raise ConfigError(f"{name} in the spec is {short_repr(table)}, expected a table", hint=f"Write it as [{name}].")
     return table
 
 
-def _options(data: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted(_table(data, "options").items()))
+def _check_text(path: Path, where: str, value: Any) -> None:
+    """Refuse absurdly long text (no name, size or schedule is that long) before any message echoes it."""
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_text(path, f"{where}[{index}]", item)
+    elif isinstance(value, str) and len(value) > (limit := _PATH_LIMIT if where in _PATHS else _TEXT_LIMIT):
+        raise ConfigError(f"spec {path}: {where} is {short_repr(value)} ({len(value)} characters), expected at most "
+                          f"{limit}", hint="Fix that value in the spec.")
+
+
+def _names(keys: list[str]) -> str:
+    shown = ", ".join(shorten(str(k)) for k in keys[:5])
+    return shown + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+
+@contextlib.contextmanager
+def _named(path: Path, section: str) -> Iterator[None]:
+    """Say which file a config's own range check refers to, and where in it to fix it."""
+    try:
+        yield
+    except ConfigError as exc:
+        where = section if section.startswith("the ") else f"the top level or [{section}]"
+        # A config's own hint may name a command-line flag; this value came from the file.
+        hint = exc.hint if exc.hint and not exc.hint.startswith("Fix --") else f"Fix it in the spec ({where})."
+        raise ConfigError(f"spec {path}: {exc}", hint=hint, given=exc.given, expected=exc.expected) from None

@@ -4,7 +4,8 @@ journal instead of re-running what finished.
 
 Journal: <profile>.journal.jsonl beside the profile. Line 1 is a header naming the run's kind and
 configuration; each further line is one finished trial ({"kind": ..., "record": ...}), fsynced as it is
-written. A truncated last line (the process died mid-write) is ignored.
+written. A truncated last line (the process died mid-write) is ignored; any other line that is not a
+well-formed entry is reported, naming the line and the field, rather than silently skipped.
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mbtune.errors import ConfigError, MbtuneError, ProfileError
+from mbtune.atomic import write_atomic
+from mbtune.errors import ConfigError, ProfileError, RunLockedError
 from mbtune.profiles import profile_path, save_results
-from mbtune.records import DeviceInfo, ProbeResult, SweepReport
+from mbtune.records import (DeviceInfo, ProbeResult, RecordFieldError, SweepReport, TrialOutcome, TrialResult,
+                            short_repr, shorten)
 
 JOURNAL_VERSION = 1
-
-
-class RunLockedError(MbtuneError):
-    """Another mbtune run holds the profile this run would write."""
-
-    hint = "Wait for it to finish, or write elsewhere with --profiles-dir."
+# The record each kind of journal entry holds (jobs.PROBE_TRIAL and jobs.SWEEP_POINT).
+JOURNAL_RECORDS = {"probe_trial": TrialOutcome, "sweep_point": TrialResult}
+_BAD_JOURNAL = "Fix or delete that line, or run without --resume."
 
 
 class RunStore:
@@ -56,13 +56,18 @@ class RunStore:
             os.close(self._lock)
             self._lock = None
             raise RunLockedError(f"another mbtune run is writing {self.path}") from None
-        if self._resume:
-            self._load_journal()
-        elif _holds_records(self.journal_path):
-            kept = self.journal_path.with_name(f"{self.journal_path.name}.{_stamp()}.bak")
-            self.journal_path.rename(kept)
-            self.notes.append(f"an unfinished run's journal was kept as {kept} (use --resume to continue a run)")
-        self._open_journal()
+        try:
+            if self._resume:
+                self._load_journal()
+            elif _holds_records(self.journal_path):
+                kept = self.journal_path.with_name(f"{self.journal_path.name}.{_stamp()}.bak")
+                self.journal_path.rename(kept)
+                self.notes.append(f"an unfinished run's journal was kept as {kept} (use --resume to continue a run)")
+            self._open_journal()
+        except BaseException:
+            os.close(self._lock)  # no __exit__ follows a failed __enter__: release the lock here
+            self._lock = None
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -100,56 +105,99 @@ class RunStore:
                   "device": self._device.to_dict(), "started_at": _stamp()}
         entries = [{"kind": k, "record": r} for k, records in self._replay.items() for r in records]
         # Rewrite rather than append, so a truncated last line from a killed run does not stay behind.
-        tmp = self.journal_path.with_name(f".{self.journal_path.name}.tmp")
-        with open(tmp, "w") as handle:
-            for line in [header, *entries]:
-                handle.write(json.dumps(line) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.journal_path)
-        self._journal = open(self.journal_path, "a")
+        try:
+            write_atomic(self.journal_path, "".join(json.dumps(line) + "\n" for line in [header, *entries]))
+            self._journal = open(self.journal_path, "a")
+        except OSError as exc:
+            raise ProfileError(f"cannot write the journal {self.journal_path}: {exc.strerror or exc}",
+                               hint="Choose a writable folder with --profiles-dir.") from exc
 
     def _load_journal(self) -> None:
         if not self.journal_path.exists():
             raise ConfigError(f"nothing to resume: no journal at {self.journal_path}",
                               hint="Run without --resume to start afresh.")
-        lines = self.journal_path.read_text().splitlines()
-        header = _parse(lines[0]) if lines else None
-        if not header or header.get("journal") != JOURNAL_VERSION:
-            raise ProfileError(f"journal {self.journal_path} is not readable", hint="Run without --resume.")
+        lines = _journal_lines(self.journal_path)
+        header = _journal_header(self.journal_path, lines)
         differences = _differences(header.get("config", {}), self._config)
         if header.get("kind") != self._kind or differences:
-            what = ", ".join(differences) or f"it was a {header.get('kind')} run"
+            what = ", ".join(differences) or f"it was a {shorten(str(header.get('kind')))} run"
             raise ConfigError(f"the journal at {self.journal_path} is from a different run ({what})",
                               hint="Resume with the same command and options, or run without --resume.")
-        for line in lines[1:]:
-            entry = _parse(line)
+        for index, (number, raw) in enumerate(lines[1:], start=2):
+            entry = _journal_entry(self.journal_path, number, raw, last=index == len(lines))
             if entry is not None:
                 self._replay.setdefault(entry["kind"], []).append(entry["record"])
         self.notes.append(f"resumed from {self.journal_path}: "
                           + ", ".join(f"{len(v)} {k} record(s)" for k, v in self._replay.items()))
 
 
+def _journal_lines(path: Path) -> list[tuple[int, bytes]]:
+    """The journal's non-blank lines, with their line numbers (from 1)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ProfileError(f"journal {path} is not readable: {exc.strerror or exc}",
+                           hint="Run without --resume.") from exc
+    return [(number, line) for number, line in enumerate(data.split(b"\n"), start=1) if line.strip()]
+
+
+def _journal_header(path: Path, lines: list[tuple[int, bytes]]) -> dict[str, Any]:
+    try:
+        header = _parse(lines[0][1]) if lines else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("journal") != JOURNAL_VERSION:
+        raise ProfileError(f"journal {path} is not readable", hint="Run without --resume.")
+    if not isinstance(header.get("config", {}), dict):
+        raise ProfileError(f"journal {path} line 1: config is {short_repr(header['config'])}, expected an object",
+                           hint=_BAD_JOURNAL)
+    return header
+
+
+def _journal_entry(path: Path, number: int, raw: bytes, *, last: bool) -> dict[str, Any] | None:
+    """One finished trial's entry, checked against its record type; None for a torn last line."""
+    where = f"journal {path} line {number}"
+    try:
+        entry = _parse(raw)
+    except ValueError as exc:
+        if last:
+            return None  # the last line of a run killed mid-write
+        raise ProfileError(f"{where} is not JSON ({shorten(str(exc), 120)})", hint=_BAD_JOURNAL) from None
+    if not isinstance(entry, dict):
+        raise ProfileError(f"{where} is {short_repr(entry)}, expected an object", hint=_BAD_JOURNAL)
+    kind = entry.get("kind")
+    record_type = JOURNAL_RECORDS.get(kind) if isinstance(kind, str) else None
+    if record_type is None:
+        raise ProfileError(f"{where}: kind is {short_repr(kind)}, expected one of {', '.join(JOURNAL_RECORDS)}",
+                           hint=_BAD_JOURNAL)
+    try:
+        record_type.from_dict(entry.get("record"), path="record")
+    except RecordFieldError as exc:
+        raise ProfileError(f"{where}: {exc}", hint=_BAD_JOURNAL) from None
+    return entry
+
+
 def _holds_records(path: Path) -> bool:
     """True when a journal has at least one finished trial after its header."""
     try:
-        with open(path) as handle:
+        with open(path, "rb") as handle:  # bytes: a corrupt journal is still counted, not a decoding error
             return sum(1 for line in handle if line.strip()) > 1
     except FileNotFoundError:
         return False
 
 
-def _parse(line: str) -> dict[str, Any] | None:
+def _parse(line: bytes) -> Any:
+    """One journal line's JSON; ValueError for anything that is not (bad UTF-8, bad JSON, absurd nesting)."""
     try:
-        value = json.loads(line)
-    except json.JSONDecodeError:
-        return None  # the last line of a run killed mid-write
-    return value if isinstance(value, dict) else None
+        return json.loads(line.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply to parse") from None
 
 
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     keys = sorted(set(saved) | set(current))
-    return [f"{k}: {saved.get(k)!r} then, {current.get(k)!r} now" for k in keys if saved.get(k) != current.get(k)]
+    return [f"{shorten(str(k))}: {short_repr(saved.get(k))} then, {short_repr(current.get(k))} now"
+            for k in keys if saved.get(k) != current.get(k)]
 
 
 def _stamp() -> str:

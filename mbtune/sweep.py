@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from mbtune.config import SweepConfig
 from mbtune.device.load import busy_warning
 from mbtune.pipeline.theory import check_point, stages_per_rank, theoretical_bubble
-from mbtune.records import OK, MachineLoad, SkippedPoint, SweepPoint, TimelineAction, TrialResult
+from mbtune.records import OK, MachineLoad, SkippedPoint, SweepPoint, SweepReport, TimelineAction, TrialResult
 
 STABILITY_CV_PCT = 10.0
 
@@ -81,7 +81,9 @@ def summarize_point(point: SweepPoint, outcome: object, *, tokens_per_sample: in
                                 virtual_stages=point.virtual_stages)
     if outcome.status != OK:
         return TrialResult(point=point, status=outcome.status, error=outcome.error, bubble_theoretical=theory,
-                           wall_s=outcome.wall_s)
+                           wall_s=outcome.wall_s, failed_rank=outcome.failed_rank,
+                           failed_blocks=tuple(outcome.failed_blocks), error_kind=outcome.error_kind,
+                           error_tail=outcome.error_detail)
     steps = tuple(outcome.step_times_s)
     median = statistics.median(steps)
     cv = 100.0 * statistics.pstdev(steps) / statistics.mean(steps) if len(steps) > 1 else 0.0
@@ -108,6 +110,22 @@ def summarize_point(point: SweepPoint, outcome: object, *, tokens_per_sample: in
         warnings=tuple(warnings), timeline=step_timeline(outcome.reports, typical), timeline_step=typical,
         wall_s=outcome.wall_s, cuda_step_times_s=tuple(outcome.cuda_step_times_s),
     )
+
+
+def nothing_measured(report: SweepReport) -> str | None:
+    """Why a sweep that was not interrupted produced no usable result (no point ran), or None when one did:
+    the first failed point's cause, else why the first point was skipped, else that the grid was empty."""
+    if report.interrupted or any(r.ok for r in report.results):
+        return None
+    if report.results:
+        first = report.results[0]
+        cause = (first.error.strip().splitlines() or [first.status])[-1]
+        return f"no sweep point completed: {len(report.results)} failed, the first ({first.point.label}) {first.status}: {cause}"
+    if report.skipped:
+        first = report.skipped[0]
+        return (f"no sweep point could run: all {len(report.skipped)} were skipped, the first "
+                f"({first.point.label}) because {first.reason}")
+    return "no sweep point could run: the grid is empty"
 
 
 def step_bubbles(reports: Sequence[object]) -> list[float]:

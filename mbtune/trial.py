@@ -6,6 +6,7 @@ Imported by the trial forkserver at start-up so each trial begins with torch alr
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import traceback
@@ -15,7 +16,8 @@ import torch
 
 from mbtune.config import TrialConfig
 from mbtune.device import classify_error, get_backend
-from mbtune.records import OK, TrialOutcome
+from mbtune.errors import NonFiniteLossError
+from mbtune.records import NONFINITE, OK, WORKLOAD_FAULT, TrialOutcome
 from mbtune.workloads import Workload, load_workload
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -25,7 +27,7 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
     """Build the workload, run `config.steps` full training steps, and report how it went.
 
     Never raises for a failure of the trial itself: OOM and other errors come back as the outcome's
-    status, classified by type at the device boundary.
+    status, classified by type at the device boundary; a NaN or infinite loss ends the trial as nonfinite.
     """
     started = time.perf_counter()
     backend = get_backend(config.device)
@@ -33,22 +35,35 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
     step_times_s: list[float] = []
     loss_value: float | None = None
+    status, error, tail = OK, "", ""
     try:
         workload = load_workload(config.workload, config.workload_options)
-        for step_s, loss in _train(workload, config, backend):
+        for step, (step_s, loss) in enumerate(_train(workload, config, backend), 1):
+            if not math.isfinite(loss):
+                raise NonFiniteLossError(loss, step)
             step_times_s.append(step_s)
             loss_value = loss
-        status, error = OK, ""
+    except NonFiniteLossError as exc:
+        status, error, tail = NONFINITE, str(exc), _traceback_tail()
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
         status = classify_error(exc)
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        tail = _traceback_tail()
         if os.environ.get("MBTUNE_DEBUG"):
             error += "\n" + traceback.format_exc()
     # The exception and its frames are gone here, so the peaks are read with the memory released.
     return TrialOutcome(
         status=status, batch_size=config.batch_size, step_times_s=tuple(step_times_s), loss=loss_value,
-        wall_s=time.perf_counter() - started, error=error, device=backend.info(), **backend.peaks(),
+        wall_s=time.perf_counter() - started, error=error, device=backend.info(),
+        error_kind=WORKLOAD_FAULT if status != OK else "", error_tail=tail, **backend.peaks(),
     )
+
+
+def _traceback_tail() -> str:
+    """The last lines of the exception being handled, with its traceback."""
+    from mbtune.worker import tail_lines
+
+    return tail_lines(traceback.format_exc())
 
 
 def _train(workload: Workload, config: TrialConfig, backend: Any):

@@ -13,15 +13,26 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mbtune.config import TrialConfig
-from mbtune.records import ERROR, KILLED, OK, TIMEOUT, TrialOutcome
+from mbtune.records import (
+    ERROR,
+    ERROR_TAIL_LINES,
+    HARNESS_FAULT,
+    KILLED,
+    OK,
+    TIMEOUT,
+    WORKLOAD_FAULT,
+    TrialOutcome,
+)
 
 # torch._dynamo is what an optimizer's first construction imports (about 2 s); paying it once here
 # keeps it out of every trial. None of these start threads or touch a device.
@@ -30,6 +41,13 @@ _PRELOAD = ["torch", "torch._dynamo", "mbtune.trial", "mbtune.pipeline.runner", 
 _context: multiprocessing.context.BaseContext | None = None
 _GRACE_S = 3.0
 _PR_SET_PDEATHSIG = 1
+# A worker process that is still importing the main script (multiprocessing re-imports it in every child)
+# and reaches mbtune from there exits with this code: the script calls mbtune outside a main guard.
+MAIN_GUARD_EXIT_CODE = 86
+MAIN_GUARD_MESSAGE = ('the main script calls mbtune outside a main guard: put the code that calls mbtune under '
+                      '`if __name__ == "__main__":`; the worker processes re-import the main script')
+# What multiprocessing says when a child starts a process while it is still importing the main script.
+_BOOTSTRAP_SIGN = "before the current process has finished its bootstrapping phase"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +59,9 @@ class ChildResult:
     error: str = ""
     exitcode: int | None = None
     wall_s: float = 0.0
+    error_kind: str = ""  # workload | harness when status is not ok (see records.ERROR_KINDS)
+    error_tail: str = ""  # the last lines of the target's traceback and of the child's stderr
+    stderr_tail: str = ""  # the last lines the child wrote to stderr, whatever the status
 
 
 def process_context() -> multiprocessing.context.BaseContext:
@@ -53,7 +74,9 @@ def process_context() -> multiprocessing.context.BaseContext:
     return _context
 
 
-def _child_main(conn: multiprocessing.connection.Connection, target: Callable[..., Any], args: tuple) -> None:
+def _child_main(conn: multiprocessing.connection.Connection, target: Callable[..., Any], args: tuple,
+                stderr_path: str) -> None:
+    capture_stderr(stderr_path)
     os.setpgid(0, 0)
     die_with_parent(group=True)
     try:
@@ -85,10 +108,34 @@ def die_with_parent(*, group: bool = False) -> None:
 
 
 def run_isolated(target: Callable[..., Any], *args: Any, timeout_s: float) -> ChildResult:
-    """Call target(*args) in a fresh process and return its value, or how the process ended."""
+    """Call target(*args) in a fresh process and return its value, or how the process ended and whose
+    fault that was. What the child writes to stderr is kept (its tail) and passed on to this stderr."""
+    exit_if_bootstrapping()
+    with tempfile.TemporaryDirectory(prefix="mbtune-trial-") as tmp:
+        stderr_path = os.path.join(tmp, "stderr")
+        status, value, exitcode, wall_s = _run_child(target, args, stderr_path, timeout_s)
+        began, stderr = read_child_stderr(stderr_path)
+    forward_stderr(stderr)
+    stderr_tail = tail_lines(stderr)
+    if status == OK:
+        return ChildResult(status=OK, value=value, exitcode=exitcode, wall_s=wall_s, stderr_tail=stderr_tail)
+    if status == ERROR:
+        return ChildResult(status=ERROR, error=value, exitcode=exitcode, wall_s=wall_s, error_kind=WORKLOAD_FAULT,
+                           error_tail=failure_tail(value, stderr), stderr_tail=stderr_tail)
+    if status == TIMEOUT:
+        why = "" if began else " (the trial never began: the worker process was still starting)"
+        return ChildResult(status=TIMEOUT, error=f"no result within the {timeout_s:g} s deadline; killed{why}",
+                           exitcode=exitcode, wall_s=wall_s, error_kind=WORKLOAD_FAULT if began else HARNESS_FAULT,
+                           error_tail=failure_tail("", stderr), stderr_tail=stderr_tail)
+    return _died(exitcode, wall_s, began=began, stderr=stderr)
+
+
+def _run_child(target: Callable[..., Any], args: tuple, stderr_path: str,
+               timeout_s: float) -> tuple[str | None, Any, int | None, float]:
+    """(status or None when the child died without a word, its payload, exit code, wall seconds)."""
     ctx = process_context()
     receiver, sender = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_child_main, args=(sender, target, args), daemon=False)
+    process = ctx.Process(target=_child_main, args=(sender, target, args, stderr_path), daemon=False)
     started = time.perf_counter()
     process.start()
     sender.close()
@@ -104,25 +151,79 @@ def run_isolated(target: Callable[..., Any], *args: Any, timeout_s: float) -> Ch
     finally:
         _kill_group(process)
         receiver.close()
-    wall_s = time.perf_counter() - started
-    if status == OK:
-        return ChildResult(status=OK, value=value, exitcode=process.exitcode, wall_s=wall_s)
-    if status == ERROR:
-        return ChildResult(status=ERROR, error=value, exitcode=process.exitcode, wall_s=wall_s)
-    if status == TIMEOUT:
-        return ChildResult(status=TIMEOUT, error=f"no result within the {timeout_s:g} s deadline; killed",
-                           exitcode=process.exitcode, wall_s=wall_s)
-    return _died(process.exitcode, wall_s)
+    return status, value, process.exitcode, time.perf_counter() - started
 
 
-def _died(exitcode: int | None, wall_s: float) -> ChildResult:
+def _died(exitcode: int | None, wall_s: float, *, began: bool = True, stderr: str = "") -> ChildResult:
+    """A child that ended without a result: killed by a signal, or exited. One that never began the trial
+    (no stderr capture of its own yet) failed in mbtune's process start-up, not in the workload."""
+    tail, kind = failure_tail("", stderr), WORKLOAD_FAULT if began else HARNESS_FAULT
+    if exitcode == MAIN_GUARD_EXIT_CODE or _BOOTSTRAP_SIGN in stderr:
+        return ChildResult(status=ERROR, error=MAIN_GUARD_MESSAGE, exitcode=exitcode, wall_s=wall_s,
+                           error_kind=HARNESS_FAULT, error_tail=tail, stderr_tail=tail_lines(stderr))
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name
         why = " (as the kernel's OOM killer does)" if exitcode == -signal.SIGKILL else ""
-        return ChildResult(status=KILLED, error=f"trial process was killed by {name}{why}",
-                           exitcode=exitcode, wall_s=wall_s)
-    return ChildResult(status=ERROR, error=f"trial process exited with code {exitcode} and no result",
-                       exitcode=exitcode, wall_s=wall_s)
+        return ChildResult(status=KILLED, error=f"trial process was killed by {name}{why}", exitcode=exitcode,
+                           wall_s=wall_s, error_kind=kind, error_tail=tail, stderr_tail=tail_lines(stderr))
+    where = ("while running the trial" if began
+             else "before the trial began (the worker process failed to start; the workload never ran)")
+    return ChildResult(status=ERROR, error=f"trial process exited with code {exitcode} {where}, with no result",
+                       exitcode=exitcode, wall_s=wall_s, error_kind=kind, error_tail=tail,
+                       stderr_tail=tail_lines(stderr))
+
+
+def exit_if_bootstrapping() -> None:
+    """In a worker process that is still importing the main script, end it at once with
+    MAIN_GUARD_EXIT_CODE: the script called mbtune at import time, outside `if __name__ == "__main__":`,
+    and starting a process from here would fail with multiprocessing's bootstrapping RuntimeError (and
+    each further child would import the script again)."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        os._exit(MAIN_GUARD_EXIT_CODE)
+
+
+def capture_stderr(path: str) -> None:
+    """Send this process's stderr (fd 2, so C++ and CUDA messages too) to a new file at `path`. The file
+    existing tells the parent that the child got as far as its own code."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def read_child_stderr(path: str) -> tuple[bool, str]:
+    """(whether the child began, what it wrote to stderr) from the file capture_stderr made."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return True, file.read()
+    except FileNotFoundError:
+        return False, ""
+
+
+def forward_stderr(text: str) -> None:
+    """Pass a child's stderr on to this process's, as if the child had written there itself."""
+    if text:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+
+
+def tail_lines(text: str, lines: int = ERROR_TAIL_LINES) -> str:
+    """The last `lines` lines of a text, trailing blank lines dropped. A traceback cut short keeps its
+    first line, so it still reads as one."""
+    kept = text.rstrip().splitlines()
+    if len(kept) <= lines:
+        return "\n".join(kept)
+    if kept[0].startswith("Traceback"):
+        return "\n".join([kept[0], "  ...", *kept[-(lines - 2):]])
+    return "\n".join(kept[-lines:])
+
+
+def failure_tail(traceback_text: str = "", stderr: str = "") -> str:
+    """What a record keeps of a failure: the last lines of its traceback, then of the process's stderr."""
+    parts = [tail_lines(traceback_text)]
+    if stderr.strip():
+        parts.append("stderr:\n" + tail_lines(stderr))
+    return "\n".join(part for part in parts if part)
 
 
 def _kill_group(process: multiprocessing.process.BaseProcess) -> None:
@@ -161,6 +262,9 @@ def run_trial(config: TrialConfig, *, timeout_s: float) -> TrialOutcome:
 
     result = run_isolated(run_training_trial, config, timeout_s=timeout_s)
     if result.status == OK:
-        return result.value
+        outcome = result.value
+        if outcome.ok or not result.stderr_tail:
+            return outcome
+        return replace(outcome, error_tail=failure_tail(outcome.error_tail, result.stderr_tail))
     return TrialOutcome(status=result.status, batch_size=config.batch_size, wall_s=result.wall_s,
-                        error=result.error)
+                        error=result.error, error_kind=result.error_kind, error_tail=result.error_tail)

@@ -18,12 +18,23 @@ import tempfile
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.timeline import PipelineOutcome, StageReport
-from mbtune.records import ERROR, KILLED, OK, OOM, TIMEOUT
+from mbtune.records import ERROR, HARNESS_FAULT, KILLED, NONFINITE, OK, OOM, TIMEOUT, WORKLOAD_FAULT
+from mbtune.worker import (
+    MAIN_GUARD_EXIT_CODE,
+    MAIN_GUARD_MESSAGE,
+    capture_stderr,
+    exit_if_bootstrapping,
+    failure_tail,
+    forward_stderr,
+    read_child_stderr,
+    tail_lines,
+)
 
 # Test-only: the rank named here sleeps before its first step, so tests can watch the deadline kill it.
 HANG_RANK_ENV = "MBTUNE_PIPELINE_TEST_HANG_RANK"
@@ -31,9 +42,30 @@ START_METHODS = ("forkserver", "spawn")
 _POLL_S = 0.2
 _EXIT_WAIT_S = 10.0  # how long finished ranks get to exit on their own after reporting
 _SETTLE_S = 2.0  # after a first failure, how long the other ranks get to report theirs
-_FAILURE_PRIORITY = {KILLED: 0, OOM: 1, ERROR: 2}
+# A peer of a failing rank fails too ("connection closed"): the most telling failure is named.
+_FAILURE_PRIORITY = {KILLED: 0, OOM: 1, NONFINITE: 2, ERROR: 3}
+PLACED = "placed"  # a rank's first message: the global block indices it holds
 
-Message = tuple[str, int, Any, str]  # (status, rank, pickled report or one-line error, traceback)
+# (status, rank, pickled report | one-line error | block indices, traceback). Messages the launcher makes
+# up for a rank that died without a word carry a fifth item: whose fault (records.ERROR_KINDS).
+Message = tuple[Any, ...]
+
+
+@dataclass
+class _Ranks:
+    """The launcher's view of one point's ranks: their processes, where each writes its stderr, and the
+    blocks each said it holds."""
+
+    procs: Sequence[BaseProcess]
+    tmp: str
+    placed: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def stderr_path(self, rank: int) -> str:
+        return _stderr_file(self.tmp, rank)
+
+    def began(self, rank: int) -> bool:
+        """Whether the rank got as far as its own code (it made its stderr file first thing)."""
+        return os.path.exists(self.stderr_path(rank))
 
 
 def run_pipeline_point(
@@ -41,14 +73,17 @@ def run_pipeline_point(
 ) -> PipelineOutcome:
     """Run one point on `spec.num_ranks` fresh processes and return every rank's report, or why not.
 
-    Status: ok, oom (a rank ran out of memory), error (a rank raised), killed (a rank died by SIGKILL without
-    a word, e.g. the kernel's OOM killer), timeout (the deadline passed). When several ranks fail, the root
-    cause is named (killed, then oom, then the first error), not the peers' "connection closed". Whatever
-    happens, every rank is gone on return: SIGTERM, then SIGKILL after `grace_s`. The deadline starts once
-    every rank process exists.
+    Status: ok, oom (a rank ran out of memory), nonfinite (the loss was NaN or infinite), error (a rank
+    raised), killed (a rank died by SIGKILL without a word, e.g. the kernel's OOM killer), timeout (the
+    deadline passed). When several ranks fail, the root cause is named (killed, then oom, then nonfinite,
+    then the first error), not the peers' "connection closed", with the blocks it holds and the last lines
+    of its traceback and stderr. What the ranks write to stderr is passed on to this process's stderr.
+    Whatever happens, every rank is gone on return: SIGTERM, then SIGKILL after `grace_s`. The deadline
+    starts once every rank process exists.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    exit_if_bootstrapping()
     context = _context(start_method)
     hang_rank = _hang_rank_from_env()
     started = time.monotonic()
@@ -56,23 +91,40 @@ def run_pipeline_point(
         messages = context.Queue()
         procs = [
             context.Process(target=_rank_main, name=f"mbtune-pp-rank{rank}", daemon=True,
-                            args=(spec, rank, os.path.join(tmp, "store"), messages, hang_rank))
+                            args=(spec, rank, os.path.join(tmp, "store"), messages, hang_rank,
+                                  _stderr_file(tmp, rank)))
             for rank in range(spec.num_ranks)
         ]
+        ranks = _Ranks(procs=procs, tmp=tmp)
         outcome = PipelineOutcome(status=ERROR, error="the launcher failed before collecting results")
         try:
             for proc in procs:
                 proc.start()  # the first start may wait for the forkserver to import torch: not the point's time
-            outcome = _collect(procs, messages, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
+            outcome = _collect(ranks, messages, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
         finally:
             _stop(procs, wait_s=_EXIT_WAIT_S if outcome.ok else 0.0, grace_s=grace_s)
             messages.close()
             messages.cancel_join_thread()
-    return PipelineOutcome(
-        status=outcome.status, reports=outcome.reports, error=outcome.error, error_detail=outcome.error_detail,
-        wall_s=time.monotonic() - started, exit_codes=tuple(proc.exitcode for proc in procs),
-        pids=tuple(proc.pid for proc in procs if proc.pid is not None),
-    )
+        stderr = [read_child_stderr(ranks.stderr_path(rank))[1] for rank in range(len(procs))]
+    for text in stderr:
+        forward_stderr(text)
+    return replace(outcome, wall_s=time.monotonic() - started, exit_codes=tuple(proc.exitcode for proc in procs),
+                   pids=tuple(proc.pid for proc in procs if proc.pid is not None),
+                   error_detail=_failure_detail(outcome, stderr))
+
+
+def _stderr_file(tmp: str, rank: int) -> str:
+    return os.path.join(tmp, f"rank{rank}.stderr")
+
+
+def _failure_detail(outcome: PipelineOutcome, stderr: Sequence[str]) -> str:
+    """The failing rank's traceback tail and stderr tail; on a timeout, every rank's stderr tail."""
+    if outcome.ok:
+        return ""
+    if outcome.failed_rank is not None:
+        return failure_tail(outcome.error_detail, stderr[outcome.failed_rank])
+    tails = [f"rank {rank} " + failure_tail("", text) for rank, text in enumerate(stderr) if text.strip()]
+    return "\n".join([failure_tail(outcome.error_detail), *tails]).strip()
 
 
 def _context(start_method: str) -> Any:
@@ -90,54 +142,106 @@ def _hang_rank_from_env() -> int | None:
     return int(value) if value else None
 
 
-def _collect(procs: Sequence[BaseProcess], messages: Any, *, deadline: float, timeout_s: float) -> PipelineOutcome:
+def _collect(ranks: _Ranks, messages: Any, *, deadline: float, timeout_s: float) -> PipelineOutcome:
     reports: dict[int, StageReport] = {}
-    while len(reports) < len(procs):
+    while len(reports) < len(ranks.procs):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            missing = sorted(set(range(len(procs))) - set(reports))
-            return PipelineOutcome(status=TIMEOUT, error=f"rank(s) {missing} still running after {timeout_s:g} s")
-        message = _next_message(procs, messages, set(reports), wait_s=min(remaining, _POLL_S))
+            return _timed_out(ranks, sorted(set(range(len(ranks.procs))) - set(reports)), timeout_s)
+        message = _next_message(ranks, messages, set(reports), wait_s=min(remaining, _POLL_S))
         if message is None:
             continue
         if message[0] != OK:
-            return _root_cause(procs, messages, set(reports), message)
+            return _root_cause(ranks, messages, set(reports), message)
         reports[message[1]] = pickle.loads(message[2])
-    return PipelineOutcome(status=OK, reports=tuple(reports[r] for r in range(len(procs))))
+    return PipelineOutcome(status=OK, reports=tuple(reports[r] for r in range(len(ranks.procs))))
 
 
-def _root_cause(procs: Sequence[BaseProcess], messages: Any, done: set[int], first: Message) -> PipelineOutcome:
+def _timed_out(ranks: _Ranks, missing: list[int], timeout_s: float) -> PipelineOutcome:
+    """The deadline passed. Peers of a hung rank wait in collectives, so the culprit is named only when it
+    is the one rank left; ranks that never got to their own code make it the harness's fault."""
+    not_started = [rank for rank in missing if not ranks.began(rank)]
+    why = f" ({not_started} never started)" if not_started else ""
+    failed = missing[0] if len(missing) == 1 else None
+    return PipelineOutcome(status=TIMEOUT, error=f"rank(s) {missing} still running after {timeout_s:g} s{why}",
+                           failed_rank=failed, failed_blocks=ranks.placed.get(failed, ()) if failed is not None else (),
+                           error_kind=HARNESS_FAULT if not_started else WORKLOAD_FAULT)
+
+
+def _root_cause(ranks: _Ranks, messages: Any, done: set[int], first: Message) -> PipelineOutcome:
     """When one rank fails its peers fail too ("connection closed by peer"), sometimes first. Give every rank
-    a moment to report or die, then name the most telling failure: killed, then OOM, then the first error."""
+    a moment to report or die, then name the most telling failure: killed, then OOM, then a non-finite
+    loss, then the first error."""
     failures = [first]
     settle_end = time.monotonic() + _SETTLE_S
-    while time.monotonic() < settle_end and len(done) + len(failures) < len(procs):
+    while time.monotonic() < settle_end and len(done) + len(failures) < len(ranks.procs):
         accounted = done | {f[1] for f in failures}
-        message = _next_message(procs, messages, accounted, wait_s=_POLL_S)
+        message = _next_message(ranks, messages, accounted, wait_s=_POLL_S)
         if message is not None and message[0] != OK:
             failures.append(message)
-    status, rank, text, detail = min(failures, key=lambda f: _FAILURE_PRIORITY.get(f[0], len(_FAILURE_PRIORITY)))
-    return PipelineOutcome(status=status, error=f"rank {rank}: {text}", error_detail=detail)
+    # A rank that never started says nothing of the workload, and is why its peers failed.
+    harness = [f for f in failures if len(f) > 4 and f[4] == HARNESS_FAULT]
+    status, rank, text, detail, *kind = harness[0] if harness else min(
+        failures, key=lambda f: _FAILURE_PRIORITY.get(f[0], len(_FAILURE_PRIORITY)))
+    blocks = ranks.placed.get(rank, ())
+    where = f"rank {rank} (blocks {block_ranges(blocks)})" if blocks else f"rank {rank}"
+    return PipelineOutcome(status=status, error=f"{where}: {text}", error_detail=detail, failed_rank=rank,
+                           failed_blocks=blocks, error_kind=kind[0] if kind else WORKLOAD_FAULT)
 
 
-def _next_message(procs: Sequence[BaseProcess], messages: Any, accounted: set[int], *, wait_s: float) -> Message | None:
-    """The next message, else one standing for a rank that exited without reporting, else None."""
-    try:
-        return messages.get(timeout=wait_s)
-    except queue_module.Empty:
-        pass
-    dead = [(rank, proc.exitcode) for rank, proc in enumerate(procs)
+def block_ranges(blocks: Sequence[int]) -> str:
+    """Block indices as runs: (0, 1, 2, 6, 7) -> "0-2, 6-7"."""
+    runs: list[list[int]] = []
+    for block in blocks:
+        if runs and block == runs[-1][-1] + 1:
+            runs[-1].append(block)
+        else:
+            runs.append([block])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+
+
+def _next_message(ranks: _Ranks, messages: Any, accounted: set[int], *, wait_s: float) -> Message | None:
+    """The next message, else one standing for a rank that exited without reporting, else None. A rank's
+    placement is noted on the way and is no message of its own."""
+    message = _get(ranks, messages, wait_s)
+    if message is not None:
+        return message
+    dead = [(rank, proc.exitcode) for rank, proc in enumerate(ranks.procs)
             if rank not in accounted and proc.exitcode is not None]
     if not dead:
         return None
-    try:
-        return messages.get(timeout=1.0)  # it may have reported just before exiting
-    except queue_module.Empty:
-        pass
+    message = _get(ranks, messages, 1.0)  # it may have reported just before exiting
+    if message is not None:
+        return message
     rank, code = dead[0]
+    return _died_without_report(ranks, rank, code)
+
+
+def _get(ranks: _Ranks, messages: Any, wait_s: float) -> Message | None:
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            message = messages.get(timeout=max(0.0, end - time.monotonic()))
+        except queue_module.Empty:
+            return None
+        if message[0] != PLACED:
+            return message
+        ranks.placed[message[1]] = tuple(message[2])
+
+
+def _died_without_report(ranks: _Ranks, rank: int, code: int | None) -> Message:
+    """The message standing for a rank that exited without a word: killed, or died before it began (the
+    harness's fault), or exited while it ran."""
+    began = ranks.began(rank)
+    kind = WORKLOAD_FAULT if began else HARNESS_FAULT
+    if code == MAIN_GUARD_EXIT_CODE:
+        return (ERROR, rank, MAIN_GUARD_MESSAGE, "", HARNESS_FAULT)
     if code == -signal.SIGKILL:
-        return (KILLED, rank, "killed by SIGKILL (the kernel's OOM killer, or someone else)", "")
-    return (ERROR, rank, f"exited with code {code} without a report", "")
+        return (KILLED, rank, "killed by SIGKILL (the kernel's OOM killer, or someone else)", "", kind)
+    if not began:
+        why = f"exited with code {code} before it began (the worker process failed to start; the workload never ran)"
+        return (ERROR, rank, why, "", kind)
+    return (ERROR, rank, f"exited with code {code} without a report", "", kind)
 
 
 def _stop(procs: Sequence[BaseProcess], *, wait_s: float, grace_s: float) -> None:
@@ -160,26 +264,37 @@ def _join_all(procs: Sequence[BaseProcess], within_s: float | None) -> None:
         proc.join(None if end is None else max(0.0, end - time.monotonic()))
 
 
-def _rank_main(spec: PipelineSpec, rank: int, store_path: str, messages: Any, hang_rank: int | None) -> None:
-    """Entry point of a rank process: run, then send (status, rank, payload, traceback) and flush."""
+def _rank_main(spec: PipelineSpec, rank: int, store_path: str, messages: Any, hang_rank: int | None,
+               stderr_path: str) -> None:
+    """Entry point of a rank process: run, then send (status, rank, payload, traceback) and flush. The
+    first message, once known, is the blocks this rank holds."""
+    from mbtune.errors import NonFiniteLossError
     from mbtune.worker import die_with_parent
 
+    capture_stderr(stderr_path)
     # Ctrl-C reaches the whole terminal process group; the launcher decides what happens to ranks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     try:
         from mbtune.pipeline.runner import run_rank
 
-        report = run_rank(spec, rank=rank, store_path=store_path, hang_rank=hang_rank)
+        report = run_rank(spec, rank=rank, store_path=store_path, hang_rank=hang_rank,
+                          on_placed=lambda blocks: messages.put((PLACED, rank, blocks, "")))
         # Pickled here with plain pickle: tensors then travel by value, not as shared memory that would
         # need this process alive when the parent unpickles.
-        message = (OK, rank, pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL), "")
+        message: Message = (OK, rank, pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL), "")
+    except NonFiniteLossError as exc:
+        message = (NONFINITE, rank, str(exc), _traceback_tail())
     except BaseException as exc:  # every failure becomes a message; the parent decides what it means
         status = OOM if _is_oom(exc) else ERROR
-        message = (status, rank, _one_line(exc), traceback.format_exc())
+        message = (status, rank, _one_line(exc), _traceback_tail())
     messages.put(message)
     messages.close()
     messages.join_thread()
+
+
+def _traceback_tail() -> str:
+    return tail_lines(traceback.format_exc())
 
 
 def _one_line(exc: BaseException) -> str:

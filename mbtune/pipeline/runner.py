@@ -9,6 +9,7 @@ of the unpipelined model on one batch of micro_batch_size x num_microbatches x g
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mbtune.errors import DeviceError
+from mbtune.errors import DeviceError, NonFiniteLossError
 from mbtune.pipeline.schedules import ActionTimer, build_schedule, build_stage, run_schedule_step
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.split import StageBlocks, split_blocks
@@ -43,11 +44,14 @@ def stage_blocks(spec: PipelineSpec, workload: Workload) -> StageBlocks:
     return split_blocks(workload.num_blocks, spec.num_stages, weights)
 
 
-def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int | None = None) -> StageReport:
+def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int | None = None,
+             on_placed: Callable[[tuple[int, ...]], None] | None = None) -> StageReport:
     """Run this rank's share of the point and report what it measured.
 
     `store_path` names a torch FileStore file that is fresh for this point (no ports, no races);
-    `hang_rank` makes that rank sleep before its first step, to test deadlines.
+    `hang_rank` makes that rank sleep before its first step, to test deadlines; `on_placed` is told the
+    global block indices this rank holds as soon as they are known, so a failure can name them. A NaN or
+    infinite loss raises NonFiniteLossError at that step.
     """
     if spec.threads is not None:
         _set_threads(spec.threads)
@@ -59,7 +63,7 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int |
         world_size=spec.num_ranks,
         timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
     )
-    report = _RankRun(spec, rank, device).run(hang=hang_rank == rank)
+    report = _RankRun(spec, rank, device, on_placed).run(hang=hang_rank == rank)
     # Only on success: tearing the group down on failure would let peers fail (and report) before we do.
     dist.destroy_process_group()
     # This process's whole CPU time (a forked rank starts from zero), so the parent can tell the point's
@@ -115,12 +119,15 @@ def _with_precision(module: nn.Module, precision: str, device: torch.device) -> 
 class _RankRun:
     """One rank's stages, schedule, optimizer and timers."""
 
-    def __init__(self, spec: PipelineSpec, rank: int, device: torch.device) -> None:
+    def __init__(self, spec: PipelineSpec, rank: int, device: torch.device,
+                 on_placed: Callable[[tuple[int, ...]], None] | None = None) -> None:
         self.spec, self.rank, self.device = spec, rank, device
         self.workload = load_workload(spec.workload, spec.workload_options)
         all_blocks = stage_blocks(spec, self.workload)
         self.stage_indices = stages_of_rank(spec.schedule, spec.num_ranks, spec.num_stages, rank)
         self.blocks = tuple(all_blocks[s] for s in self.stage_indices)
+        if on_placed is not None:
+            on_placed(tuple(b for blocks in self.blocks for b in blocks))
         self.modules = [self.workload.build(b, seed=spec.seed).to(device) for b in self.blocks]
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_stages - 1 in self.stage_indices
@@ -198,7 +205,10 @@ class _RankRun:
         times.step_s.append(end - start)
         times.pipeline_s.append(pipeline_end - start)
         if losses:
-            times.losses.append(float(torch.stack([loss.detach().float() for loss in losses]).sum()))
+            loss = float(torch.stack([loss.detach().float() for loss in losses]).sum())
+            if not math.isfinite(loss):
+                raise NonFiniteLossError(loss, step + 1)
+            times.losses.append(loss)
         return grads
 
     def _pipeline_step(self, step: int, accum: int) -> list[torch.Tensor]:

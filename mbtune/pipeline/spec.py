@@ -6,17 +6,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from mbtune.checks import require as _require
 from mbtune.errors import ConfigError
 from mbtune.pipeline.theory import check_point, stages_per_rank
 
 OPTIMIZERS = ("adamw", "sgd")
 BALANCES = ("parameters", "blocks")
-
-
-def _require(condition: bool, field_name: str, value: object, valid: str) -> None:
-    if not condition:
-        raise ConfigError(f"{field_name}={value!r} is out of range: expected {valid}",
-                          hint=f"Fix --{field_name.replace('_', '-')}.")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -84,10 +84,13 @@ class PipelineOutcome(Record):
     status: str
     reports: tuple[StageReport, ...] = ()
     error: str = ""  # one line
-    error_detail: str = ""  # the failing rank's traceback, when there is one
+    error_detail: str = ""  # the last lines of the failing rank's traceback and stderr, when there are any
     wall_s: float = 0.0
     exit_codes: tuple[int | None, ...] = ()  # per rank; negative: killed by that signal
     pids: tuple[int, ...] = ()  # per rank, all reaped by the time the outcome exists
+    failed_rank: int | None = None  # the rank named as the root cause of a failure
+    failed_blocks: tuple[int, ...] = ()  # the global block indices that rank holds (as far as it got)
+    error_kind: str = ""  # workload | harness when the point failed (see records.ERROR_KINDS)
 
     @property
     def ok(self) -> bool:

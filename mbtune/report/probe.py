@@ -7,25 +7,46 @@ import sys
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
-from mbtune.records import MemoryModel, ProbeResult, TrialOutcome
+from mbtune.records import HARNESS_FAULT, MemoryModel, ProbeResult, TrialOutcome
 from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 
-_STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red", "killed": "red"}
+_STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red", "killed": "red",
+                 "nonfinite": "red"}
+CAUSE_CHARS = 160  # a failure's cause in a table: one line, at most this long
+
+
+def cause_line(error: str, error_kind: str = "", *, limit: int = CAUSE_CHARS) -> str:
+    """A failure's cause on one short line: the error's first line (a traceback's last), marked when the
+    harness, not the workload, failed."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    text = (lines[-1] if lines[0].startswith("Traceback") else lines[0]) if lines else "no error text"
+    if error_kind == HARNESS_FAULT:
+        text = f"harness: {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def trials_table(trials: tuple[TrialOutcome, ...] | list[TrialOutcome], *, title: str = "Trials") -> Table:
-    """Every trial in the order it ran."""
+    """Every trial in the order it ran; with a cause column (one short line) when any failed."""
     table = Table(title=title, title_justify="left")
+    failed = any(not trial.ok for trial in trials)
     for name in ("#", "batch", "status", "peak memory", "budget used", "step time", "samples/s"):
-        table.add_column(name, justify="left" if name == "status" else "right")
+        # With a cause column, that one alone gives way (cut short) when the table is too wide.
+        table.add_column(name, justify="left" if name == "status" else "right", no_wrap=failed)
+    if failed:
+        table.add_column("cause", max_width=CAUSE_CHARS)
     for number, trial in enumerate(trials, 1):
         style = _STATUS_STYLE.get(trial.status, "")
-        table.add_row(
+        cells: list[str | Text] = [
             str(number), str(trial.batch_size), f"[{style}]{trial.status}[/]",
             fmt_bytes(trial.peak_memory_bytes), fmt_bytes(trial.budget_used_bytes),
             fmt_seconds(trial.step_time_s) if trial.ok else "", fmt_rate(trial.samples_per_s) if trial.ok else "",
-        )
+        ]
+        if failed:
+            cause = "" if trial.ok else cause_line(trial.error, trial.error_kind)
+            cells.append(Text(cause, no_wrap=True, overflow="ellipsis"))
+        table.add_row(*cells)
     return table
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -12,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from mbtune.atomic import write_atomic
 from mbtune.errors import ProfileError
 from mbtune.verdicts import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, ComparisonRow, Verdict
 from mbtune.report import fmt_rate, print_json
@@ -122,10 +121,7 @@ def write_junit(verdict: Verdict, path: Path) -> Path:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(junit_xml(verdict))
-        os.replace(tmp, path)
+        write_atomic(path, junit_xml(verdict))
     except OSError as exc:
         raise ProfileError(f"cannot write the JUnit file {path}: {exc.strerror or exc}",
                            hint="Choose a writable path for --junit.") from exc

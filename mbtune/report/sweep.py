@@ -9,9 +9,11 @@ from rich import box
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from mbtune.records import SweepReport, TrialResult
 from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
+from mbtune.report.probe import cause_line
 
 
 def _pct(value: float | None, scale: float = 100.0) -> str:
@@ -22,7 +24,7 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     """Every point that ran, best first by the objective, failed points last. Columns that hold nothing
     on this machine (MFU without a known peak, NVML without a GPU, tokens for non-token workloads) are
     left out and explained in the caption, and the least important ones give way to fit the console."""
-    order = list(report.ranking) + [i for i in range(len(report.results)) if i not in report.ranking]
+    order = _row_order(report)
     rows = [_row(position, report.results[i], _marks(report, i)) for position, i in enumerate(order, 1)]
     columns = [c for c in _COLUMNS if any(row[c[0]] not in ("", "n/a", "unknown", "ok") for row in rows)]
     notes = [note for header, note in _MISSING_NOTES.items() if all(c[0] != header for c in columns)]
@@ -51,6 +53,22 @@ _MISSING_NOTES = {"MFU": "MFU: peak FLOPs unknown for this device",
                   "kernel active": "kernel active (NVML): n/a here"}
 # Least important first: these columns are dropped, in order, until the table fits.
 _GIVE_WAY = ("tokens/s", "kernel active", "MFU", "global", "step (cv)")
+
+
+def _row_order(report: SweepReport) -> list[int]:
+    """Indices into report.results in table order: ranked points first, then the rest as they ran."""
+    return list(report.ranking) + [i for i in range(len(report.results)) if i not in report.ranking]
+
+
+def failure_lines(report: SweepReport) -> list[Text]:
+    """One short line per failed point, under the table: its row number, status, point and cause."""
+    lines = []
+    for position, index in enumerate(_row_order(report), 1):
+        result = report.results[index]
+        if not result.ok:
+            lines.append(Text.assemble((f"#{position} {result.status}:", "red"),
+                                       f" {result.point.label}: {cause_line(result.error, result.error_kind)}"))
+    return lines
 
 
 def _natural_width(console: Console, table: Table) -> int:
@@ -176,9 +194,8 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
         from mbtune.report.timeline import timeline_renderable
 
         console.print(timeline_renderable(report.best, width=max(40, console.width - 20)))
-    for result in report.results:
-        if not result.ok:
-            console.print(f"[red]{result.status}:[/] {result.point.label}: {result.error}")
+    for line in failure_lines(report):
+        console.print(line)
     print_warnings(console, list(report.warnings) + [f"{r.point.label}: {w}" for r in report.results for w in r.warnings])
     for note in report.notes:
         console.print(f"note: {note}")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mbtune.atomic import write_atomic
 from mbtune.records import TimelineAction, TrialResult
 
 # Reserved trace-viewer colour names, so each kind keeps its colour in chrome://tracing.
@@ -48,15 +48,5 @@ def write_trace(result: TrialResult | Sequence[TimelineAction], path: str | os.P
         actions: Sequence[TimelineAction] = result.timeline
     else:
         actions = result
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    document = trace_events(actions, label=label)
-    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(document, handle)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return target
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, json.dumps(trace_events(actions, label=label)))

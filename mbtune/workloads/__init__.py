@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -23,6 +24,11 @@ from mbtune.errors import WorkloadError
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 BUILTINS = {"gpt": "mbtune.workloads.gpt:gpt", "mlp": "mbtune.workloads.mlp:mlp"}
 
@@ -42,6 +48,22 @@ class Workload:
     def __post_init__(self) -> None:
         if not self.blocks:
             raise WorkloadError(f"workload {self.name!r} has no blocks", hint="Return at least one block builder.")
+        fix = "Fix the workload factory's return value."
+        if not all(callable(b) for b in self.blocks):
+            raise WorkloadError(f"workload {self.name!r}: every block must be a callable that builds a module",
+                                hint=fix)
+        for name in ("make_batch", "loss"):
+            if not callable(getattr(self, name)):
+                raise WorkloadError(f"workload {self.name!r}: {name} must be callable", hint=fix)
+        flops = self.flops_per_sample
+        if flops is not None and (isinstance(flops, bool) or not isinstance(flops, int | float)
+                                  or not math.isfinite(flops) or flops <= 0):
+            raise WorkloadError(f"workload {self.name!r}: flops_per_sample is {_short(flops)}, expected a "
+                                "positive number or None", hint=fix)
+        tokens = self.tokens_per_sample
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise WorkloadError(f"workload {self.name!r}: tokens_per_sample is {_short(tokens)}, expected an "
+                                "integer >= 1 or None", hint=fix)
 
     @property
     def num_blocks(self) -> int:

@@ -54,9 +54,9 @@ def test_every_command_is_in_the_readme(command):
 @pytest.mark.parametrize(("args", "message"), [
     (["probe", "-w", "bert", "-d", "cpu"], "unknown workload 'bert'"),
     (["probe", "-w", "mlp", "-d", "gpu0"], "device 'gpu0' is not recognised"),
-    (["probe", "-w", "mlp", "--margin", "0.7"], "margin=0.7 is out of range"),
-    (["probe", "-w", "mlp", "--granularity", "0"], "granularity=0 is out of range"),
-    (["probe", "-w", "mlp", "--max-batch", "-3"], "max_batch=-3 is out of range"),
+    (["probe", "-w", "mlp", "--margin", "0.7"], "--margin 0.7 is out of range"),
+    (["probe", "-w", "mlp", "--granularity", "0"], "--granularity 0 is out of range"),
+    (["probe", "-w", "mlp", "--max-batch", "-3"], "--max-batch -3 is out of range"),
     (["probe", "-w", "mlp", "--memory-budget", "lots"], "--memory-budget 'lots' is not a size"),
     (["probe", "-w", "mlp", "-O", "depth=3"], "has no option depth"),
     (["probe", "-w", "mlp", "--format", "xml"], "--format 'xml' is not one of"),

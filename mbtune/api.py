@@ -1,0 +1,105 @@
+"""The public Python API: `mbtune.probe`, `mbtune.sweep`, `mbtune.tune`, `mbtune.load_profile`.
+
+Each takes the same settings as its command, by keyword, under the flag's name with underscores
+(`trial_timeout=60`, `accum=(1, 2)`, `stages=2`) or the config field's (`trial_timeout_s=60`), and
+returns the typed record. Saving is an argument: `save_to="profiles"` journals every finished trial
+and writes the profile there, as the command does; without it nothing is written. Ctrl-C
+(KeyboardInterrupt) starts nothing new and keeps what finished, as on the command line.
+
+    import mbtune
+
+    if __name__ == "__main__":  # trials run in worker processes that re-import this script
+        probe = mbtune.probe(workload="mlp", device="cpu", memory_budget="256MiB")
+        print(probe.safe_batch)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mbtune.config import FLAG_NAMES, ProbeConfig, SweepConfig, parse_bytes
+from mbtune.errors import ConfigError
+from mbtune.records import ProbeResult, Profile, SweepReport
+
+_FIELD_OF_FLAG = {flag.replace("-", "_"): name for name, flag in FLAG_NAMES.items()}
+
+
+def probe(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
+          **settings: Any) -> ProbeResult:
+    """Find the memory ceiling and the verified safe batch (see `mbtune probe --help` for the settings)."""
+    from mbtune.runs import run_probe
+
+    config = _config(ProbeConfig, settings)
+    return run_probe(config, progress, profiles_dir=_folder(save_to), resume=resume).probe
+
+
+def sweep(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
+          **settings: Any) -> SweepReport:
+    """Run real pipelined training steps over the grid and rank them (see `mbtune sweep --help`)."""
+    from mbtune.runs import run_sweep
+
+    config = _config(SweepConfig, settings)
+    return run_sweep(config, progress, profiles_dir=_folder(save_to), resume=resume).sweep
+
+
+def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
+         **settings: Any) -> tuple[ProbeResult, SweepReport]:
+    """Probe, then sweep around the probed safe batch. Settings of both, by name; the probe's own trial steps
+    are `probe_steps` (`steps` are the sweep's measured steps)."""
+    from mbtune.runs import run_tune
+
+    probe_fields = {f.name for f in dataclasses.fields(ProbeConfig)}
+    sweep_fields = {f.name for f in dataclasses.fields(SweepConfig)}
+    named = _field_names(settings)
+    probe_steps = named.pop("probe_steps", None)
+    unknown = sorted(set(named) - probe_fields - sweep_fields)
+    if unknown:
+        raise ConfigError(f"unknown setting {unknown[0]!r} for tune",
+                          hint="Settings are tune's flags with underscores, e.g. memory_budget='3GiB'.")
+    probe_settings = {k: v for k, v in named.items() if k in probe_fields and k != "steps"}
+    if probe_steps is not None:
+        probe_settings["steps"] = probe_steps
+    outcome = run_tune(_config(ProbeConfig, probe_settings), _config(SweepConfig, {
+        k: v for k, v in named.items() if k in sweep_fields}), progress, profiles_dir=_folder(save_to), resume=resume)
+    assert outcome.probe is not None and outcome.sweep is not None
+    return outcome.probe, outcome.sweep
+
+
+def load_profile(path: str | Path) -> Profile:
+    """A saved profile, validated (ProfileError names the file and field when it is damaged)."""
+    from mbtune.profiles import load_profile as load
+
+    return load(Path(path))
+
+
+def _config(kind: type, settings: Mapping[str, Any]) -> Any:
+    """A validated config from keyword settings given under flag or field names."""
+    named = _field_names(settings)
+    fields = {f.name for f in dataclasses.fields(kind)}
+    unknown = sorted(set(named) - fields)
+    if unknown:
+        raise ConfigError(f"unknown setting {unknown[0]!r} for {kind.__name__}",
+                          hint=f"Known: {', '.join(sorted(fields - {'command_line', 'extra_warnings', 'points'}))}.")
+    return kind(**named)
+
+
+def _field_names(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings keyed by config field: flag names mapped, sizes parsed, lists and option dicts made tuples."""
+    named: dict[str, Any] = {}
+    for key, value in settings.items():
+        name = "workload_options" if key == "options" else _FIELD_OF_FLAG.get(key, key)
+        if name == "memory_budget_bytes" and isinstance(value, str):
+            value = parse_bytes(value, name="memory_budget")
+        elif name == "workload_options" and isinstance(value, Mapping):
+            value = tuple(sorted(value.items()))
+        elif isinstance(value, list):
+            value = tuple(value)
+        named[name] = value
+    return named
+
+
+def _folder(save_to: str | Path | None) -> Path | None:
+    return Path(save_to) if save_to is not None else None

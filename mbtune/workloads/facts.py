@@ -1,0 +1,74 @@
+"""What the parent needs to know of a workload, learnt in a fresh process under a deadline.
+
+Importing a user's module and calling its factory runs user code: it may hang, exit, or crash the
+interpreter. mbtune's own process never runs it; a child does, under `load_timeout_s`, and hands back
+the facts (block count, parameters, FLOPs and tokens per sample) or the reason there are none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mbtune.errors import HarnessError, WorkloadError, WorkloadLoadError
+from mbtune.records import HARNESS_FAULT, Record
+
+DEFAULT_LOAD_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadFacts(Record):
+    """A workload as the parent sees it: sizes and rates, no modules."""
+
+    name: str
+    num_blocks: int
+    num_parameters: int
+    flops_per_sample: float | None = None
+    tokens_per_sample: int | None = None
+
+
+def workload_facts(name: str, options: Sequence[tuple[str, Any]] = (), *,
+                   timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> WorkloadFacts:
+    """Load the workload in a fresh process (never this one) and return its facts.
+
+    A bad name or option, or a factory that breaks the contract, raises WorkloadError (bad input, exit 2),
+    as loading it here would. A factory that hangs, exits or kills its process raises WorkloadLoadError
+    (exit 3) saying which."""
+    from mbtune.worker import run_isolated
+
+    result = run_isolated(_facts_in_child, name, tuple(options), timeout_s=timeout_s)
+    if result.status == "ok":
+        kind, payload = result.value
+        if kind == "facts":
+            return WorkloadFacts.from_dict(payload)
+        if kind == "bad_input":
+            message, hint = payload
+            raise WorkloadError(message, hint=hint)
+        raise WorkloadLoadError(f"workload {name!r}: {payload}", hint="A factory must return a Workload.")
+    if result.status == "timeout":
+        raise WorkloadLoadError(
+            f"loading workload {name!r} did not finish within {timeout_s:g} s",
+            hint="Raise --load-timeout if its import or factory is slow, or fix one that hangs.")
+    why = result.error.strip().splitlines()[-1] if result.error.strip() else f"exit code {result.exitcode}"
+    if result.error_kind == HARNESS_FAULT:  # the child died before reaching the factory
+        raise HarnessError(f"could not start a process to load workload {name!r}", hint=why,
+                           detail=result.error_tail or result.error)
+    raise WorkloadLoadError(f"loading workload {name!r} failed: {why}", detail=result.error_tail or result.error)
+
+
+def _facts_in_child(name: str, options: tuple[tuple[str, Any], ...]) -> tuple[str, Any]:
+    """Runs in the child: ("facts", dict) | ("bad_input", (message, hint)) | ("exited", text)."""
+    from mbtune.workloads import load_workload
+
+    try:
+        workload = load_workload(name, options)
+        facts = WorkloadFacts(name=name, num_blocks=workload.num_blocks, num_parameters=workload.num_parameters(),
+                              flops_per_sample=workload.flops_per_sample,
+                              tokens_per_sample=workload.tokens_per_sample)
+    except WorkloadError as exc:
+        return "bad_input", (str(exc), exc.hint)
+    except SystemExit as exc:
+        return "exited", f"its factory called sys.exit({exc.code!r}) instead of returning"
+    return "facts", facts.to_dict()
+

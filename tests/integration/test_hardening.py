@@ -1,0 +1,116 @@
+"""Faults and bad input that must end with the right exit code and one line: user code that hangs or
+exits while loading, runs that measure nothing, SIGTERM and SIGHUP, outputs that cannot be written."""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+
+import pytest
+
+from tests.integration.test_faults import SMALL, SWEEP, assert_no_orphans, journal_records, start, wait_for_lines
+from tests.unit.test_cli import mbtune
+
+pytestmark = pytest.mark.integration
+
+
+def one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_a_factory_that_hangs_ends_at_the_load_timeout_exit_3():
+    tag = uuid.uuid4().hex
+    process = start(["probe", "-w", "tests.fixtures.bad_factories:hangs", "-d", "cpu", "--no-save",
+                     "--load-timeout", "3"], tag)
+    _, stderr = process.communicate(timeout=90)
+    assert process.returncode == 3
+    assert "did not finish within 3 s" in one_line(stderr) and "--load-timeout" in stderr
+    assert_no_orphans(tag)
+
+
+@pytest.mark.parametrize("command", ["probe", "sweep"])
+def test_a_factory_that_exits_is_exit_3_even_with_json(command):
+    result = mbtune(command, "-w", "tests.fixtures.bad_factories:exits", "-d", "cpu", "--no-save", "-f", "json")
+    assert result.returncode == 3 and result.stdout == ""
+    assert "sys.exit(0)" in one_line(result.stderr)
+
+
+def test_a_factory_with_text_for_flops_is_bad_input_before_any_trial(tmp_path):
+    result = mbtune("probe", "-w", "tests.fixtures.bad_factories:string_flops", "-d", "cpu",
+                    "--profiles-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "flops_per_sample is 'lots'" in one_line(result.stderr)
+    assert not list(tmp_path.rglob("*"))  # nothing written
+
+
+@pytest.mark.parametrize("args, cause", [
+    (["--stages", "100", "-m", "2", "--accum", "1"], "no sweep point could run"),
+    (["--global-batch", "7", "-m", "2,4", "--accum", "1"], "no sweep point could run"),
+])
+def test_a_sweep_with_nothing_runnable_exits_3(args, cause):
+    result = mbtune("sweep", *SMALL, "--schedules", "gpipe", *args, "--no-save")
+    assert result.returncode == 3, result.stderr
+    assert cause in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_sweep_whose_every_point_failed_exits_3_and_keeps_the_profile(tmp_path):
+    result = mbtune("sweep", "-w", "tests.fixtures.workloads:broken", "-d", "cpu", "-p", "1", "--schedules", "gpipe",
+                    "-m", "1", "--accum", "1", "--micro-batch-size", "2", "--steps", "1",
+                    "--profiles-dir", str(tmp_path), "-f", "json")
+    assert result.returncode == 3, result.stderr
+    assert "no sweep point completed" in result.stderr and "shape mismatch in user block" in result.stderr
+    [profile] = tmp_path.glob("cpu-*/*.json")
+    assert [r["status"] for r in json.loads(profile.read_text())["sweep"]["results"]] == ["error"]
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_and_sighup_stop_a_sweep_like_ctrl_c(tmp_path, signum, code):
+    tag = uuid.uuid4().hex
+    process = start([*SWEEP, "--profiles-dir", str(tmp_path)], tag)
+    wait_for_lines(process, "trial 2:")
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == code, stderr
+    assert_no_orphans(tag)
+    [path] = tmp_path.glob("cpu-*/mlp.json")
+    saved = json.loads(path.read_text())["sweep"]
+    assert saved["interrupted"] is True and len(saved["results"]) >= 1
+    finished = journal_records(tmp_path, "sweep_point")
+    resumed = mbtune(*SWEEP, "--profiles-dir", str(tmp_path), "--resume", "--format", "json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr.count("replayed from the journal") == len(finished)
+
+
+def test_sigterm_mid_probe_keeps_the_journal_and_resume_replays_it(tmp_path):
+    tag = uuid.uuid4().hex
+    args = ["probe", "-w", "mlp", "-O", "layers=2", "-O", "width=256", "-d", "cpu", "--memory-budget", "200MiB",
+            "--max-batch", "2000", "--threads", "1", "--profiles-dir", str(tmp_path)]
+    process = start(args, tag)
+    wait_for_lines(process, "trial 2:")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143 and "interrupted by SIGTERM" in stderr
+    assert_no_orphans(tag)
+    finished = journal_records(tmp_path, "probe_trial")
+    resumed = mbtune(*args, "--resume", "--format", "json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr.count("replayed from the journal") == len(finished) >= 2
+
+
+@pytest.mark.parametrize("flag", ["--plot", "--trace"])
+def test_an_output_that_cannot_be_written_is_refused_before_measuring(tmp_path, flag):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    target = blocker / "under-a-file" / "out"
+    result = mbtune("sweep", *SMALL, flag, str(target), "--no-save")
+    assert result.returncode == 2
+    assert "not a folder" in one_line(result.stderr) and "trial 1" not in result.stderr
+
+
+def test_qualify_refuses_an_unwritable_junit_path_before_running(tmp_path):
+    result = mbtune("qualify", "--baseline", str(tmp_path / "missing.json"), "--junit", str(tmp_path))
+    assert result.returncode == 2
+    assert "is a folder" in one_line(result.stderr)

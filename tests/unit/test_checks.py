@@ -1,0 +1,99 @@
+"""The one validation helper, output-path checks and one-line error text."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from mbtune.checks import check_types, require_unique, short
+from mbtune.config import ProbeConfig, SweepConfig
+from mbtune.errors import ONE_LINE_CHARS, ConfigError, MbtuneError
+from mbtune.outputs import check_writable
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    count: int = 1
+    share: float = 0.5
+    name: str = "x"
+    flag: bool = False
+    sizes: tuple[int, ...] = (1,)
+    pair: tuple[str, float] = ("a", 1.0)
+    maybe: int | None = None
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("count", 2.5, "an integer"), ("count", True, "an integer"), ("count", "3", "an integer"),
+    ("share", "0.1", "a finite number"), ("share", float("nan"), "a finite number"),
+    ("share", float("inf"), "a finite number"), ("name", 3, "text"), ("flag", 1, "true or false"),
+    ("sizes", [1, 2], "a list"), ("sizes", (1, "2"), "an integer"), ("pair", ("a",), "2 items"),
+    ("pair", ("a", "b"), "a finite number"), ("maybe", 1.5, "an integer"),
+])
+def test_wrong_types_name_the_field_and_what_is_expected(field, value, expected):
+    with pytest.raises(ConfigError) as caught:
+        check_types(Sample(**{field: value}))
+    assert caught.value.field == field and expected in str(caught.value)
+
+
+def test_right_types_pass():
+    check_types(Sample(count=3, share=1, maybe=None, sizes=(), pair=("b", 2)))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"margin": "0.1"}, "margin"), ({"granularity": 2.5}, "granularity"), ({"trial_timeout_s": float("inf")},
+                                                                          "trial_timeout_s"),
+    ({"trial_timeout_s": 1e300}, "trial_timeout_s"), ({"load_timeout_s": 0}, "load_timeout_s"),
+    ({"confirm": True}, "confirm"), ({"workload": 3}, "workload"),
+])
+def test_probe_config_type_and_bound_errors_name_the_field(kwargs, field):
+    with pytest.raises(ConfigError) as caught:
+        ProbeConfig(**kwargs)
+    assert caught.value.field == field
+    assert "--" not in str(caught.value) and "Fix" not in caught.value.one_line()  # flags belong to the CLI
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"schedules": ("gpipe", "gpipe")}, "schedules"), ({"micro_batches": (2, 2)}, "micro_batches"),
+    ({"accum_steps": (1, 1)}, "accum_steps"), ({"point_timeout_s": float("nan")}, "point_timeout_s"),
+    ({"num_stages": 0}, "num_stages"), ({"virtual_stages": 0}, "virtual_stages"),
+])
+def test_sweep_config_refuses_duplicates_and_bad_values(kwargs, field):
+    with pytest.raises(ConfigError) as caught:
+        SweepConfig(**kwargs)
+    assert caught.value.field == field
+
+
+def test_unique_lists_pass_and_duplicates_name_the_entry():
+    require_unique((1, 2, 4), "micro_batches")
+    with pytest.raises(ConfigError, match="names 4 twice"):
+        require_unique((4, 2, 4), "micro_batches")
+
+
+def test_huge_values_are_not_echoed_whole():
+    assert len(short("x" * 100_000)) <= 60
+    with pytest.raises(ConfigError) as caught:
+        ProbeConfig(workload_options=(("k", "v" * 100_000),), margin="x" * 100_000)
+    assert len(caught.value.one_line()) <= ONE_LINE_CHARS + 10
+
+
+def test_one_line_is_cut_but_keeps_the_hint():
+    error = MbtuneError("a\nb " + "long " * 100, hint="Do this.")
+    line = error.one_line()
+    assert "\n" not in line and line.endswith("Do this.") and len(line) <= ONE_LINE_CHARS + 2
+
+
+def test_check_writable(tmp_path):
+    check_writable(tmp_path / "new" / "deeper" / "out.json")  # missing folders are made later
+    check_writable(tmp_path / "plots", folder=True)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for bad, folder in ((afile, True), (tmp_path, False), (afile / "x.json", False)):
+        with pytest.raises(ConfigError):
+            check_writable(bad, folder=folder)
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ConfigError, match="not writable"):
+            check_writable(locked / "out.json")
