@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
-import math
-import numbers
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from mbtune.recordio import (  # noqa: F401 - the loader's names are part of this module's interface
+    MAX_DEPTH,
+    Record,
+    RecordFieldError,
+    load_value,
+    short_repr,
+    shorten,
+)
 
 SCHEMA_VERSION = 1
 
@@ -25,234 +27,6 @@ WORKLOAD_FAULT, HARNESS_FAULT = "workload", "harness"
 ERROR_KINDS = ("", WORKLOAD_FAULT, HARNESS_FAULT)
 ERROR_TAIL_LINES = 20  # how much of a failure's traceback and stderr a record keeps
 
-
-class Record:
-    """Mixin: lossless to_dict/from_dict for frozen dataclasses of plain values, tuples and records."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: _dump(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, path: str = "") -> Any:
-        """Build the record from plain data (parsed JSON), checking every value against its field's type.
-        Unknown keys are ignored (a newer mbtune's additions); anything else that does not fit raises
-        RecordFieldError naming the field by its path from `path` (e.g. trials[3].status)."""
-        return _load_record(cls, data, path, 0)
-
-
-MAX_DEPTH = 64  # far deeper than any record nests: deeper input is refused rather than recursed into
-_SHORT = 60  # the most of a value an error message echoes
-
-
-class RecordFieldError(ValueError):
-    """A value read into a record does not fit its field; path names the field (trials[3].status)."""
-
-    def __init__(self, path: str, problem: str, *, expected: str = "") -> None:
-        self.path = path or "the document"
-        self.problem = problem
-        self.expected = expected  # what would have fitted, when the value was of the wrong kind
-        super().__init__(f"{shorten(self.path, 2 * _SHORT)} {problem}")
-
-
-def shorten(text: str, limit: int = _SHORT) -> str:
-    """text, cut to at most limit characters with an ellipsis in the middle when longer."""
-    if len(text) <= limit:
-        return text
-    keep = max(limit - 3, 2)
-    return f"{text[: keep - keep // 3]}...{text[len(text) - keep // 3:]}"
-
-
-def short_repr(value: Any, limit: int = _SHORT) -> str:
-    """value as JSON would spell it (Python's repr where JSON cannot), shortened for an error message."""
-    if isinstance(value, str) and len(value) > limit:
-        value = value[: 2 * limit]  # no need to encode 100 KB to show 60 characters of it
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError, RecursionError):
-        try:
-            text = repr(value)
-        except (ValueError, RecursionError):
-            text = f"a {type(value).__name__}"
-    return shorten(text, limit)
-
-
-def load_value(hint: Any, value: Any, *, path: str) -> Any:
-    """value checked against a type hint as from_dict checks a field (lists become tuples); raises
-    RecordFieldError naming path."""
-    return _load(hint, value, path, 0)
-
-
-def _dump(value: Any) -> Any:
-    if isinstance(value, Record):
-        return value.to_dict()
-    if isinstance(value, (tuple, list)):
-        return [_dump(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _dump(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no NaN: a diverged loss is saved as unknown, so the file stays readable
-    return value
-
-
-def _load_record(cls: Any, data: Any, path: str, depth: int) -> Any:
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, dict):
-        raise _refused(path, data, "an object")
-    hints, kwargs = _hints(cls), {}
-    for f in dataclasses.fields(cls):
-        where = _join(path, f.name)
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise RecordFieldError(where, f"is missing, expected {_describe(hints[f.name])}")
-            continue
-        value = _load(hints[f.name], data[f.name], where, depth + 1)
-        choices = _field_choices(cls, f.name)
-        if choices is not None and value not in choices:
-            raise _refused(where, value, "one of " + ", ".join(c or '""' for c in choices))
-        kwargs[f.name] = value
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:  # the record's own checks
-        if isinstance(exc, RecordFieldError):
-            raise
-        raise RecordFieldError(path, f"is refused as {cls.__name__}: {shorten(str(exc), 2 * _SHORT)}") from None
-
-
-def _field_choices(cls: Any, name: str) -> tuple[str, ...] | None:
-    """The fixed set a field's value must come from, read now (not at import) so later additions count."""
-    if cls in (TrialOutcome, TrialResult):
-        return {"status": STATUSES, "error_kind": ERROR_KINDS}.get(name)
-    return None
-
-
-def _load(hint: Any, value: Any, path: str, depth: int) -> Any:
-    if depth > MAX_DEPTH:
-        raise RecordFieldError(path, f"is nested more than {MAX_DEPTH} levels deep")
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return _load_union(hint, value, path, depth)
-    if hint is Any or hint is object:
-        return _load_plain(value, path, depth)
-    if value is None:
-        raise _refused(path, value, _describe(hint))
-    if origin is tuple or hint is tuple:
-        return _load_tuple(hint, value, path, depth)
-    if origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            raise _refused(path, value, "an object")
-        key_hint, item_hint = typing.get_args(hint) or (Any, Any)
-        for key in value:
-            if key_hint is str and not isinstance(key, str):
-                raise _refused(f"{path} key", key, "a string")
-        return {k: _load(item_hint, v, _join(path, str(k)), depth + 1) for k, v in value.items()}
-    if isinstance(hint, type) and issubclass(hint, Record):
-        return _load_record(hint, value, path, depth)
-    return _load_scalar(hint, value, path)
-
-
-def _load_union(hint: Any, value: Any, path: str, depth: int) -> Any:
-    args = typing.get_args(hint)
-    if value is None:
-        if type(None) in args:
-            return None
-        raise _refused(path, value, _describe(hint))
-    options = [a for a in args if a is not type(None)]
-    for option in options:
-        try:
-            return _load(option, value, path, depth)
-        except RecordFieldError as exc:
-            # With one option, a field inside the value (or a value nested too deep) is the one to name; a
-            # value of the wrong kind is named with all that would have fitted ("an integer or null").
-            if len(options) == 1 and (exc.path != (path or "the document") or not exc.expected):
-                raise
-    raise _refused(path, value, _describe(hint))
-
-
-def _load_tuple(hint: Any, value: Any, path: str, depth: int) -> tuple:
-    if not isinstance(value, (list, tuple)):
-        raise _refused(path, value, _describe(hint))
-    args = typing.get_args(hint)
-    if not args:
-        items: tuple = (Any,) * len(value)
-    elif len(args) == 2 and args[1] is Ellipsis:
-        items = (args[0],) * len(value)
-    elif len(args) != len(value):
-        raise _refused(path, value, f"a list of {len(args)} items")
-    else:
-        items = args
-    return tuple(_load(h, v, f"{path}[{i}]", depth + 1) for i, (h, v) in enumerate(zip(items, value)))
-
-
-def _load_scalar(hint: Any, value: Any, path: str) -> Any:
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            return int(value)
-    elif hint is float:
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            try:
-                number = float(value)
-            except OverflowError:
-                number = math.inf
-            if math.isfinite(number):
-                return number
-            raise _refused(path, value, "a finite number")
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    else:
-        return value  # a hint this loader does not know: taken as given
-    raise _refused(path, value, _describe(hint))
-
-
-def _load_plain(value: Any, path: str, depth: int) -> Any:
-    """Free-form content (dict[str, Any] fields): any JSON value, but no NaN and no absurd nesting."""
-    if depth > MAX_DEPTH:
-        raise RecordFieldError(path, f"is nested more than {MAX_DEPTH} levels deep")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _refused(path, value, "a finite number")
-    if isinstance(value, dict):
-        return {k: _load_plain(v, _join(path, str(k)), depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_load_plain(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
-    return value
-
-
-_NAMES = {bool: ("true or false", "booleans"), int: ("an integer", "integers"),
-          float: ("a finite number", "finite numbers"), str: ("a string", "strings")}
-
-
-def _describe(hint: Any, plural: bool = False) -> str:
-    """What a hint expects, in words: 'an integer or null', 'a list of strings'."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        words = [_describe(a, plural) for a in args if a is not type(None)] + (["null"] * (type(None) in args))
-        return " or ".join(words) if len(words) < 3 else f"{', '.join(words[:-1])} or {words[-1]}"
-    if origin is tuple or hint is tuple:
-        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
-        return "lists" if plural else f"a list of {_describe(args[0], True)}" if len(set(args)) == 1 else "a list"
-    if origin is dict or hint is dict or (isinstance(hint, type) and issubclass(hint, Record)):
-        return "objects" if plural else "an object"
-    if hint in _NAMES:
-        return _NAMES[hint][plural]
-    return "values" if plural else "a value"
-
-
-def _refused(path: str, value: Any, expected: str) -> RecordFieldError:
-    return RecordFieldError(path, f"is {short_repr(value)}, expected {expected}", expected=expected)
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
-@functools.lru_cache(maxsize=None)
-def _hints(cls: Any) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceInfo(Record):
@@ -276,6 +50,12 @@ class DeviceInfo(Record):
 @dataclass(frozen=True, kw_only=True)
 class TrialOutcome(Record):
     """How one isolated trial ended. OOM is data, not an exception."""
+
+    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
+
+    @classmethod
+    def field_choices(cls, name: str) -> tuple[str, ...] | None:
+        return {"status": STATUSES, "error_kind": ERROR_KINDS}.get(name)
 
     status: str
     batch_size: int
@@ -335,6 +115,9 @@ class MemoryModel(Record):
 @dataclass(frozen=True, kw_only=True)
 class ProbeResult(Record):
     """Everything a probe found, trial by trial."""
+
+    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
+    FRAME_ROWS: ClassVar[str] = 'trials'
 
     workload: str
     workload_options: dict[str, Any] = field(default_factory=dict)
@@ -457,6 +240,12 @@ class TimelineAction(Record):
 class TrialResult(Record):
     """What one sweep point measured."""
 
+    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
+
+    @classmethod
+    def field_choices(cls, name: str) -> tuple[str, ...] | None:
+        return {"status": STATUSES, "error_kind": ERROR_KINDS}.get(name)
+
     point: SweepPoint
     status: str
     error: str = ""
@@ -511,6 +300,9 @@ class TrialResult(Record):
 class SweepReport(Record):
     """A whole sweep: every point run, every point skipped, the ranking and the best."""
 
+    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
+    FRAME_ROWS: ClassVar[str] = 'results'
+
     workload: str
     workload_options: dict[str, Any] = field(default_factory=dict)
     device: DeviceInfo
@@ -554,6 +346,8 @@ class Metadata(Record):
 @dataclass(frozen=True, kw_only=True)
 class Profile(Record):
     """The versioned file saved under profiles/<device>/<workload>.json."""
+
+    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
 
     SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
 

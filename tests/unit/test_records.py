@@ -38,3 +38,19 @@ def test_outcome_derived_figures():
     assert trial.step_time_s == 0.2  # median of the steps after the first
     assert trial.samples_per_s == 5.0
     assert sample_probe().trials[1].samples_per_s is None
+
+
+def test_records_have_a_short_repr_and_a_frame():
+    from dataclasses import replace
+
+    probe = sample_probe()
+    many = replace(probe, trials=tuple(TrialOutcome(status="ok", batch_size=b, step_times_s=(0.1, 0.1),
+                                                    error="x" * 1000) for b in range(1, 200)))
+    text = repr(many)
+    assert "trials=<199 items>" in text and len(text) < 600 and "xxxx" not in text
+    frame = many.to_frame()
+    assert list(frame["batch_size"]) == list(range(1, 200)) and "status" in frame.columns
+    one = Profile(schema_version=SCHEMA_VERSION, probe=probe, metadata=Metadata(
+        mbtune_version="0", torch_version="2", python_version="3", host="h", platform="p", command_line="x",
+        created_at="now"))
+    assert "probe=ProbeResult(...)" in repr(one) and len(one.to_frame()) == 1
