@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from peers import PEERS, PeerRun, missing_reason, run_peer
 
 from mbtune.config import ProbeConfig, parse_bytes, parse_options
-from mbtune.probe import search_ceiling
+from mbtune.ceiling import search_ceiling
 from mbtune.records import OK, TrialOutcome
 from mbtune.jobs import run_classified_trial
 

@@ -1,4 +1,4 @@
-"""The public Python API: `mbtune.probe`, `mbtune.sweep`, `mbtune.tune`, `mbtune.load_profile`.
+"""The public Python API: `mbtune.probe`, `mbtune.sweep`, `mbtune.tune`, `mbtune.plan`, `mbtune.load_profile`.
 
 Each takes the same settings as its command, by keyword, under the flag's name with underscores
 (`trial_timeout=60`, `accum=(1, 2)`, `stages=2`) or the config field's (`trial_timeout_s=60`), and
@@ -24,7 +24,9 @@ from mbtune.config import FLAG_NAMES, ProbeConfig, SweepConfig, parse_bytes
 from mbtune.errors import ConfigError
 from mbtune.records import ProbeResult, Profile, SweepReport
 
-_FIELD_OF_FLAG = {flag.replace("-", "_"): name for name, flag in FLAG_NAMES.items()}
+_FIELDS_OF_FLAG: dict[str, list[str]] = {}
+for _field, _flag in FLAG_NAMES.items():
+    _FIELDS_OF_FLAG.setdefault(_flag.replace("-", "_"), []).append(_field)
 
 
 def probe(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
@@ -53,7 +55,7 @@ def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: A
 
     probe_fields = {f.name for f in dataclasses.fields(ProbeConfig)}
     sweep_fields = {f.name for f in dataclasses.fields(SweepConfig)}
-    named = _field_names(settings)
+    named = _field_names(settings, probe_fields | sweep_fields)
     probe_steps = named.pop("probe_steps", None)
     unknown = sorted(set(named) - probe_fields - sweep_fields)
     if unknown:
@@ -68,6 +70,16 @@ def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: A
     return outcome.probe, outcome.sweep
 
 
+def plan(profile: str | Path | Profile, **settings: Any) -> Any:
+    """Calibrate the simulator on a profile's sweep (a path or a loaded Profile) and predict the grid the
+    settings describe (see `mbtune plan --help`); returns the PlanReport."""
+    from mbtune.planning.api import plan_from_profile
+    from mbtune.planning.config import PlanConfig
+
+    loaded = profile if isinstance(profile, Profile) else load_profile(profile)
+    return plan_from_profile(loaded, _config(PlanConfig, settings))
+
+
 def load_profile(path: str | Path) -> Profile:
     """A saved profile, validated (ProfileError names the file and field when it is damaged)."""
     from mbtune.profiles import load_profile as load
@@ -77,8 +89,8 @@ def load_profile(path: str | Path) -> Profile:
 
 def _config(kind: type, settings: Mapping[str, Any]) -> Any:
     """A validated config from keyword settings given under flag or field names."""
-    named = _field_names(settings)
     fields = {f.name for f in dataclasses.fields(kind)}
+    named = _field_names(settings, fields)
     unknown = sorted(set(named) - fields)
     if unknown:
         raise ConfigError(f"unknown setting {unknown[0]!r} for {kind.__name__}",
@@ -86,11 +98,13 @@ def _config(kind: type, settings: Mapping[str, Any]) -> Any:
     return kind(**named)
 
 
-def _field_names(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Settings keyed by config field: flag names mapped, sizes parsed, lists and option dicts made tuples."""
+def _field_names(settings: Mapping[str, Any], fields: set[str]) -> dict[str, Any]:
+    """Settings keyed by config field (of `fields`): flag names mapped, sizes parsed, lists and option
+    dicts made tuples."""
     named: dict[str, Any] = {}
     for key, value in settings.items():
-        name = "workload_options" if key == "options" else _FIELD_OF_FLAG.get(key, key)
+        candidates = ["workload_options"] if key == "options" else _FIELDS_OF_FLAG.get(key, [])
+        name = next((c for c in candidates if c in fields), key)
         if name == "memory_budget_bytes" and isinstance(value, str):
             value = parse_bytes(value, name="memory_budget")
         elif name == "workload_options" and isinstance(value, Mapping):

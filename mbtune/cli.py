@@ -275,7 +275,7 @@ def _finish(fmt: str, outcome: object, *, plot: Path | None = None, trace: Path 
     from mbtune.errors import EXIT_INTERRUPTED, NothingMeasuredError
     from mbtune.report import make_console
     from mbtune.report.sweep import write_artifacts
-    from mbtune.sweep import nothing_measured
+    from mbtune.grid import nothing_measured
     from mbtune.report.tune import print_results
 
     saved = str(outcome.saved_to) if outcome.saved_to else None
@@ -388,21 +388,25 @@ def plan(
 ) -> None:
     """Predict configurations beyond this machine with a simulator calibrated on a saved sweep."""
     from mbtune.config import DEFAULT_SCHEDULES, parse_duration, parse_list, parse_rate
-    from mbtune.plan.api import plan_from_profile
+    from mbtune.planning.api import plan_from_profile
+    from mbtune.planning.config import PlanConfig
     from mbtune.profiles import load_profile
     from mbtune.report import make_console
     from mbtune.report.plan import print_plan, write_plan_artifacts
 
     fmt = _check_format(format)
-    report = plan_from_profile(
-        load_profile(profile), num_stages=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),
+    _check_outputs(plot_dir=plot, files=(trace,))
+    config = PlanConfig(
+        num_stages=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),
         schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
         data_parallel=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
         grad_accum_steps=accum, num_blocks=blocks, virtual_stages=virtual_stages,
         link_bandwidth_bytes_per_s=parse_rate(link_bandwidth, name="--link-bandwidth") if link_bandwidth else None,
         link_latency_s=parse_duration(link_latency, name="--link-latency") if link_latency else None,
         validation_method=None if validation == "none" else validation, scatter=scatter,
+        keep_timeline=bool(plot or trace),
     )
+    report = plan_from_profile(load_profile(profile), config)
     print_plan(make_console(), report, fmt)
     if plot or trace:
         write_plan_artifacts(make_console(stderr=True), report, plot_dir=plot, trace_path=trace)

@@ -24,7 +24,9 @@ USUAL_MARGIN_RANGE = (0.10, 0.20)
 # The CLI names flags in hints from this; the Python API takes either name.
 FLAG_NAMES = {"trial_timeout_s": "trial-timeout", "load_timeout_s": "load-timeout", "point_timeout_s": "point-timeout",
               "accum_steps": "accum", "measured_steps": "steps", "warmup_steps": "warmup", "num_stages": "stages",
-              "memory_budget_bytes": "memory-budget", "workload_options": "option"}
+              "memory_budget_bytes": "memory-budget", "workload_options": "option", "grad_accum_steps": "accum",
+              "num_blocks": "blocks", "link_bandwidth_bytes_per_s": "link-bandwidth", "link_latency_s": "link-latency",
+              "validation_method": "validation"}
 
 
 def flag_for(field_name: str) -> str:

@@ -55,7 +55,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     With a store, every finished trial is journaled, and trials journaled by an interrupted run are
     replayed in order instead of run again (the search is deterministic given its outcomes)."""
     from mbtune.device import resolve_device
-    from mbtune.probe import search_ceiling
+    from mbtune.ceiling import search_ceiling
     from mbtune.workloads.facts import workload_facts
 
     # Bad names and options fail here, before any trial; user code runs in a child under a deadline.
@@ -174,7 +174,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     """
     from mbtune.device import resolve_device
     from mbtune.device.peak_flops import peak_flops
-    from mbtune.sweep import plan_grid
+    from mbtune.grid import plan_grid
     from mbtune.workloads.facts import workload_facts
 
     workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
@@ -219,7 +219,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
 def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResult],
                   skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
                   warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
-    from mbtune.sweep import rank_results, tied_with_best
+    from mbtune.grid import rank_results, tied_with_best
 
     ranking, pareto = rank_results(results, config.objective)
     return SweepReport(
@@ -236,7 +236,7 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResu
 def _quick(points: tuple[SweepPoint, ...], run_one: Callable[[SweepPoint], TrialResult],
            config: SweepConfig) -> tuple[tuple[SkippedPoint, ...], str]:
     """The quick strategy: the simulator, calibrated on a few points, picks what to run next."""
-    from mbtune.plan.api import quick_sweep
+    from mbtune.planning.api import quick_sweep
 
     found = quick_sweep(points, run_one, workload=config.workload, workload_options=config.workload_options,
                         optimizer=config.optimizer)
@@ -298,7 +298,7 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, list[
 def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
                  peak_total: float | None) -> TrialResult:
     """The point run config.repeats times, each in fresh processes, merged (stopping at a failed one)."""
-    from mbtune.sweep import merge_repeats
+    from mbtune.grid import merge_repeats
 
     runs: list[TrialResult] = []
     while len(runs) < config.repeats and (not runs or runs[-1].ok):
@@ -311,7 +311,7 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     from mbtune.device.load import LoadMeter, busy_warning
     from mbtune.device.nvml import NvmlSampler
     from mbtune.pipeline import PipelineSpec, run_pipeline_point
-    from mbtune.sweep import summarize_point
+    from mbtune.grid import summarize_point
 
     spec = PipelineSpec(
         workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from mbtune.plan.records import (
+from mbtune.planning.records import (
     WITHIN_RUN,
     NoiseFloor,
     PlanReport,
@@ -19,7 +20,14 @@ from mbtune.plan.records import (
     QuickResult,
     Validation,
 )
-from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
+from mbtune.report import (
+    fmt_bytes,
+    fmt_rate,
+    fmt_seconds,
+    key_value_grid,
+    print_json,
+    print_warnings,
+)
 
 
 def _pct(value: float | None) -> str:
@@ -154,6 +162,7 @@ def quick_panel(result: QuickResult) -> Panel:
 def plan_dict(report: PlanReport) -> dict[str, Any]:
     """The plan as JSON-ready data: the full record plus a summary of the recommendation and validation."""
     data = report.to_dict()
+    data.pop("recommended_timeline")  # a picture's and a trace's data, not the plan's (--plot, --trace)
     best = report.best
     validation = report.validation
     noise = validation.noise_floor if validation else None
@@ -213,14 +222,17 @@ def print_plan(console: Console, report: PlanReport, fmt: str) -> None:
 def write_plan_artifacts(console: Console, report: PlanReport, *, plot_dir: Path | None,
                          trace_path: Path | None) -> None:
     """--plot and --trace of `mbtune plan`: pictures of the predictions, the recommended configuration's
-    simulated timeline as a Chrome trace."""
-    from mbtune.plan.api import recommended_timeline
+    simulated timeline (the one the plan kept, see PlanConfig.keep_timeline) as a Chrome trace."""
     from mbtune.report.plots import write_plan_plots
     from mbtune.report.trace import write_trace
 
-    recommended = recommended_timeline(report)
+    best = report.best
+    recommended = replace(best, timeline=report.recommended_timeline) if best and report.recommended_timeline else None
     written = write_plan_plots(report, plot_dir, recommended=recommended) if plot_dir else []
     if trace_path and recommended is not None:
         written.append(write_trace(recommended.timeline, trace_path, label=f"{recommended.point.label} (simulated)"))
+    elif trace_path:
+        console.print("no trace written: " + ("no configuration is recommended" if best is None
+                                              else "the plan kept no simulated timeline"))
     for path in written:
         console.print(f"wrote {path}")

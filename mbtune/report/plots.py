@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mbtune.errors import ConfigError
-from mbtune.plan.records import PlanReport, Prediction
+from mbtune.planning.records import PlanReport, Prediction
 from mbtune.records import SweepReport, TimelineAction
 
 COLOURS = {"forward": "tab:green", "backward": "tab:blue", "backward_input": "tab:cyan",

@@ -59,3 +59,13 @@ def test_the_readme_python_example_runs(tmp_path):
     result = run_script(tmp_path, example)
     assert result.returncode == 0, result.stderr
     assert "safe batch" in result.stdout
+
+
+def test_plan_from_python_takes_flag_names():
+    import mbtune
+    from tests.unit.test_plan_api import profile
+
+    report = mbtune.plan(profile(), stages=2, micro_batches=[4], schedules=["gpipe"], accum=2, validation=None)
+    assert report.best is not None and report.best.point.grad_accum_steps == 2
+    with pytest.raises(ConfigError, match="unknown setting 'stagez'"):
+        mbtune.plan(profile(), stagez=2)

@@ -19,16 +19,16 @@ import pytest
 
 from mbtune.config import SweepConfig
 from mbtune.jobs import sweep_workload
-from mbtune.plan.api import (
+from mbtune.planning.api import (
     block_facts,
     calibrate_results,
     plan_from_profile,
     recommended_timeline,
     validate_results,
 )
-from mbtune.plan.calibrate import point_orders
-from mbtune.plan.planner import predict, with_scatter
-from mbtune.plan.records import SCATTER_NONE
+from mbtune.planning.calibrate import point_orders
+from mbtune.planning.planner import predict, with_scatter
+from mbtune.planning.records import SCATTER_NONE
 from mbtune.records import Metadata, Profile, SweepReport
 from mbtune.report.plots import write_plan_plots, write_plots
 from mbtune.report.trace import write_trace

@@ -9,13 +9,15 @@ import pytest
 from torch import nn
 
 from mbtune.errors import ConfigError, ProfileError
-from mbtune.plan.api import (
+from mbtune.planning.api import (
     block_facts,
     calibrate_profile,
     memory_limit,
     plan_from_profile,
+    recommended_timeline,
     validate_profile,
 )
+from mbtune.planning.config import PlanConfig
 from mbtune.records import DeviceInfo, Metadata, Profile, SweepPoint, SweepReport
 from mbtune.workloads import Workload
 from mbtune.workloads.mlp import mlp
@@ -70,36 +72,36 @@ def profile(with_probe: bool = True) -> Profile:
 
 
 def test_plan_from_a_profile_checks_memory_against_the_ceiling() -> None:
-    report = plan_from_profile(profile(), num_stages=2, micro_batches=(4, 8, 64), schedules=("gpipe", "1f1b"))
+    report = plan_from_profile(profile(), PlanConfig(num_stages=2, micro_batches=(4, 8, 64), schedules=("gpipe", "1f1b")))
     assert report.memory_limit_bytes == pytest.approx(TRUTH.base_bytes * 1.1)
     assert "probed ceiling" in report.memory_limit_source
     assert report.validation is not None and report.validation.median_step_error == pytest.approx(0.0, abs=1e-9)
     assert report.best is not None and report.best.fits
     assert {p.point.micro_batch_size for p in report.predictions} == {4}  # the measured size by default
     assert report.device is not None and report.device.name == "Test CPU"
-    unlimited = plan_from_profile(profile(with_probe=False), num_stages=2, micro_batches=(4,), schedules=("gpipe",),
-                                  validation_method=None)
+    unlimited = plan_from_profile(profile(with_probe=False), PlanConfig(num_stages=2, micro_batches=(4,),
+                                                                        schedules=("gpipe",), validation_method=None))
     assert unlimited.memory_limit_bytes is None and unlimited.validation is None
     assert unlimited.predictions[0].fits is None
 
 
 def test_more_stages_than_blocks_plans_a_deeper_model_and_says_so() -> None:
-    report = plan_from_profile(profile(), num_stages=4, micro_batches=(4,), schedules=("gpipe", "interleaved-1f1b"),
-                               validation_method=None)
+    report = plan_from_profile(profile(), PlanConfig(num_stages=4, micro_batches=(4,),
+                                                     schedules=("gpipe", "interleaved-1f1b"), validation_method=None))
     assert report.num_blocks == 4  # the mlp's own: enough for gpipe's 4 stages
     depths = {p.point.schedule: p.num_blocks for p in report.predictions}
     assert depths == {"gpipe": 4, "interleaved-1f1b": 8} and not report.skipped  # 4 ranks x 2 stages each
     assert any("has 4 blocks, too few" in w and "interleaved-1f1b as 8 blocks" in w and "--blocks" in w
                for w in report.warnings)
-    chosen = plan_from_profile(profile(), num_stages=4, micro_batches=(4,), schedules=("interleaved-1f1b",),
-                               num_blocks=4, validation_method=None)
+    chosen = plan_from_profile(profile(), PlanConfig(num_stages=4, micro_batches=(4,), schedules=("interleaved-1f1b",),
+                                                     num_blocks=4, validation_method=None))
     assert not chosen.predictions and "--blocks" in chosen.skipped[0].reason
 
 
 def test_a_prediction_does_not_depend_on_the_other_schedules_listed() -> None:
     def gpipe(schedules: tuple[str, ...]) -> list:
-        report = plan_from_profile(profile(), num_stages=8, micro_batches=(16,), schedules=schedules,
-                                   validation_method=None)
+        report = plan_from_profile(profile(), PlanConfig(num_stages=8, micro_batches=(16,), schedules=schedules,
+                                                         validation_method=None))
         return [p for p in report.predictions if p.point.schedule == "gpipe"]
 
     alone = gpipe(("gpipe",))
@@ -107,24 +109,25 @@ def test_a_prediction_does_not_depend_on_the_other_schedules_listed() -> None:
 
 
 def test_scatter_none_plans_and_validates_with_average_costs() -> None:
-    report = plan_from_profile(profile(), num_stages=2, micro_batches=(4,), schedules=("gpipe",), scatter="none")
+    report = plan_from_profile(profile(), PlanConfig(num_stages=2, micro_batches=(4,), schedules=("gpipe",),
+                                                     scatter="none"))
     assert report.scatter == "none" and not report.model.spread.known
     assert report.validation is not None and report.validation.scatter == "none"
-    assert plan_from_profile(profile(), num_stages=2, micro_batches=(4,), schedules=("gpipe",),
-                             validation_method=None).scatter == "measured"
+    assert plan_from_profile(profile(), PlanConfig(num_stages=2, micro_batches=(4,), schedules=("gpipe",),
+                                                   validation_method=None)).scatter == "measured"
 
 
 def test_an_unresolved_probe_memory_model_leaves_out_per_sample_memory() -> None:
     resolved = profile()
     unresolved_probe = replace(sample_probe(), memory_model=replace(sample_probe().memory_model, resolved=False))
     unresolved = replace(resolved, probe=unresolved_probe)
-    grid = {"num_stages": 2, "micro_batches": (4,), "schedules": ("gpipe",), "validation_method": None}
-    counted, left_out = plan_from_profile(resolved, **grid), plan_from_profile(unresolved, **grid)
+    grid = PlanConfig(num_stages=2, micro_batches=(4,), schedules=("gpipe",), validation_method=None)
+    counted, left_out = plan_from_profile(resolved, grid), plan_from_profile(unresolved, grid)
     assert counted.per_sample_memory and not any("per-sample memory" in w for w in counted.warnings)
     assert not left_out.per_sample_memory
     assert [w for w in left_out.warnings if w.startswith("no per-sample memory")] == [
-        "no per-sample memory (the probe's memory model is not resolved): memory per rank is the measured base "
-        "plus parameter state, in-flight activations not counted"]
+        ("no per-sample memory (the probe's memory model is not resolved): memory per rank is the measured base "
+         "plus parameter state, in-flight activations not counted")]
     assert left_out.model.facts.saved_bytes_per_sample == ()
     # The base takes in what the activations were at the measured points, so it is larger.
     assert left_out.model.base_bytes > counted.model.base_bytes
@@ -149,24 +152,30 @@ def test_memory_limit_falls_back_to_the_probe() -> None:
     assert memory_limit(Profile(schema_version=1, metadata=METADATA)) == (None, "")
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"num_stages": 0}, "stages=0 is out of range"),
-    ({"schedules": ("gpipe", "pipedream")}, "schedules='pipedream' is out of range"),
-    ({"micro_batch_size": 4, "global_batch": 64}, "both given"),
-    ({"link_bandwidth_bytes_per_s": 0.0}, "link_bandwidth=0.0 is out of range"),
-    ({"num_blocks": 2}, "blocks=2 is out of range"),
-    ({"scatter": "sometimes"}, "scatter='sometimes' is out of range"),
-])
-def test_bad_plan_inputs_are_config_errors(changes, message) -> None:
-    arguments = {"num_stages": 2, "micro_batches": (4,), "schedules": ("gpipe",), **changes}
-    with pytest.raises(ConfigError, match=message):
-        plan_from_profile(profile(), **arguments)
+def test_the_keyword_call_builds_a_config_and_keeps_the_recommended_timeline() -> None:
+    by_keywords = plan_from_profile(profile(), num_stages=2, micro_batches=(4,), schedules=("gpipe",),
+                                    validation_method=None)
+    config = PlanConfig(num_stages=2, micro_batches=(4,), schedules=("gpipe",), validation_method=None)
+    plain, kept = plan_from_profile(profile(), config), plan_from_profile(profile(), replace(config, keep_timeline=True))
+    assert not plain.recommended_timeline and kept.recommended_timeline == by_keywords.recommended_timeline
+    assert replace(kept, recommended_timeline=()) == plain  # keeping the timeline changes nothing else
+    stages = {a.stage for a in kept.recommended_timeline}
+    assert stages == {0, 1} and recommended_timeline(kept).timeline == kept.recommended_timeline
+    assert recommended_timeline(plain).timeline == kept.recommended_timeline  # simulated again: the same
+    assert kept.best is not None and kept.best.seed is not None  # the profile's timelines scatter
+    # The timeline is the draw the prediction is the median of.
+    assert max(a.end_s for a in kept.recommended_timeline) == pytest.approx(kept.best.pipeline_s)
+    with pytest.raises(ConfigError, match="num_stages=0 is out of range") as info:
+        plan_from_profile(profile(), num_stages=0)
+    assert info.value.field == "num_stages"
+    with pytest.raises(TypeError, match="not both"):
+        plan_from_profile(profile(), config, num_stages=2)
 
 
 def test_a_profile_without_a_timed_sweep_cannot_be_planned_from() -> None:
     with pytest.raises(ProfileError, match="no sweep with measured timelines") as info:
-        plan_from_profile(Profile(schema_version=1, metadata=METADATA, probe=sample_probe()), num_stages=2,
-                          micro_batches=(4,), schedules=("gpipe",))
+        plan_from_profile(Profile(schema_version=1, metadata=METADATA, probe=sample_probe()),
+                          PlanConfig(num_stages=2, micro_batches=(4,), schedules=("gpipe",)))
     assert "Run mbtune sweep" in info.value.one_line()
 
 
@@ -174,7 +183,7 @@ def test_a_profile_without_a_timed_sweep_cannot_be_planned_from() -> None:
 def test_the_planner_splits_stages_exactly_as_the_runner(schedule, ranks):
     from mbtune.pipeline import PipelineSpec
     from mbtune.pipeline.runner import stage_blocks
-    from mbtune.plan.calibrate import point_split
+    from mbtune.planning.calibrate import point_split
     from mbtune.records import SweepPoint
     from mbtune.workloads import load_workload
 

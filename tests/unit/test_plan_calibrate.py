@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from mbtune.plan.calibrate import calibrate, point_split
-from mbtune.plan.fit import fit_line, quantiles, trimmed_mean
-from mbtune.plan.planner import predict
-from mbtune.plan.records import BlockCost, BlockFacts, CostModel, LinearCost, Spread
-from mbtune.plan.validate import IN_SAMPLE, LEAVE_ONE_OUT, summarize, validate
+from mbtune.planning.calibrate import calibrate, point_split
+from mbtune.planning.fit import fit_line, quantiles, trimmed_mean
+from mbtune.planning.planner import predict
+from mbtune.planning.records import BlockCost, BlockFacts, CostModel, LinearCost, Spread
+from mbtune.planning.validate import IN_SAMPLE, LEAVE_ONE_OUT, summarize, validate
 from mbtune.records import SweepPoint, TimelineAction, TrialResult
 
 FACTS = BlockFacts(num_blocks=4, parameters=(1000, 1000, 1000, 1000), weights=(1.0, 1.0, 1.0, 1.0),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.plan.planner import (
+from mbtune.planning.planner import (
     Link,
     PlanGrid,
     deepen,
@@ -15,7 +15,7 @@ from mbtune.plan.planner import (
     stage_costs,
     with_scatter,
 )
-from mbtune.plan.records import SCATTER_MEASURED, SCATTER_NONE, BlockCost, BlockFacts, CostModel, LinearCost, Spread
+from mbtune.planning.records import SCATTER_MEASURED, SCATTER_NONE, BlockCost, BlockFacts, CostModel, LinearCost, Spread
 from mbtune.records import SweepPoint
 
 FORWARD_PER_SAMPLE_S = 1e-3  # per block

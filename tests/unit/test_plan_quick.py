@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mbtune.plan.quick import calibration_points, neighbours, quick_search
+from mbtune.planning.quick import calibration_points, neighbours, quick_search
 from mbtune.records import SweepPoint, TrialResult
 
 SCHEDULES = {"gpipe": 0.80, "1f1b": 0.85, "interleaved-1f1b": 1.0, "zero-bubble": 0.95}

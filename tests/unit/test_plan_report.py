@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from mbtune.errors import ConfigError
-from mbtune.plan.planner import PlanGrid, plan
-from mbtune.plan.records import PlanReport, QuickResult
-from mbtune.plan.validate import IN_SAMPLE, summarize
+from mbtune.planning.planner import PlanGrid, plan
+from mbtune.planning.records import PlanReport, QuickResult
+from mbtune.planning.validate import IN_SAMPLE, summarize
 from mbtune.records import DeviceInfo, SweepPoint, SweepReport, TimelineAction
 from mbtune.report.plan import (
     plan_dict,
@@ -24,7 +24,7 @@ from mbtune.report.plan import (
 from mbtune.report.plots import rank_idle_spans, write_plan_plots, write_plots
 from mbtune.report.timeline import timeline_renderable, timeline_rows
 from mbtune.report.trace import trace_events, write_trace
-from mbtune.sweep import rank_results
+from mbtune.grid import rank_results
 from tests.unit.test_plan_calibrate import FACTS, TRUTH, measured
 from tests.unit.test_plan_planner import model
 
@@ -106,7 +106,7 @@ def test_sweep_plots_are_png_files(tmp_path) -> None:
 def test_plan_plots_are_png_files(tmp_path) -> None:
     report = plan(model(), PlanGrid(num_stages=4, micro_batches=(4, 8), schedules=("gpipe", "1f1b"), micro_batch_size=2),
                   memory_limit_bytes=1e6, validation=summarize([], IN_SAMPLE))
-    from mbtune.plan.planner import predict
+    from mbtune.planning.planner import predict
 
     best = predict(report.model, report.best.point, keep_timeline=True)
     written = write_plan_plots(report, tmp_path, recommended=best)
@@ -125,8 +125,8 @@ def test_pictures_without_matplotlib_say_how_to_get_it(tmp_path, monkeypatch) ->
 def test_plan_tables_and_json() -> None:
     results = [measured(SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=m, grad_accum_steps=1,
                                    micro_batch_size=4)) for m in (2, 4)]
-    from mbtune.plan.calibrate import calibrate
-    from mbtune.plan.validate import validate
+    from mbtune.planning.calibrate import calibrate
+    from mbtune.planning.validate import validate
 
     validation = validate(results, lambda runs: calibrate(runs, FACTS, workload="synthetic"), method=IN_SAMPLE)
     text = render(validation_table(validation), 140)
@@ -151,8 +151,8 @@ def test_plan_tables_and_json() -> None:
 def test_the_validation_shows_the_noise_floor_and_the_verdict() -> None:
     from dataclasses import replace
 
-    from mbtune.plan.calibrate import calibrate
-    from mbtune.plan.validate import validate
+    from mbtune.planning.calibrate import calibrate
+    from mbtune.planning.validate import validate
 
     results = [replace(measured(SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=m, grad_accum_steps=1,
                                            micro_batch_size=4)), num_repeats=2, repeat_step_time_medians_s=(1.0, 1.1))
@@ -186,3 +186,28 @@ def test_quick_panel() -> None:
                          num_grid_points=10, fraction_run=0.1, best=0, stopped_because="test")
     text = render(quick_panel(result))
     assert "ran 1 of 10 grid points (10%)" in text and "stopped: test" in text
+
+
+def test_plan_artifacts_print_the_kept_timeline_and_simulate_nothing(tmp_path, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from mbtune.planning import planner
+    from mbtune.planning.planner import predict
+    from mbtune.report.plan import write_plan_artifacts
+
+    report = plan(model(), PlanGrid(num_stages=4, micro_batches=(4, 8), schedules=("gpipe",), micro_batch_size=2))
+    kept = replace(report, recommended_timeline=predict(report.model, report.best.point, keep_timeline=True).timeline)
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("report/ ran the simulator")
+
+    monkeypatch.setattr(planner, "simulate_point", no_simulation)
+    console = Console(file=io.StringIO(), width=140, color_system=None)
+    write_plan_artifacts(console, kept, plot_dir=tmp_path / "plots", trace_path=tmp_path / "plan.json")
+    assert (tmp_path / "plots" / "plan_timeline.png").read_bytes()[:8] == PNG_MAGIC
+    tracks = {e["tid"] for e in json.loads((tmp_path / "plan.json").read_text())["traceEvents"] if e["ph"] == "X"}
+    assert tracks == {0, 1, 2, 3} and "wrote" in console.file.getvalue()
+    assert "recommended_timeline" not in plan_dict(kept)  # the trace's data, not the plan's
+    write_plan_artifacts(console, report, plot_dir=None, trace_path=tmp_path / "none.json")
+    assert "no trace written: the plan kept no simulated timeline" in console.file.getvalue()
+    assert not (tmp_path / "none.json").exists()

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from mbtune.pipeline.theory import stage_to_rank, theoretical_bubble
-from mbtune.plan.orders import gpipe_order, one_f_one_b_order, schedule_orders
-from mbtune.plan.records import OrderedAction, Spread, StageCost
-from mbtune.plan.simulate import Jitter, Overheads, peak_in_flight, simulate, uniform_costs
+from mbtune.planning.orders import gpipe_order, one_f_one_b_order, schedule_orders
+from mbtune.planning.records import OrderedAction, Spread, StageCost
+from mbtune.planning.simulate import Jitter, Overheads, peak_in_flight, simulate, uniform_costs
 
 F, B = 1.0, 2.0  # forward and full-backward seconds per stage; the formulas below hold for any F and B
 
@@ -172,8 +172,8 @@ def test_torch_refuses_points_that_cannot_run() -> None:
 
 
 def test_plan_modules_do_not_import_torch() -> None:
-    code = ("import sys, mbtune.plan.simulate, mbtune.plan.calibrate, mbtune.plan.planner, mbtune.plan.quick, "
-            "mbtune.plan.validate, mbtune.plan.api, mbtune.report.plan, mbtune.report.trace, mbtune.report.timeline, "
+    code = ("import sys, mbtune.planning.simulate, mbtune.planning.calibrate, mbtune.planning.planner, mbtune.planning.quick, "
+            "mbtune.planning.validate, mbtune.planning.api, mbtune.report.plan, mbtune.report.trace, mbtune.report.timeline, "
             "mbtune.report.plots; assert 'torch' not in sys.modules, 'torch imported'; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -26,7 +26,7 @@ from mbtune.records import DeviceInfo, Metadata, Profile, SweepPoint, SweepRepor
 from mbtune.verdicts import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, Verdict
 from mbtune.report.qualify import PER_POINT_TITLE, junit_xml, per_point_table, verdict_table
 from mbtune.specfile import load_spec, read_spec
-from mbtune.sweep import rank_results
+from mbtune.grid import rank_results
 from tests.unit.test_records import sample_probe
 from tests.unit.test_report import render, sweep_report
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from mbtune.records import DeviceInfo, SkippedPoint, SweepPoint, SweepReport, TrialResult
 from mbtune.report.probe import summary_panel, trials_table
 from mbtune.report.sweep import best_panel, results_frame, results_table, skipped_table
-from mbtune.sweep import rank_results
+from mbtune.grid import rank_results
 from tests.unit.test_records import sample_probe
 
 

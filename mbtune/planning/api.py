@@ -10,13 +10,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from mbtune.errors import ConfigError, ProfileError
-from mbtune.plan.calibrate import calibrate
-from mbtune.plan.planner import Link, PlanGrid, deepen, plan, predict, without_per_sample_memory
-from mbtune.plan.quick import quick_search, simulator_predictor
-from mbtune.plan.records import (
+from mbtune.errors import ProfileError
+from mbtune.planning.calibrate import calibrate
+from mbtune.planning.config import PlanConfig
+from mbtune.planning.planner import Link, deepen, plan, predict, without_per_sample_memory
+from mbtune.planning.quick import quick_search, simulator_predictor
+from mbtune.planning.records import (
     SCATTER_MEASURED,
-    SCATTER_MODES,
     BlockFacts,
     CostModel,
     PlanReport,
@@ -24,7 +24,7 @@ from mbtune.plan.records import (
     QuickResult,
     Validation,
 )
-from mbtune.plan.validate import LEAVE_ONE_OUT, validate
+from mbtune.planning.validate import LEAVE_ONE_OUT, validate
 from mbtune.records import Profile, SweepPoint, SweepReport, TrialResult
 
 
@@ -101,7 +101,7 @@ def _optimizer(profile: Profile) -> str:
 
 def calibrate_results(results: Sequence[TrialResult], *, workload: str, workload_options: dict[str, Any] | None = None,
                       device: str = "", optimizer: str = "adamw", facts: BlockFacts | None = None) -> CostModel:
-    """The cost model fitted to sweep results (see mbtune.plan.calibrate)."""
+    """The cost model fitted to sweep results (see mbtune.planning.calibrate)."""
     facts = facts or block_facts(workload, workload_options or {})
     return calibrate(results, facts, workload=workload, workload_options=workload_options, device=device,
                      optimizer=optimizer)
@@ -153,21 +153,18 @@ def _tokens_per_sample(results: Sequence[TrialResult]) -> int | None:
     return None
 
 
-def plan_from_profile(profile: Profile, *, num_stages: int, micro_batches: Sequence[int], schedules: Sequence[str],
-                      data_parallel: int = 1, link_bandwidth_bytes_per_s: float | None = None,
-                      link_latency_s: float | None = None, micro_batch_size: int | None = None,
-                      global_batch: int | None = None, grad_accum_steps: int = 1, num_blocks: int | None = None,
-                      virtual_stages: int = 2, validation_method: str | None = LEAVE_ONE_OUT,
-                      scatter: str = SCATTER_MEASURED) -> PlanReport:
-    """Calibrate on the profile's sweep, validate against it, and predict, rank and recommend the grid
-    (schedules x micro-batches at `num_stages` ranks and `data_parallel` replicas), with memory per rank
-    checked against the probed ceiling. Without a micro-batch size or global batch, the most-measured size.
-    `validation_method` None skips the validation (leave-one-out refits the model once per measured point).
-    `scatter` measured draws costs from the measured scatter, none predicts with average costs (validation
-    likewise). Where the probe's memory model is not resolved, memory per rank has no per-sample part."""
+def plan_from_profile(profile: Profile, config: PlanConfig | None = None, **options: Any) -> PlanReport:
+    """Calibrate on the profile's sweep, validate against it, and predict, rank and recommend the config's
+    grid, with memory per rank checked against the probed ceiling. Where the probe's memory model is not
+    resolved, memory per rank has no per-sample part.
+
+    Keyword options instead of a config build one (PlanConfig's fields), keeping the recommended timeline
+    as the keyword call always provided it; the CLI uses this call until it builds a PlanConfig itself."""
+    if config is None:
+        config = PlanConfig(**{"keep_timeline": True, **options})
+    elif options:
+        raise TypeError(f"plan_from_profile takes a PlanConfig or keyword options, not both ({', '.join(options)})")
     sweep = _sweep_of(profile)
-    _check_plan_inputs(num_stages, micro_batches, schedules, data_parallel, link_bandwidth_bytes_per_s,
-                       link_latency_s, micro_batch_size, global_batch, num_blocks, scatter)
     facts = block_facts(sweep.workload, sweep.workload_options)
     per_sample, warnings = per_sample_memory(profile)
     if not per_sample:
@@ -175,23 +172,22 @@ def plan_from_profile(profile: Profile, *, num_stages: int, micro_batches: Seque
     optimizer = _optimizer(profile)
     model = calibrate(sweep.results, facts, workload=sweep.workload, workload_options=sweep.workload_options,
                       device=sweep.device.name, optimizer=optimizer)
-    validation = None if validation_method is None else validate(
+    validation = None if config.validation_method is None else validate(
         sweep.results, lambda runs: calibrate(runs, facts, workload=sweep.workload, optimizer=optimizer),
-        method=validation_method, scatter=scatter)
-    if micro_batch_size is None and global_batch is None:
+        method=config.validation_method, scatter=config.scatter)
+    grid = config.grid()
+    if grid.micro_batch_size is None and grid.global_batch is None:
         sizes = [r.point.micro_batch_size for r in sweep.results if r.ok]
-        micro_batch_size = max(sorted(set(sizes), reverse=True), key=sizes.count)  # ties: the largest
-    link = Link(bandwidth_bytes_per_s=link_bandwidth_bytes_per_s, latency_s=link_latency_s)
-    if not (link_bandwidth_bytes_per_s or link_latency_s is not None):
+        grid = replace(grid, micro_batch_size=max(sorted(set(sizes), reverse=True), key=sizes.count))  # ties: largest
+    if config.link_bandwidth_bytes_per_s is None and config.link_latency_s is None:
         warnings.append("no link given: stage-to-stage hand-overs cost what they cost on the profiled machine")
-    grid = PlanGrid(num_stages=num_stages, micro_batches=tuple(micro_batches), schedules=tuple(schedules),
-                    data_parallel=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
-                    grad_accum_steps=grad_accum_steps, virtual_stages=virtual_stages, num_blocks=num_blocks)
     limit, source = memory_limit(profile)
-    report = plan(model, grid, link=link, memory_limit_bytes=limit, memory_limit_source=source,
+    report = plan(model, grid, link=config.link(), memory_limit_bytes=limit, memory_limit_source=source,
                   tokens_per_sample=_tokens_per_sample(sweep.results), validation=validation, warnings=warnings,
-                  scatter=scatter, per_sample_memory=per_sample)
-    return replace(report, device=sweep.device)
+                  scatter=config.scatter, per_sample_memory=per_sample)
+    report = replace(report, device=sweep.device)
+    recommended = recommended_timeline(report) if config.keep_timeline else None
+    return replace(report, recommended_timeline=recommended.timeline) if recommended is not None else report
 
 
 def per_sample_memory(profile: Profile) -> tuple[bool, list[str]]:
@@ -201,44 +197,21 @@ def per_sample_memory(profile: Profile) -> tuple[bool, list[str]]:
     model = profile.probe.memory_model if profile.probe is not None else None
     if model is None or model.resolved:
         return True, []
-    return False, ["no per-sample memory (the probe's memory model is not resolved): memory per rank is the "
-                   "measured base plus parameter state, in-flight activations not counted"]
-
-
-def _check_plan_inputs(num_stages: int, micro_batches: Sequence[int], schedules: Sequence[str], data_parallel: int,
-                       bandwidth: float | None, latency: float | None, micro_batch_size: int | None,
-                       global_batch: int | None, num_blocks: int | None, scatter: str) -> None:
-    from mbtune.pipeline.theory import SCHEDULE_NAMES
-
-    def require(ok: bool, name: str, value: object, valid: str) -> None:
-        if not ok:
-            raise ConfigError(f"{name}={value!r} is out of range: expected {valid}",
-                              hint=f"Fix --{name.replace('_', '-')}.")
-
-    require(num_stages >= 1, "stages", num_stages, "an integer >= 1")
-    require(bool(micro_batches) and min(micro_batches) >= 1, "micro_batches", tuple(micro_batches), "integers >= 1")
-    unknown = [s for s in schedules if s not in SCHEDULE_NAMES]
-    require(bool(schedules) and not unknown, "schedules", ",".join(unknown) or "", " | ".join(SCHEDULE_NAMES))
-    require(data_parallel >= 1, "data_parallel", data_parallel, "an integer >= 1")
-    require(bandwidth is None or bandwidth > 0, "link_bandwidth", bandwidth, "bytes/s > 0")
-    require(latency is None or latency >= 0, "link_latency", latency, "seconds >= 0")
-    require(micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "an integer >= 1")
-    require(global_batch is None or global_batch >= 1, "global_batch", global_batch, "an integer >= 1")
-    require(num_blocks is None or num_blocks >= 3, "blocks", num_blocks, "an integer >= 3")
-    require(scatter in SCATTER_MODES, "scatter", scatter, " | ".join(SCATTER_MODES))
-    if micro_batch_size is not None and global_batch is not None:
-        raise ConfigError("--micro-batch-size and --global-batch both given",
-                          hint="Give one: the other follows from micro-batches, accumulation and data-parallel size.")
+    return False, [("no per-sample memory (the probe's memory model is not resolved): memory per rank is the "
+                    "measured base plus parameter state, in-flight activations not counted")]
 
 
 def recommended_timeline(report: PlanReport) -> Prediction | None:
-    """The recommended prediction again, with its simulated timeline (for pictures and traces)."""
+    """The recommended prediction again, with its simulated timeline (for pictures and traces): the one the
+    plan kept, else simulated now."""
     best = report.best
     if best is None:
         return None
+    if report.recommended_timeline:
+        return replace(best, timeline=report.recommended_timeline)
     return predict(deepen(report.model, best.num_blocks), best.point, memory_limit_bytes=report.memory_limit_bytes,
                    link=Link(bandwidth_bytes_per_s=report.link_bandwidth_bytes_per_s, latency_s=report.link_latency_s),
-                   keep_timeline=True)
+                   keep_timeline=True, seed=best.seed)
 
 
 def quick_sweep(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint], TrialResult], *, workload: str,

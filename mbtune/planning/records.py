@@ -160,6 +160,7 @@ class Simulation(Record):
     bubble: float  # 1 - sum(busy) / (ranks x pipeline_s), the measured bubble's definition
     peak_in_flight: tuple[int, ...]  # per stage: most micro-batches whose activations were held at once
     timeline: tuple[TimelineAction, ...] = ()
+    seed: int | None = None  # the scatter draw simulated (None: average costs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,6 +183,7 @@ class Prediction(Record):
     memory_limit_bytes: float | None = None
     fits: bool | None = None  # None when no limit is known
     timeline: tuple[TimelineAction, ...] = ()
+    seed: int | None = None  # the scatter draw whose simulated step is the prediction (None: average costs)
 
     @property
     def max_memory_bytes(self) -> float:
@@ -274,6 +276,7 @@ class PlanReport(Record):
     recommended: int | None = None  # index into predictions
     validation: Validation | None = None  # the simulator against the points the profile's sweep ran
     warnings: tuple[str, ...] = ()
+    recommended_timeline: tuple[TimelineAction, ...] = ()  # simulated, where the plan was asked to keep it
 
     @property
     def best(self) -> Prediction | None:

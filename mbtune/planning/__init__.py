@@ -6,6 +6,7 @@ calibrate.py  per-block costs, overheads, transfer and memory fitted to measured
 planner.py    predictions for any stages / micro-batches / schedules / data-parallel size, ranked
 validate.py   predicted against measured for every point a sweep ran, beside the noise floor
 quick.py      the quick sweep strategy (simulator-ranked search over the grid)
+config.py     PlanConfig: the plan's options, validated, bounded where the simulation would not answer
 api.py        entry points over saved profiles (the only module that imports torch, lazily)
 
 Everything but api.py is pure: no torch import.

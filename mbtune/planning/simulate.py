@@ -22,7 +22,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mbtune.plan.records import (
+from mbtune.planning.records import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,

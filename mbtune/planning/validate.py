@@ -13,10 +13,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from mbtune.plan.calibrate import point_orders, usable
-from mbtune.plan.orders import RankOrders
-from mbtune.plan.planner import predict, with_scatter
-from mbtune.plan.records import (
+from mbtune.planning.calibrate import point_orders, usable
+from mbtune.planning.orders import RankOrders
+from mbtune.planning.planner import predict, with_scatter
+from mbtune.planning.records import (
     BETWEEN_RUN,
     SCATTER_MEASURED,
     WITHIN_RUN,

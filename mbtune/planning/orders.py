@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 
 from mbtune.pipeline.theory import SINGLE, schedule_info
-from mbtune.plan.records import BACKWARD, FORWARD, OrderedAction
+from mbtune.planning.records import BACKWARD, FORWARD, OrderedAction
 
 RankOrders = tuple[tuple[OrderedAction, ...], ...]
 

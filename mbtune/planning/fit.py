@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
-from mbtune.plan.records import LinearCost
+from mbtune.planning.records import LinearCost
 
 TRIM_FRACTION = 0.1  # share of samples dropped at each end before averaging
 SPREAD_QUANTILES = 41  # how finely a Spread keeps a distribution

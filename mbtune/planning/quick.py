@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from mbtune.plan.records import BlockFacts, QuickResult, QuickRound
+from mbtune.planning.records import BlockFacts, QuickResult, QuickRound
 from mbtune.records import SweepPoint, TrialResult
 
 # (results measured so far, candidate points) -> predicted samples/s per candidate (None: cannot tell)
@@ -194,8 +194,8 @@ def _best_index(results: Sequence[TrialResult]) -> int | None:
 
 def simulator_predictor(facts: BlockFacts, *, workload: str, optimizer: str = "adamw") -> Predictor:
     """A Predictor that calibrates the cost model on the results so far and simulates each candidate."""
-    from mbtune.plan.calibrate import calibrate, usable
-    from mbtune.plan.planner import predict
+    from mbtune.planning.calibrate import calibrate, usable
+    from mbtune.planning.planner import predict
 
     def predict_rates(results: Sequence[TrialResult], candidates: Sequence[SweepPoint]) -> list[float | None]:
         if not usable(results):

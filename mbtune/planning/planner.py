@@ -23,16 +23,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from mbtune.pipeline.split import split_blocks
 from mbtune.pipeline.theory import (
     check_point,
+    schedule_info,
     stage_to_rank,
     stages_per_rank,
     theoretical_bubble,
 )
-from mbtune.plan.calibrate import point_orders
-from mbtune.plan.orders import RankOrders
-from mbtune.plan.records import (
+from mbtune.planning.calibrate import point_orders, point_split
+from mbtune.planning.orders import RankOrders
+from mbtune.planning.records import (
     SCATTER_MEASURED,
     SCATTER_MODES,
     SCATTER_NONE,
@@ -48,7 +48,7 @@ from mbtune.plan.records import (
     StageCost,
     Validation,
 )
-from mbtune.plan.simulate import Jitter, Overheads, simulate
+from mbtune.planning.simulate import Jitter, Overheads, simulate
 from mbtune.records import SweepPoint
 
 SPREAD_SAMPLES = 15  # simulated steps behind one prediction where the spread is known
@@ -154,10 +154,11 @@ def stage_costs(model: CostModel, split: Sequence[Sequence[int]], micro_batch_si
 
 def simulate_point(model: CostModel, point: SweepPoint, *, link: Link | None = None,
                    orders_of: Callable[[SweepPoint], RankOrders] = point_orders,
-                   keep_timeline: bool = False) -> Simulation:
-    """Simulate one optimizer step's pipeline part of a point (ValueError where its schedule cannot run)."""
-    split = split_blocks(model.facts.num_blocks, point.num_stages * point.virtual_stages,
-                         model.facts.balance_weights)
+                   keep_timeline: bool = False, seed: int | None = None) -> Simulation:
+    """Simulate one optimizer step's pipeline part of a point (ValueError where its schedule cannot run).
+    Where the spread is known, the median of several draws, or the one draw `seed` (a median's seed again
+    gives that median, timeline and all, for a fraction of the work)."""
+    split = point_split(point, model.facts)
     owners = stage_to_rank(point.schedule, point.num_stages, len(split))
     size = point.micro_batch_size
     transfers = tuple(_transfer_s(model, link, blocks[-1], size) for blocks in split[:-1])
@@ -171,10 +172,28 @@ def simulate_point(model: CostModel, point: SweepPoint, *, link: Link | None = N
 
     if not model.spread.known:
         return run(None)
-    actions = max(1, sum(len(order) for order in orders) * point.grad_accum_steps)
-    count = max(3, min(SPREAD_SAMPLES, SAMPLED_ACTIONS // actions)) | 1  # odd: the median is one of them
-    steps = sorted((run(Jitter(model.spread, seed)) for seed in range(count)), key=lambda sim: sim.pipeline_s)
-    return steps[count // 2]
+    seeds = [seed] if seed is not None else range(spread_samples(sum(map(len, orders)) * point.grad_accum_steps))
+    steps = sorted((replace(run(Jitter(model.spread, s)), seed=s) for s in seeds), key=lambda sim: sim.pipeline_s)
+    return steps[len(steps) // 2]
+
+
+def spread_samples(actions: int) -> int:
+    """Simulated steps behind one prediction where the spread is known, for a point of `actions` actions a
+    step: as many as SAMPLED_ACTIONS allows, 3 to SPREAD_SAMPLES, odd (the median is one of them)."""
+    return max(3, min(SPREAD_SAMPLES, SAMPLED_ACTIONS // max(1, actions))) | 1
+
+
+def point_actions(point: SweepPoint) -> int:
+    """Compute actions one optimizer step of a point simulates: a forward and a backward (split in an input
+    and a weight part by the zero-bubble schedules) per stage and micro-batch, every accumulation step."""
+    kinds = 3 if schedule_info(point.schedule).splits_backward else 2
+    return kinds * point.num_stages * point.virtual_stages * point.num_microbatches * point.grad_accum_steps
+
+
+def simulated_actions(point: SweepPoint, scatter: str = SCATTER_MEASURED) -> int:
+    """Actions simulated to predict a point (at most: without a measured spread it is simulated once)."""
+    actions = point_actions(point)
+    return actions * spread_samples(actions) if scatter == SCATTER_MEASURED else actions
 
 
 def _transfer_s(model: CostModel, link: Link | None, last_block: int, micro_batch_size: int) -> float:
@@ -189,12 +208,11 @@ def _transfer_s(model: CostModel, link: Link | None, last_block: int, micro_batc
 
 def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, memory_limit_bytes: float | None = None,
             tokens_per_sample: int | None = None, orders_of: Callable[[SweepPoint], RankOrders] = point_orders,
-            keep_timeline: bool = False) -> Prediction:
+            keep_timeline: bool = False, seed: int | None = None) -> Prediction:
     """Predict one point: step time (pipeline + data-parallel all-reduce + update), throughput, bubble, and
-    memory per rank checked against the limit."""
-    sim = simulate_point(model, point, link=link, orders_of=orders_of, keep_timeline=keep_timeline)
-    split = split_blocks(model.facts.num_blocks, point.num_stages * point.virtual_stages,
-                         model.facts.balance_weights)
+    memory per rank checked against the limit. `seed`: see simulate_point."""
+    sim = simulate_point(model, point, link=link, orders_of=orders_of, keep_timeline=keep_timeline, seed=seed)
+    split = point_split(point, model.facts)
     owners = stage_to_rank(point.schedule, point.num_stages, len(split))
     params = [0] * point.num_stages
     for stage, blocks in enumerate(split):
@@ -217,6 +235,7 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
         peak_in_flight=sim.peak_in_flight, stage_memory_bytes=per_stage, memory_bytes=tuple(memory),
         memory_limit_bytes=memory_limit_bytes,
         fits=None if memory_limit_bytes is None else max(memory) <= memory_limit_bytes, timeline=sim.timeline,
+        seed=sim.seed,
     )
 
 
@@ -240,7 +259,7 @@ def stage_memory_bytes(model: CostModel, split: Sequence[Sequence[int]], held: S
         for stage, blocks in enumerate(split))
 
 
-def grid_points(grid: PlanGrid, num_blocks: int) -> tuple[list[SweepPoint], list[PlanSkipped]]:
+def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint], list[PlanSkipped]]:
     """The grid's points, and those that cannot run with why (schedule constraints, blocks, batch split)."""
     points, skipped = [], []
     for schedule in grid.schedules:

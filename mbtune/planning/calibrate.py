@@ -33,6 +33,7 @@ another step is first scaled by the point's median step over that step, see typi
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -41,9 +42,9 @@ from typing import Any
 
 from mbtune.pipeline.split import split_blocks
 from mbtune.pipeline.theory import stage_to_rank
-from mbtune.plan.fit import fit_samples, median_or, quantiles, trimmed_mean
-from mbtune.plan.orders import RankOrders, schedule_orders
-from mbtune.plan.records import (
+from mbtune.planning.fit import fit_samples, median_or, quantiles, trimmed_mean
+from mbtune.planning.orders import RankOrders, schedule_orders
+from mbtune.planning.records import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
@@ -55,7 +56,7 @@ from mbtune.plan.records import (
     LinearCost,
     Spread,
 )
-from mbtune.plan.simulate import peak_in_flight
+from mbtune.planning.simulate import peak_in_flight
 from mbtune.records import SweepPoint, TimelineAction, TrialResult
 
 STATE_BYTES_PER_PARAMETER = {"adamw": 16.0, "sgd": 8.0}  # fp32 weights + gradients (+ AdamW's two moments)
@@ -63,7 +64,14 @@ STATE_BYTES_PER_PARAMETER = {"adamw": 16.0, "sgd": 8.0}  # fp32 weights + gradie
 
 def point_split(point: SweepPoint, facts: BlockFacts) -> tuple[tuple[int, ...], ...]:
     """The blocks of every stage of a point, split as the runner splits them (compute-bearing parameters)."""
-    return split_blocks(facts.num_blocks, point.num_stages * point.virtual_stages, facts.balance_weights)
+    weights = facts.balance_weights
+    return _split(facts.num_blocks, point.num_stages * point.virtual_stages,
+                  None if weights is None else tuple(weights))
+
+
+# A plan splits the same blocks over the same stages for every micro-batch count and twice per point, and a
+# weighted split costs about the square of the blocks: keep the recent ones (they are immutable tuples).
+_split = functools.lru_cache(maxsize=64)(split_blocks)
 
 
 def point_orders(point: SweepPoint) -> RankOrders:

@@ -1,0 +1,186 @@
+"""PlanConfig: every option of a plan, validated, with the bounds past which the simulation would not answer.
+
+Limits, measured on a shared 2-core CPU machine with `mbtune plan` on a gpt profile; about 3-4 s of every
+plan is importing torch, reading the blocks on the meta device, calibrating and validating, whatever the grid:
+
+- MAX_SIMULATED_ACTIONS: a plan simulates, for every point of the grid, every compute action of one
+  optimizer step, 3 to 15 times where it draws costs from the measured scatter (planner.spread_samples),
+  once with scatter none. A simulated action costs 7-18 us. Whole plans: the design's example, the four
+  default schedules at p=64 m=256 (819k simulated), 10-12 s; four looped schedules at p=512 m=8 (640k)
+  13.5 s; gpipe p=128 m=1024 (786k) 11.5 s; the default p=8 m=8,16,32, 4.4 s. Past the limit: gpipe
+  p=1024 m=1024 (6.3M) took 43 s and 1 GB, and --micro-batches 10000000 grew past 14 GB. Memory follows
+  the actions, about 330 bytes for each one the grid holds (orders are cached, the largest point
+  simulated), so under this limit a plan stays within a few hundred MB (380-530 MB measured, with torch).
+- MAX_MODEL_STAGES and MAX_BLOCKS: a weighted split of blocks over stages costs about the square of the
+  blocks in time and blocks x stages in memory (pipeline/split.py): 1024 blocks split in 0.1-0.2 s, 4096 in
+  1-2.5 s, 8192 in 16 s; 20000 stages of one block each took 94 s and 6.4 GB. Without num_blocks a point is
+  planned with a block per stage, so the stages in all (ranks x stages per rank) are bounded as blocks are.
+- MAX_COUNT: replicas and samples cost the simulation nothing; past int32 they are typos.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mbtune.checks import check_types, require, require_unique
+from mbtune.config import DEFAULT_SCHEDULES
+from mbtune.errors import ConfigError
+from mbtune.pipeline.theory import (
+    DEFAULT_VIRTUAL_STAGES,
+    SCHEDULE_NAMES,
+    stages_per_rank,
+)
+from mbtune.planning.planner import (
+    Link,
+    PlanGrid,
+    grid_points,
+    point_actions,
+    simulated_actions,
+)
+from mbtune.planning.records import SCATTER_MEASURED, SCATTER_MODES
+from mbtune.planning.validate import LEAVE_ONE_OUT, METHODS
+from mbtune.records import SweepPoint
+
+MAX_SIMULATED_ACTIONS = 1_000_000
+MAX_MODEL_STAGES = 1024
+MAX_BLOCKS = 1024
+MAX_COUNT = 2**31 - 1
+BYTES_PER_HELD_ACTION = 330  # measured: cached orders plus the simulation's own state, per action
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanWork:
+    """What simulating a grid costs: the actions simulated (time) and held (memory), and its largest point."""
+
+    simulated_actions: int
+    held_actions: int
+    largest: SweepPoint | None = None
+
+    @property
+    def memory_bytes(self) -> int:
+        """About the memory the simulation holds beyond the fixed cost of a plan."""
+        return BYTES_PER_HELD_ACTION * self.held_actions
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanConfig:
+    """Settings of `mbtune plan`: the grid to predict (schedules x micro-batch counts at `num_stages` ranks
+    and `data_parallel` replicas), the interconnect, and how the simulator is checked and run.
+
+    Without a micro-batch size or global batch, the plan takes the size the profile measured most.
+    `validation_method` None skips the check against the measured points (leave-one-out refits the model
+    once per point). `scatter` measured draws costs from the scatter measured on the profiled machine, none
+    predicts with average costs. `keep_timeline` keeps the recommended configuration's simulated timeline
+    in the plan (for pictures and traces). ConfigError where a setting is out of range or the grid is too
+    large to simulate in seconds (see the module docstring for the limits)."""
+
+    num_stages: int = 8  # pipeline ranks
+    micro_batches: tuple[int, ...] = (8, 16, 32)
+    schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    data_parallel: int = 1
+    micro_batch_size: int | None = None
+    global_batch: int | None = None
+    grad_accum_steps: int = 1
+    num_blocks: int | None = None  # a what-if model of this many blocks; None: the workload's own
+    virtual_stages: int = DEFAULT_VIRTUAL_STAGES  # stages per rank of the looped schedules
+    link_bandwidth_bytes_per_s: float | None = None  # None: hand-overs cost what they cost when profiled
+    link_latency_s: float | None = None
+    validation_method: str | None = LEAVE_ONE_OUT
+    scatter: str = SCATTER_MEASURED
+    keep_timeline: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batches", "schedules"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_types(self)
+        self._check_grid()
+        self._check_settings()
+        self._check_size()
+
+    def _check_grid(self) -> None:
+        require(1 <= self.num_stages <= MAX_MODEL_STAGES, "num_stages", self.num_stages,
+                f"an integer from 1 to {MAX_MODEL_STAGES}")
+        require(bool(self.micro_batches), "micro_batches", self.micro_batches, "at least one micro-batch count")
+        require(min(self.micro_batches) >= 1, "micro_batches", self.micro_batches, "integers >= 1")
+        require_unique(self.micro_batches, "micro_batches")
+        require(bool(self.schedules), "schedules", self.schedules, "at least one schedule")
+        unknown = [s for s in self.schedules if s not in SCHEDULE_NAMES]
+        require(not unknown, "schedules", ",".join(unknown), " | ".join(SCHEDULE_NAMES))
+        require_unique(self.schedules, "schedules")
+        require(2 <= self.virtual_stages <= MAX_MODEL_STAGES, "virtual_stages", self.virtual_stages,
+                f"an integer from 2 to {MAX_MODEL_STAGES}")
+        require(self.num_blocks is None or 3 <= self.num_blocks <= MAX_BLOCKS, "num_blocks", self.num_blocks,
+                f"an integer from 3 to {MAX_BLOCKS} (a deeper model repeats its interior blocks)")
+        for name in ("data_parallel", "grad_accum_steps"):
+            require(1 <= getattr(self, name) <= MAX_COUNT, name, getattr(self, name), f"an integer from 1 to {MAX_COUNT}")
+        for name in ("micro_batch_size", "global_batch"):
+            value = getattr(self, name)
+            require(value is None or 1 <= value <= MAX_COUNT, name, value, f"an integer from 1 to {MAX_COUNT}")
+        if self.micro_batch_size is not None and self.global_batch is not None:
+            raise ConfigError("micro_batch_size and global_batch both given", field="micro_batch_size",
+                              hint="Give one: the other follows from micro-batches, accumulation and data-parallel size.")
+
+    def _check_settings(self) -> None:
+        bandwidth, latency = self.link_bandwidth_bytes_per_s, self.link_latency_s
+        require(bandwidth is None or bandwidth > 0, "link_bandwidth_bytes_per_s", bandwidth, "bytes/s above 0")
+        require(latency is None or latency >= 0, "link_latency_s", latency, "seconds >= 0")
+        require(self.validation_method is None or self.validation_method in METHODS, "validation_method",
+                self.validation_method, f"{' | '.join(METHODS)}, or None to skip it")
+        require(self.scatter in SCATTER_MODES, "scatter", self.scatter, " | ".join(SCATTER_MODES))
+
+    def _check_size(self) -> None:
+        for schedule in self.schedules:
+            per_rank = stages_per_rank(schedule, self.virtual_stages)
+            require(self.num_stages * per_rank <= MAX_MODEL_STAGES, "num_stages", self.num_stages,
+                    f"at most {MAX_MODEL_STAGES // per_rank} with {schedule} at {per_rank} stages per rank "
+                    f"({MAX_MODEL_STAGES} stages in all at most)")
+        # The cheapest point (gpipe: two actions per stage and micro-batch) bounds each count alone, before
+        # the grid is built (some checks of a point cost as much as its micro-batch count).
+        per_count = 2 * self.num_stages * self.grad_accum_steps
+        require(per_count <= MAX_SIMULATED_ACTIONS, "grad_accum_steps", self.grad_accum_steps,
+                f"at most {MAX_SIMULATED_ACTIONS // (2 * self.num_stages)} (at {self.num_stages} stages, more is "
+                "too much to simulate)")
+        require(max(self.micro_batches) * per_count <= MAX_SIMULATED_ACTIONS, "micro_batches", self.micro_batches,
+                f"at most {MAX_SIMULATED_ACTIONS // per_count} (at {self.num_stages} stages x {self.grad_accum_steps} "
+                "accumulation steps, more is too much to simulate)")
+        work = self.work()
+        if work.simulated_actions > MAX_SIMULATED_ACTIONS:
+            largest = work.largest
+            assert largest is not None
+            raise ConfigError(
+                f"the grid needs ~{_count(work.simulated_actions)} simulated actions (limit "
+                f"{_count(MAX_SIMULATED_ACTIONS)}; {largest.schedule} p={largest.num_stages} "
+                f"m={largest.num_microbatches} alone {_count(simulated_actions(largest, self.scatter))})",
+                hint="Plan fewer stages, micro-batches, accumulation steps or schedules.")
+
+    def grid(self) -> PlanGrid:
+        """The configurations to predict (micro-batch size still None where neither it nor the global batch
+        is given: the plan takes it from the profile)."""
+        return PlanGrid(num_stages=self.num_stages, micro_batches=self.micro_batches, schedules=self.schedules,
+                        data_parallel=self.data_parallel, micro_batch_size=self.micro_batch_size,
+                        global_batch=self.global_batch, grad_accum_steps=self.grad_accum_steps,
+                        virtual_stages=self.virtual_stages, num_blocks=self.num_blocks)
+
+    def link(self) -> Link:
+        """The interconnect to plan with (None parts: as measured)."""
+        return Link(bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s, latency_s=self.link_latency_s)
+
+    def work(self) -> PlanWork:
+        """What simulating the grid's runnable points costs (points that cannot run are not simulated). A
+        kept timeline simulates one more draw of the recommended point, left out here (a third of that
+        point's share at most), so whether a grid is refused does not depend on pictures being asked for."""
+        points, _ = grid_points(self.grid(), self.num_blocks)
+        simulated = [simulated_actions(p, self.scatter) for p in points]
+        held = [point_actions(p) for p in points]
+        if not points:
+            return PlanWork(simulated_actions=0, held_actions=0)
+        index = max(range(len(points)), key=simulated.__getitem__)
+        return PlanWork(simulated_actions=sum(simulated), held_actions=sum(held) + max(held), largest=points[index])
+
+
+def _count(value: int) -> str:
+    for scale, suffix in ((10**9, "G"), (10**6, "M"), (10**3, "k")):
+        if value >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return str(value)
