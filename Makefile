@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.mbtune-installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo lint test bench clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/mbtune tune --workload gpt --device auto --memory-budget 512MiB --steps 2
+
+lint: $(STAMP)
+	$(BIN)/ruff check mbtune tests bench
+	$(BIN)/mypy mbtune
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

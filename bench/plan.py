@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 
+from mbtune.grid import merge_repeats, summarize_point
 from mbtune.pipeline import PipelineSpec, run_pipeline_point
 from mbtune.pipeline.theory import stages_per_rank
 from mbtune.planning.api import block_facts, validate_results
@@ -34,7 +35,6 @@ from mbtune.planning.quick import quick_search, simulator_predictor
 from mbtune.planning.records import Validation
 from mbtune.records import SweepPoint, TrialResult
 from mbtune.report.plan import noise_floor_text, noise_verdict
-from mbtune.grid import merge_repeats, summarize_point
 
 WORKLOAD = "mlp"
 OPTIONS = (("layers", 4), ("width", 512))

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from peers import PEERS, PeerRun, missing_reason, run_peer
 
-from mbtune.config import ProbeConfig, parse_bytes, parse_options
 from mbtune.ceiling import search_ceiling
-from mbtune.records import OK, TrialOutcome
+from mbtune.config import ProbeConfig, parse_bytes, parse_options
 from mbtune.jobs import run_classified_trial
+from mbtune.records import OK, TrialOutcome
 
 MBTUNE, DOUBLING = "mbtune probe", "doubling + bisection"
 PEER_ROWS = {"lightning": "lightning binsearch", "accelerate": "accelerate find_exec"}

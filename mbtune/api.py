@@ -35,7 +35,9 @@ def probe(*, save_to: str | Path | None = None, resume: bool = False, progress: 
     from mbtune.runs import run_probe
 
     config = _config(ProbeConfig, settings)
-    return run_probe(config, progress, profiles_dir=_folder(save_to), resume=resume).probe
+    found = run_probe(config, progress, profiles_dir=_folder(save_to), resume=resume).probe
+    assert found is not None, "a probe run that returns holds its probe"
+    return found
 
 
 def sweep(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
@@ -44,7 +46,9 @@ def sweep(*, save_to: str | Path | None = None, resume: bool = False, progress: 
     from mbtune.runs import run_sweep
 
     config = _config(SweepConfig, settings)
-    return run_sweep(config, progress, profiles_dir=_folder(save_to), resume=resume).sweep
+    report = run_sweep(config, progress, profiles_dir=_folder(save_to), resume=resume).sweep
+    assert report is not None, "a sweep run that returns holds its sweep"
+    return report
 
 
 def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mbtune.errors import BudgetTooSmallError, HarnessError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
-from mbtune.records import ERROR, HARNESS_FAULT, NONFINITE, OK, OOM, MemoryModel, TrialOutcome
+from mbtune.records import ERROR, HARNESS_FAULT, KILLED, NONFINITE, OK, OOM, MemoryModel, TrialOutcome
 
 RunTrial = Callable[[int], TrialOutcome]
 
@@ -96,7 +96,7 @@ class _State:
         # with below the first failing size: after a flip lo falls back, and before a size near the
         # ceiling ran the largest that ran is far below it; the band is up there.
         top = max(max(self.passes, default=self.lo), (self.hi or 0) / (1 + RESOLUTION_FRACTION))
-        wanted = self.resolution or math.ceil(RESOLUTION_FRACTION * top)
+        wanted: float = self.resolution or math.ceil(RESOLUTION_FRACTION * top)
         if self.resolution is None and self.band_seen:
             band = max(BAND_RESOLUTIONS * wanted, BAND_SCATTERS * _model_scatter_samples(self))
             wanted = max(wanted, min(BAND_CAP_FRACTION * top, band))
@@ -269,8 +269,10 @@ def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
         if outcome.status == ERROR and not state.passes:
             raise WorkloadBrokenError(f"the workload fails at batch {size} for a reason other than memory: {why}",
                                       detail=outcome.error)
+        hint = ("It was killed from outside (often the kernel's OOM killer: see dmesg); --resume runs it again."
+                if outcome.status == KILLED else None)
         raise TrialFailedError(f"trial at batch {size} ended as {outcome.status}, not out of memory: {why}",
-                               detail=outcome.error)
+                               detail=outcome.error, hint=hint)
     return outcome
 
 
@@ -299,7 +301,8 @@ def _verified_safe_batch(run_trial: RunTrial, state: _State, safe: int, margin: 
                          confirm: int) -> tuple[int, list[int]]:
     """The first size, from `safe` down by the margin again, that passes `confirm` fresh runs (earlier
     passes of the same size count), and the sizes that failed on the way."""
-    g, failed_at = state.granularity, []
+    g = state.granularity
+    failed_at: list[int] = []
     while True:
         passes = state.passes.get(safe, 0)
         while passes < confirm:

@@ -82,7 +82,11 @@ def require_unique(values: tuple | None, field_name: str) -> None:
     if values is None:
         return
     seen: set = set()
-    twice = [v for v in values if v in seen or seen.add(v)]
+    twice = []
+    for v in values:
+        if v in seen:
+            twice.append(v)
+        seen.add(v)
     if twice:
         given = short(",".join(map(str, values)))
         raise ConfigError(f"{field_name}={given} names {twice[0]} twice (it would run the same points twice)",

@@ -6,13 +6,21 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from mbtune import __version__
 from mbtune.errors import EXIT_COULD_NOT_RUN, Interrupted, MbtuneError
+
+if TYPE_CHECKING:
+    from mbtune.config import ProbeConfig, SweepConfig
+    from mbtune.report.progress import TrialProgressBar
+    from mbtune.runs import RunOutcome
+
+T = TypeVar("T")
 
 app = typer.Typer(
     name="mbtune", no_args_is_help=True, add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -21,21 +29,21 @@ app = typer.Typer(
 )
 
 Workload = Annotated[str, typer.Option("--workload", "-w", help="Built-in workload (gpt, mlp) or package.module:factory.")]
-WorkloadOption = Annotated[Optional[list[str]], typer.Option("--option", "-O", help="Workload option KEY=VALUE, repeatable (e.g. -O layers=8).")]
+WorkloadOption = Annotated[list[str] | None, typer.Option("--option", "-O", help="Workload option KEY=VALUE, repeatable (e.g. -O layers=8).")]
 Device = Annotated[str, typer.Option("--device", "-d", help="auto, cpu, cuda or cuda:N.")]
-Budget = Annotated[Optional[str], typer.Option("--memory-budget", help="Memory a trial may use, e.g. 3GiB. CPU: address-space cap; CUDA: per-process memory fraction (default: whole device).")]
+Budget = Annotated[str | None, typer.Option("--memory-budget", help="Memory a trial may use, e.g. 3GiB. CPU: address-space cap; CUDA: per-process memory fraction (default: whole device).")]
 Format = Annotated[str, typer.Option("--format", "-f", help="table (people), json or csv (machines).")]
 Precision = Annotated[str, typer.Option("--precision", help="fp32, bf16 (autocast) or fp16 (autocast + GradScaler, CUDA only).")]
 Optimizer = Annotated[str, typer.Option("--optimizer", help="adamw or sgd (optimizer state counts toward memory).")]
 ProfilesDir = Annotated[Path, typer.Option("--profiles-dir", help="Folder that holds saved profiles.")]
 Save = Annotated[bool, typer.Option(help="Save results to profiles/<device>/<workload>.json, journaling each finished trial as it ends.")]
-Plot = Annotated[Optional[Path], typer.Option("--plot", help="Write PNG pictures (timeline, throughput, bubble, memory) into this folder (needs matplotlib).")]
-Trace = Annotated[Optional[Path], typer.Option("--trace", help="Write the best point's timeline as Chrome trace-event JSON (opens in Perfetto).")]
+Plot = Annotated[Path | None, typer.Option("--plot", help="Write PNG pictures (timeline, throughput, bubble, memory) into this folder (needs matplotlib).")]
+Trace = Annotated[Path | None, typer.Option("--trace", help="Write the best point's timeline as Chrome trace-event JSON (opens in Perfetto).")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run of the same command from its journal, without re-running finished trials.")]
 LoadTimeout = Annotated[float, typer.Option("--load-timeout", help="Seconds to import the workload's module and call its factory (in a child process) before giving up.")]
 TrialTimeout = Annotated[float, typer.Option("--trial-timeout", help="Seconds before a probe trial is killed.")]
 Confirm = Annotated[int, typer.Option("--confirm", help="Fresh runs the ceiling and the safe batch must each pass.")]
-Threads = Annotated[Optional[int], typer.Option("--threads", help="torch threads per process (default: all cores for a probe trial, cores / stages for a pipeline stage).")]
+Threads = Annotated[int | None, typer.Option("--threads", help="torch threads per process (default: all cores for a probe trial, cores / stages for a pipeline stage).")]
 
 
 def _version(value: bool) -> None:
@@ -59,9 +67,9 @@ def probe(
     memory_budget: Budget = None,
     margin: Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")] = 0.15,
     granularity: Annotated[int, typer.Option(help="Batch sizes are multiples of this.")] = 1,
-    max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Stop growing at this batch size.")] = None,
+    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Stop growing at this batch size.")] = None,
     confirm: Confirm = 2,
-    resolution: Annotated[Optional[int], typer.Option(help="Stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling, at least one granule; 1: the exact answer).")] = None,
+    resolution: Annotated[int | None, typer.Option(help="Stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling, at least one granule; 1: the exact answer).")] = None,
     precision: Precision = "fp32",
     optimizer: Optimizer = "adamw",
     steps: Annotated[int, typer.Option(help="Full training steps per trial (>= 2, so optimizer state exists).")] = 2,
@@ -89,11 +97,11 @@ def probe(
 
 
 Stages = Annotated[int, typer.Option("--stages", "-p", help="Pipeline stages (one process each; one GPU each on CUDA).")]
-Schedules = Annotated[Optional[str], typer.Option("--schedules", help="Comma list of gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble, zbv (default: gpipe,1f1b,interleaved-1f1b,zero-bubble).")]
-MicroBatches = Annotated[Optional[str], typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts (default: p,2p,4p).")]
+Schedules = Annotated[str | None, typer.Option("--schedules", help="Comma list of gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble, zbv (default: gpipe,1f1b,interleaved-1f1b,zero-bubble).")]
+MicroBatches = Annotated[str | None, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts (default: p,2p,4p).")]
 Accum = Annotated[str, typer.Option("--accum", help="Comma list of gradient-accumulation steps.")]
-MicroBatchSize = Annotated[Optional[int], typer.Option("--micro-batch-size", help="Samples per micro-batch (default: probed safe batch / largest micro-batch count, else 4).")]
-GlobalBatch = Annotated[Optional[int], typer.Option("--global-batch", help="Fix the global batch instead; the micro-batch size follows per point.")]
+MicroBatchSize = Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default: probed safe batch / largest micro-batch count, else 4).")]
+GlobalBatch = Annotated[int | None, typer.Option("--global-batch", help="Fix the global batch instead; the micro-batch size follows per point.")]
 Objective = Annotated[str, typer.Option("--objective", help="Rank by throughput, memory or bubble.")]
 SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer steps per point (after warm-up).")]
 Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up optimizer steps per point (not timed).")]
@@ -113,7 +121,7 @@ def sweep(
     accum: Accum = "1,2",
     micro_batch_size: MicroBatchSize = None,
     global_batch: GlobalBatch = None,
-    from_profile: Annotated[Optional[Path], typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")] = None,
+    from_profile: Annotated[Path | None, typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")] = None,
     objective: Objective = "throughput",
     strategy: Annotated[str, typer.Option("--strategy", help="grid: run every runnable point; quick: the simulator, calibrated on a few points, picks what to run.")] = "grid",
     steps: SweepSteps = 3,
@@ -122,7 +130,7 @@ def sweep(
     virtual_stages: VirtualStages = 2,
     optimizer: Optimizer = "adamw",
     precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast in every stage).")] = "fp32",
-    threads: Annotated[Optional[int], typer.Option(help="torch threads per stage process (default: cores / stages on CPU).")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads per stage process (default: cores / stages on CPU).")] = None,
     point_timeout: PointTimeout = 600.0,
     load_timeout: LoadTimeout = 120.0,
     profiles_dir: ProfilesDir = Path("profiles"),
@@ -158,9 +166,9 @@ def tune(
     memory_budget: Budget = None,
     margin: Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")] = 0.15,
     granularity: Annotated[int, typer.Option(help="Probe batch sizes are multiples of this.")] = 1,
-    max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Stop the probe growing at this batch size.")] = None,
+    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Stop the probe growing at this batch size.")] = None,
     confirm: Confirm = 2,
-    resolution: Annotated[Optional[int], typer.Option(help="Probe: stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling).")] = None,
+    resolution: Annotated[int | None, typer.Option(help="Probe: stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling).")] = None,
     probe_steps: Annotated[int, typer.Option("--probe-steps", help="Full training steps per probe trial (>= 2).")] = 2,
     trial_timeout: TrialTimeout = 600.0,
     stages: Stages = 2,
@@ -208,7 +216,7 @@ def tune(
     _finish(fmt, outcome, plot=plot, trace=trace)
 
 
-def _probe_config(*, option: list[str] | None, memory_budget: str | None, **fields: object) -> object:
+def _probe_config(*, option: list[str] | None, memory_budget: str | None, **fields: Any) -> ProbeConfig:
     from mbtune.config import ProbeConfig, parse_bytes, parse_options
     from mbtune.profiles import command_line
 
@@ -222,7 +230,7 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
                   point_timeout: float, load_timeout: float, micro_batch_size: int | None = None,
                   global_batch: int | None = None, from_profile: Path | None = None, warmup: int = 1,
                   virtual_stages: int = 2, threads: int | None = None, profiles_dir: Path | None = None,
-                  precision: str = "fp32", strategy: str = "grid", repeats: int = 1) -> object:
+                  precision: str = "fp32", strategy: str = "grid", repeats: int = 1) -> SweepConfig:
     from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
     from mbtune.profiles import command_line
 
@@ -257,7 +265,7 @@ def _check_outputs(*, plot_dir: Path | None = None, files: tuple[Path | None, ..
             check_writable(path)
 
 
-def _with_progress(label: str, job):  # noqa: ANN001, ANN202 - a thin wrapper around one library call
+def _with_progress(label: str, job: Callable[[TrialProgressBar], T]) -> T:
     from mbtune.report import make_console
     from mbtune.report.progress import TrialProgressBar
 
@@ -269,13 +277,13 @@ def _target(profiles_dir: Path, save: bool) -> Path | None:
     return profiles_dir if save else None
 
 
-def _finish(fmt: str, outcome: object, *, plot: Path | None = None, trace: Path | None = None) -> None:
+def _finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: Path | None = None) -> None:
     """Print what the run produced, write pictures and traces; exit 128 + the signal's number when it was
     interrupted (after saving what finished), 3 when no point produced a result."""
     from mbtune.errors import EXIT_INTERRUPTED, NothingMeasuredError
+    from mbtune.grid import nothing_measured
     from mbtune.report import make_console
     from mbtune.report.sweep import write_artifacts
-    from mbtune.grid import nothing_measured
     from mbtune.report.tune import print_results
 
     saved = str(outcome.saved_to) if outcome.saved_to else None
@@ -306,12 +314,12 @@ def show(
 
 @app.command()
 def qualify(
-    baseline: Annotated[Optional[Path], typer.Option("--baseline", help="Profile to re-run and compare against (profiles/<device>/<workload>.json).")] = None,
-    spec: Annotated[Optional[Path], typer.Option("--spec", help="Qualification spec (TOML): workload, device, budget, sweep lists, thresholds.")] = None,
-    tolerance: Annotated[Optional[str], typer.Option("--tolerance", help="Allowed shortfall against the baseline, e.g. 10% (default 10%, or the spec's).")] = None,
-    repeats: Annotated[Optional[int], typer.Option("--repeats", help="Runs of each sweep point, each in fresh processes; checks use the median and the spread over them (default 3, or the spec's).")] = None,
+    baseline: Annotated[Path | None, typer.Option("--baseline", help="Profile to re-run and compare against (profiles/<device>/<workload>.json).")] = None,
+    spec: Annotated[Path | None, typer.Option("--spec", help="Qualification spec (TOML): workload, device, budget, sweep lists, thresholds.")] = None,
+    tolerance: Annotated[str | None, typer.Option("--tolerance", help="Allowed shortfall against the baseline, e.g. 10% (default 10%, or the spec's).")] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", help="Runs of each sweep point, each in fresh processes; checks use the median and the spread over them (default 3, or the spec's).")] = None,
     allow_different_device: Annotated[bool, typer.Option("--allow-different-device", help="Compare against a baseline measured on another device model.")] = False,
-    junit: Annotated[Optional[Path], typer.Option("--junit", help="Write a JUnit XML file: one testcase per check.")] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write a JUnit XML file: one testcase per check.")] = None,
     profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = Path("profiles/qualify-runs"),
     save: Save = True,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
@@ -319,7 +327,6 @@ def qualify(
     """Re-run a baseline's probe and sweep here and give a verdict: exit 0 pass, 1 a check failed, 3 could not run,
     4 inconclusive (the measured spread is wider than the tolerance)."""
     from mbtune.config import QualifySpec, parse_fraction
-    from mbtune.errors import ConfigError
     from mbtune.profiles import command_line
     from mbtune.qualify import exit_code
     from mbtune.report import make_console
@@ -327,9 +334,7 @@ def qualify(
     from mbtune.runs import run_qualify
     from mbtune.specfile import read_spec
 
-    fmt = _check_format(format)
-    if fmt == "csv":
-        raise ConfigError("qualify prints table or json", hint="Use --format table or json (and --junit for CI).")
+    fmt = _check_format(format, allowed=("table", "json"))
     _check_outputs(files=(junit,))
     share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
     path = str(baseline) if baseline else None
@@ -360,7 +365,7 @@ def compare(
     from mbtune.report import make_console
     from mbtune.report.qualify import print_comparison
 
-    fmt = _check_format(format)
+    fmt = _check_format(format, allowed=("table", "json"))
     first, second = load_profile(a), load_profile(b)
     check_same_device(device_model(first), device_model(second), allow=allow_different_device, what="the profiles")
     print_comparison(make_console(), compare_profiles(first, second), str(a), str(b), fmt)
@@ -376,14 +381,14 @@ def plan(
     micro_batch_size: MicroBatchSize = None,
     global_batch: GlobalBatch = None,
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = 1,
-    blocks: Annotated[Optional[int], typer.Option("--blocks", help="Plan a model of this many of the workload's blocks (default: the profiled model's count).")] = None,
+    blocks: Annotated[int | None, typer.Option("--blocks", help="Plan a model of this many of the workload's blocks (default: the profiled model's count).")] = None,
     virtual_stages: VirtualStages = 2,
-    link_bandwidth: Annotated[Optional[str], typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
-    link_latency: Annotated[Optional[str], typer.Option("--link-latency", help="Stage-to-stage latency, e.g. 5us (default: as measured here).")] = None,
+    link_bandwidth: Annotated[str | None, typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
+    link_latency: Annotated[str | None, typer.Option("--link-latency", help="Stage-to-stage latency, e.g. 5us (default: as measured here).")] = None,
     validation: Annotated[str, typer.Option("--validation", help="Check the simulator against the measured points: leave-one-out, in-sample or none.")] = "leave-one-out",
     scatter: Annotated[str, typer.Option("--scatter", help="measured: draw costs from the scatter measured on this machine; none: predict with average costs (a quieter target).")] = "measured",
     plot: Plot = None,
-    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the recommended configuration's simulated timeline as Chrome trace-event JSON.")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Write the recommended configuration's simulated timeline as Chrome trace-event JSON.")] = None,
     format: Format = "table",
 ) -> None:
     """Predict configurations beyond this machine with a simulator calibrated on a saved sweep."""
@@ -412,12 +417,15 @@ def plan(
         write_plan_artifacts(make_console(stderr=True), report, plot_dir=plot, trace_path=trace)
 
 
-def _check_format(fmt: str) -> str:
+def _check_format(fmt: str, allowed: tuple[str, ...] | None = None) -> str:
+    """The output format, refused when this command cannot print it."""
     from mbtune.errors import ConfigError
     from mbtune.report import FORMATS
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", hint="Use --format table, json or csv.")
+    allowed = allowed or FORMATS
+    if fmt not in allowed:
+        raise ConfigError(f"--format {fmt!r} is not one of {', '.join(allowed)} for this command",
+                          hint=f"Use --format {' or '.join(allowed)}.")
     return fmt
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any, overload
 
 from mbtune.checks import check_types, require_unique
 from mbtune.checks import require as _require
@@ -99,7 +100,11 @@ def parse_rate(text: str, *, name: str) -> float:
     return float(parse_bytes(body, name=name))
 
 
-def parse_list(text: str | None, *, name: str, convert: type = int) -> tuple | None:
+@overload
+def parse_list(text: str, *, name: str, convert: type = int) -> tuple[Any, ...]: ...
+@overload
+def parse_list(text: str | None, *, name: str, convert: type = int) -> tuple[Any, ...] | None: ...
+def parse_list(text: str | None, *, name: str, convert: type = int) -> tuple[Any, ...] | None:
     """Parse a comma-separated list ('2,4,8'); None stays None (use the default)."""
     if text is None:
         return None
@@ -191,6 +196,9 @@ class ProbeConfig:
         _check_timeout(self.load_timeout_s, "load_timeout_s")
         _require(self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "memory_budget_bytes",
                  self.memory_budget_bytes, "a size above zero")
+        if self.precision == "fp16" and self.device == "cpu":
+            raise ConfigError("precision fp16 needs a CUDA device (its GradScaler is CUDA-only)",
+                              field="precision", hint="Use --precision bf16 or fp32 on CPU.")
         # The remaining fields are validated by building a trial config from them.
         self.trial(batch_size=self.granularity, device="cuda:0" if self.precision == "fp16" else self.device)
 

@@ -12,7 +12,7 @@ EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM and SIGHUP exit 128 + their number (14
 ONE_LINE_CHARS = 160
 
 
-class Reported:
+class Reported(BaseException):
     """What cli.main needs of anything it reports as one line: an exit code, a hint and the detail."""
 
     exit_code = EXIT_COULD_NOT_RUN

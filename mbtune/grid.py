@@ -9,11 +9,15 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from mbtune.config import SweepConfig
 from mbtune.device.load import busy_warning
 from mbtune.pipeline.theory import check_point, stages_per_rank, theoretical_bubble
 from mbtune.records import OK, MachineLoad, SkippedPoint, SweepPoint, SweepReport, TimelineAction, TrialResult
+
+if TYPE_CHECKING:
+    from mbtune.pipeline.timeline import PipelineOutcome, StageReport
 
 STABILITY_CV_PCT = 10.0
 
@@ -74,7 +78,7 @@ def _micro_batch_size(config: SweepConfig, m: int, accum: int) -> tuple[int, str
     return config.global_batch // per_step, None
 
 
-def summarize_point(point: SweepPoint, outcome: object, *, tokens_per_sample: int | None,
+def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_sample: int | None,
                     flops_per_sample: float | None, peak_flops_total: float | None) -> TrialResult:
     """Turn a pipeline outcome (pipeline.PipelineOutcome) into the sweep's TrialResult."""
     theory = theoretical_bubble(point.schedule, num_ranks=point.num_stages, num_microbatches=point.num_microbatches,
@@ -122,13 +126,13 @@ def nothing_measured(report: SweepReport) -> str | None:
         cause = (first.error.strip().splitlines() or [first.status])[-1]
         return f"no sweep point completed: {len(report.results)} failed, the first ({first.point.label}) {first.status}: {cause}"
     if report.skipped:
-        first = report.skipped[0]
+        skipped = report.skipped[0]
         return (f"no sweep point could run: all {len(report.skipped)} were skipped, the first "
-                f"({first.point.label}) because {first.reason}")
+                f"({skipped.point.label}) because {skipped.reason}")
     return "no sweep point could run: the grid is empty"
 
 
-def step_bubbles(reports: Sequence[object]) -> list[float]:
+def step_bubbles(reports: Sequence[StageReport]) -> list[float]:
     """The measured bubble of each measured step on its own (the spread of the point's bubble)."""
     from mbtune.pipeline.timeline import measured_bubble
 
@@ -149,7 +153,8 @@ def merge_repeats(repeats: Sequence[TrialResult]) -> TrialResult:
     failed = next((r for r in repeats if not r.ok), None)
     if failed is not None or n == 1:
         return replace(failed or first, num_repeats=n, wall_s=sum(r.wall_s for r in repeats))
-    medians = [r.step_time_median_s for r in repeats]
+    medians = [r.step_time_median_s for r in repeats if r.step_time_median_s is not None]
+    assert len(medians) == n, "every repeat that completed has a median step time"
     typical_index = median_step(medians)
     typical = repeats[typical_index]
     steps = tuple(t for r in repeats for t in r.step_times_s)
@@ -157,7 +162,7 @@ def merge_repeats(repeats: Sequence[TrialResult]) -> TrialResult:
     rates = [first.point.global_batch / m for m in medians]
     bubbles = [r.bubble_measured for r in repeats if r.bubble_measured is not None]
     bubble = statistics.median(bubbles) if bubbles else None
-    scale = typical.step_time_median_s / median
+    scale = medians[typical_index] / median
     spread_pct = 100.0 * (max(rates) - min(rates)) / statistics.median(rates)
     load = merge_loads([r.load for r in repeats])
     per_run = {busy_warning(first.point.label, r.load) for r in repeats} | {None}
@@ -194,8 +199,8 @@ def merge_loads(loads: Sequence[MachineLoad | None]) -> MachineLoad | None:
     if not known:
         return None
     busiest = max(known, key=lambda load: (load.busy, load.other_cpu_share or 0.0))
-    return replace(busiest, load_avg_1m=max((l.load_avg_1m for l in known if l.load_avg_1m is not None), default=None),
-                   other_gpu_processes=tuple(dict.fromkeys(p for l in known for p in l.other_gpu_processes)))
+    return replace(busiest, load_avg_1m=max((k.load_avg_1m for k in known if k.load_avg_1m is not None), default=None),
+                   other_gpu_processes=tuple(dict.fromkeys(p for k in known for p in k.other_gpu_processes)))
 
 
 def tied_with_best(results: Sequence[TrialResult], ranking: Sequence[int], objective: str) -> tuple[int, ...]:
@@ -224,7 +229,7 @@ def median_step(step_times_s: Sequence[float]) -> int:
     return order[(len(order) - 1) // 2] if order else 0
 
 
-def step_timeline(reports: Sequence[object], step: int = 0) -> tuple[TimelineAction, ...]:
+def step_timeline(reports: Sequence[StageReport], step: int = 0) -> tuple[TimelineAction, ...]:
     """The compute actions of one measured step, every rank, in start order."""
     actions = [
         TimelineAction(rank=report.rank, stage=a.stage, kind=a.kind, microbatch=a.microbatch, accum=a.accum,
@@ -236,21 +241,21 @@ def step_timeline(reports: Sequence[object], step: int = 0) -> tuple[TimelineAct
 
 def rank_results(results: Sequence[TrialResult], objective: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(ranking best first, Pareto front of throughput against peak memory), as indices of ok results."""
-    ok = [i for i, r in enumerate(results) if r.ok and r.samples_per_s is not None]
+    rate = {i: r.samples_per_s for i, r in enumerate(results) if r.ok and r.samples_per_s is not None}
+    ok = list(rate)
 
     def memory(i: int) -> float:
         peak = results[i].max_peak_memory_bytes
         return float("inf") if peak is None else peak
 
     keys = {
-        "throughput": lambda i: (-results[i].samples_per_s, memory(i)),
-        "memory": lambda i: (memory(i), -results[i].samples_per_s),
+        "throughput": lambda i: (-rate[i], memory(i)),
+        "memory": lambda i: (memory(i), -rate[i]),
         "bubble": lambda i: (results[i].bubble_measured if results[i].bubble_measured is not None else 1.0,
-                             -results[i].samples_per_s),
+                             -rate[i]),
     }
     ranking = tuple(sorted(ok, key=keys[objective]))
     pareto = tuple(i for i in ok if not any(
-        results[j].samples_per_s >= results[i].samples_per_s and memory(j) <= memory(i)
-        and (results[j].samples_per_s > results[i].samples_per_s or memory(j) < memory(i))
+        rate[j] >= rate[i] and memory(j) <= memory(i) and (rate[j] > rate[i] or memory(j) < memory(i))
         for j in ok))
     return ranking, pareto

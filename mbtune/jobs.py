@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from mbtune.config import ProbeConfig, SweepConfig, TrialConfig
 from mbtune.errors import ConfigError, Interrupted, TrialFailedError
@@ -54,8 +54,8 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
 
     With a store, every finished trial is journaled, and trials journaled by an interrupted run are
     replayed in order instead of run again (the search is deterministic given its outcomes)."""
-    from mbtune.device import resolve_device
     from mbtune.ceiling import search_ceiling
+    from mbtune.device import resolve_device
     from mbtune.workloads.facts import workload_facts
 
     # Bad names and options fail here, before any trial; user code runs in a child under a deadline.
@@ -203,7 +203,8 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
             progress.end_trial(result.status, detail)
         return result
 
-    interrupted, not_run, note = False, (), ""
+    interrupted, note = False, ""
+    not_run: tuple[SkippedPoint, ...] = ()
     try:
         if config.strategy == "quick":
             not_run, note = _quick(grid.points, run_one, config)
@@ -310,8 +311,8 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
                peak_total: float | None) -> TrialResult:
     from mbtune.device.load import LoadMeter, busy_warning
     from mbtune.device.nvml import NvmlSampler
-    from mbtune.pipeline import PipelineSpec, run_pipeline_point
     from mbtune.grid import summarize_point
+    from mbtune.pipeline import PipelineSpec, run_pipeline_point
 
     spec = PipelineSpec(
         workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
@@ -344,7 +345,15 @@ def _result_detail(result: TrialResult) -> str:
     return (result.error.strip().splitlines() or [""])[-1][:80]
 
 
-def sweep_limits(probe: ProbeResult) -> dict[str, int | None]:
+class SweepLimits(TypedDict):
+    """The SweepConfig fields a probe sets."""
+
+    safe_batch: int | None
+    ceiling: int | None
+    ceiling_peak_memory_bytes: int | None
+
+
+def sweep_limits(probe: ProbeResult) -> SweepLimits:
     """What a sweep takes from a probe: the safe batch, the ceiling and the peak memory at the ceiling."""
     at_ceiling = [t.peak_memory_bytes for t in probe.trials if t.ok and t.batch_size == probe.ceiling]
     return {"safe_batch": probe.safe_batch, "ceiling": probe.ceiling,
@@ -359,7 +368,7 @@ def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress
     return probe, sweep_workload(sweep_config, progress, store)
 
 
-def limits_from_profile(path: str, config: SweepConfig) -> dict[str, int | None]:
+def limits_from_profile(path: str, config: SweepConfig) -> SweepLimits:
     """sweep_limits of the probe saved in a profile: an error when it holds no probe, or a probe of another
     workload, other workload options or another precision than this sweep's."""
     from mbtune.errors import ProfileError

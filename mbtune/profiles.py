@@ -11,12 +11,22 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mbtune import __version__
 from mbtune.atomic import write_atomic
 from mbtune.errors import ProfileError
-from mbtune.records import (SCHEMA_VERSION, DeviceInfo, Metadata, ProbeResult, Profile, RecordFieldError,
-                             SweepReport, short_repr, shorten)
+from mbtune.records import (
+    SCHEMA_VERSION,
+    DeviceInfo,
+    Metadata,
+    ProbeResult,
+    Profile,
+    RecordFieldError,
+    SweepReport,
+    short_repr,
+    shorten,
+)
 
 # Schema versions this mbtune reads, and the step that upgrades each older one (none yet: version 1 is
 # the first). A field added with a default needs no step; a renamed or restructured one does.
@@ -38,7 +48,7 @@ def device_slug(device: DeviceInfo) -> str:
     return name if name.startswith(device.backend) else f"{device.backend}-{name}"
 
 
-def profile_path(root: Path, device: DeviceInfo, workload: str) -> Path:
+def profile_path(root: str | Path, device: DeviceInfo, workload: str) -> Path:
     return Path(root) / device_slug(device) / f"{slug(workload)}.json"
 
 
@@ -47,7 +57,7 @@ def collect_metadata(command_line: str, torch_version: str) -> Metadata:
     return Metadata(
         mbtune_version=__version__, torch_version=torch_version, python_version=platform.python_version(),
         host=socket.gethostname(), platform=platform.platform(), command_line=command_line,
-        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         allocator_settings={k: os.environ[k] for k in ALLOCATOR_ENV if k in os.environ},
     )
 
@@ -62,7 +72,7 @@ def save_results(root: Path, device: DeviceInfo, workload: str, command_line: st
         try:
             existing = load_profile(path)
         except ProfileError:
-            stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
             path = path.with_name(f"{path.stem}.{stamp}.json")
     profile = Profile(
         schema_version=SCHEMA_VERSION, metadata=collect_metadata(command_line, device.torch_version),
@@ -91,11 +101,11 @@ def write_profile(path: Path, profile: Profile) -> None:
 _CORRUPT = "Fix that field or re-run the probe."
 
 
-def load_profile(path: Path) -> Profile:
+def load_profile(path: str | Path) -> Profile:
     """Read a profile, refusing missing, corrupt, mistyped and unknown-schema files with one line that names
     the file and the field (e.g. probe.trials[3].status), what it holds and what was expected."""
     path = Path(path)
-    data = _read_json(path)
+    data = _document(path, _read_json(path))
     version = _schema_version(path, data)
     try:
         return Profile.from_dict(migrate(data))
@@ -107,6 +117,8 @@ def load_profile(path: Path) -> Profile:
 
 
 def _read_json(path: Path) -> object:
+    if path.is_dir():
+        raise ProfileError(f"profile {path} is a folder", hint="Pass a profile file, e.g. profiles/<device>/<workload>.json.")
     try:
         return json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError as exc:
@@ -119,11 +131,16 @@ def _read_json(path: Path) -> object:
                            hint="The file is corrupt; re-run the probe to write a new one.") from exc
 
 
-def _schema_version(path: Path, data: object) -> int:
-    """The file's schema version, refusing what is not a profile or is of a schema this mbtune cannot read."""
+def _document(path: Path, data: object) -> dict[str, Any]:
+    """The parsed file, refusing a document that is not a JSON object."""
     if not isinstance(data, dict):
         raise ProfileError(f"{path} is not an mbtune profile: the document is {short_repr(data)}, expected an "
                            "object", hint="Pass a file written by mbtune probe, sweep or tune.")
+    return data
+
+
+def _schema_version(path: Path, data: dict[str, Any]) -> int:
+    """The file's schema version, refusing what is not a profile or is of a schema this mbtune cannot read."""
     if "schema_version" not in data:
         raise ProfileError(f"{path} is not an mbtune profile (no schema_version)")
     version = data["schema_version"]

@@ -180,7 +180,13 @@ def wider(*spreads: Spread | None) -> Spread | None:
 def fastest(sweep: SweepReport | None) -> TrialResult | None:
     """The point with the highest samples/s (whatever the sweep's objective ranked first)."""
     ok = [r for r in sweep.results if r.ok and r.samples_per_s] if sweep else []
-    return max(ok, key=lambda r: r.samples_per_s) if ok else None
+    return max(ok, key=_rate) if ok else None
+
+
+def _rate(result: TrialResult) -> float:
+    """The samples/s of a result already known to have one."""
+    assert result.samples_per_s is not None, "only results that measured a throughput get here"
+    return result.samples_per_s
 
 
 def against_baseline(baseline_probe: ProbeResult | None, baseline_sweep: SweepReport | None,
@@ -196,22 +202,21 @@ def against_baseline(baseline_probe: ProbeResult | None, baseline_sweep: SweepRe
             was = getattr(baseline_probe, attr)
             now = getattr(probe, attr) if probe else None
             checks.append(judge(name, now, was * keep, rule=f"{rule} {was}", spread=spread, tolerance=tolerance))
-    if fastest(baseline_sweep) is not None:
-        checks.append(_best(baseline_sweep, sweep, tolerance, rule))
+    if baseline_sweep is not None and (baseline_best := fastest(baseline_sweep)) is not None:
+        checks.append(_best(baseline_best, sweep, tolerance, rule))
         checks.append(_aggregate(baseline_sweep, sweep, tolerance))
         checks += _points(baseline_sweep, sweep, tolerance, rule)
     return checks
 
 
-def _best(baseline: SweepReport, sweep: SweepReport | None, tolerance: float, rule: str) -> Check:
-    """The fastest point now against the fastest of the baseline (see the module docstring)."""
-    was = fastest(baseline)
+def _best(was: TrialResult, sweep: SweepReport | None, tolerance: float, rule: str) -> Check:
+    """The fastest point now against the fastest of the baseline, `was` (see the module docstring)."""
     now = fastest(sweep)
     keep = 1.0 - tolerance
     name, point_rule = BEST, f"{rule} {was.samples_per_s:,.1f}"
-    if now is None:
+    if now is None or sweep is None:
         measured = 0.0 if sweep is not None and sweep.results else None
-        return judge(name, measured, was.samples_per_s * keep, rule=point_rule, note="no point completed here")
+        return judge(name, measured, _rate(was) * keep, rule=point_rule, note="no point completed here")
     same = {r.point: r for r in sweep.results}.get(was.point)
     if now.point == was.point:
         note = f"best point {was.point.label} in both"
@@ -220,7 +225,7 @@ def _best(baseline: SweepReport, sweep: SweepReport | None, tolerance: float, ru
         if same is not None and same.ok:
             note += f" (the baseline's best point now: {same.samples_per_s:,.1f})"
     spread = wider(point_spread(was, "baseline"), point_spread(now, "now"))
-    return judge(name, now.samples_per_s, was.samples_per_s * keep, rule=point_rule, spread=spread,
+    return judge(name, now.samples_per_s, _rate(was) * keep, rule=point_rule, spread=spread,
                  tolerance=tolerance, note=note, busy=busy_reason([now]))
 
 
@@ -234,7 +239,7 @@ def _aggregate(baseline: SweepReport, sweep: SweepReport | None, tolerance: floa
     if not pairs:
         measured = 0.0 if sweep is not None and sweep.results else None
         return judge(AGGREGATE, measured, keep, rule=rule, note="no point the baseline ran completed here")
-    logs = [math.log(after.samples_per_s / before.samples_per_s) for before, after in pairs]
+    logs = [math.log(_rate(after) / _rate(before)) for before, after in pairs]
     spread = _aggregate_spread(logs, [wider(point_spread(b, "baseline"), point_spread(a, "now")) for b, a in pairs])
     missing = sum(1 for r in baseline.results if r.ok and r.samples_per_s) - len(pairs)
     note = f"{len(pairs)} points, ratios {math.exp(min(logs)):.2f}-{math.exp(max(logs)):.2f}"

@@ -12,17 +12,21 @@ import types
 import typing
 from typing import Any
 
+
 class Record:
     """Mixin: lossless to_dict/from_dict for frozen dataclasses of plain values, tuples and records."""
 
+    if typing.TYPE_CHECKING:  # every Record is a dataclass; this tells the type checker so
+        __dataclass_fields__: typing.ClassVar[dict[str, dataclasses.Field[Any]]]
+
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _dump(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {f.name: _dump(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def __repr__(self) -> str:
         """A short repr (records that hold many trials or actions would print pages): plain fields as they
         are, lists by their length, nested records by their name."""
         parts = []
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, tuple) and (len(value) > 3 or any(isinstance(v, Record) for v in value)):
                 parts.append(f"{f.name}=<{len(value)} items>")
@@ -42,7 +46,7 @@ class Record:
         items = getattr(self, self.FRAME_ROWS) if self.FRAME_ROWS else (self,)
         return pandas.json_normalize([item.to_dict() if isinstance(item, Record) else item for item in items])
 
-    FRAME_ROWS = ""  # the field whose items are the frame's rows
+    FRAME_ROWS: typing.ClassVar[str] = ""  # the field whose items are the frame's rows
 
     @classmethod
     def field_choices(cls, name: str) -> tuple[str, ...] | None:
@@ -51,7 +55,7 @@ class Record:
         return None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, path: str = "") -> Any:
+    def from_dict(cls, data: object, *, path: str = "") -> Any:
         """Build the record from plain data (parsed JSON), checking every value against its field's type.
         Unknown keys are ignored (a newer mbtune's additions); anything else that does not fit raises
         RecordFieldError naming the field by its path from `path` (e.g. trials[3].status)."""
@@ -244,8 +248,8 @@ def _describe(hint: Any, plural: bool = False) -> str:
         words = [_describe(a, plural) for a in args if a is not type(None)] + (["null"] * (type(None) in args))
         return " or ".join(words) if len(words) < 3 else f"{', '.join(words[:-1])} or {words[-1]}"
     if origin is tuple or hint is tuple:
-        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
-        return "lists" if plural else f"a list of {_describe(args[0], True)}" if len(set(args)) == 1 else "a list"
+        items = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return "lists" if plural else f"a list of {_describe(items[0], True)}" if len(set(items)) == 1 else "a list"
     if origin is dict or hint is dict or (isinstance(hint, type) and issubclass(hint, Record)):
         return "objects" if plural else "an object"
     if hint in _NAMES:
@@ -261,6 +265,6 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)

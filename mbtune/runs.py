@@ -12,8 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from mbtune.config import ProbeConfig, QualifySpec, SweepConfig
-from mbtune.errors import (EXIT_COULD_NOT_RUN, BudgetTooSmallError, ConfigError, DeviceError, MbtuneError,
-                           WorkloadBrokenError)
+from mbtune.errors import (
+    EXIT_COULD_NOT_RUN,
+    BudgetTooSmallError,
+    ConfigError,
+    DeviceError,
+    MbtuneError,
+    WorkloadBrokenError,
+)
 from mbtune.jobs import TrialProgress, describe, limits_from_profile, probe_workload, sweep_workload, tune_workload
 from mbtune.records import ProbeResult, Profile, SweepReport
 from mbtune.verdicts import Verdict
@@ -69,7 +75,6 @@ def _saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, p
                resume: bool, command_line: str, body: Any) -> RunOutcome:
     from mbtune.device import resolve_device
     from mbtune.store import RunStore
-
     from mbtune.workloads.facts import workload_facts
 
     if profiles_dir is None:
@@ -77,7 +82,10 @@ def _saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, p
         return RunOutcome(probe=probe, sweep=sweep)
     first = next(iter(configs.values()))
     workload_facts(workload, first.workload_options, timeout_s=first.load_timeout_s)  # bad input fails before any file
-    info = describe(resolve_device(device))
+    resolved = resolve_device(device)
+    if "probe" in configs:  # settings the resolved device cannot run (fp16 on CPU) fail before any file
+        configs["probe"].trial(batch_size=configs["probe"].granularity, device=resolved)
+    info = describe(resolved)
     with RunStore(profiles_dir, info, workload, kind=kind, config=_comparable(configs), resume=resume) as store:
         probe, sweep = body(store)
         saved = store.save(command_line=command_line, probe=probe, sweep=sweep)

@@ -178,7 +178,7 @@ def _value(path: Path, where: str, hint: Any, value: Any) -> Any:
     args = typing.get_args(hint)
     if type(None) in args:  # TOML has no null: an optional setting is one left out
         options = tuple(a for a in args if a is not type(None))
-        hint = options[0] if len(options) == 1 else typing.Union[options]  # type: ignore[index]
+        hint = options[0] if len(options) == 1 else typing.Union[options]  # noqa: UP007 - built at run time from a tuple
     _check_text(path, where, value)
     try:
         return load_value(hint, value, path=where)

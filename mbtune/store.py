@@ -20,12 +20,22 @@ from typing import Any
 from mbtune.atomic import write_atomic
 from mbtune.errors import ConfigError, ProfileError, RunLockedError
 from mbtune.profiles import profile_path, save_results
-from mbtune.records import (DeviceInfo, ProbeResult, RecordFieldError, SweepReport, TrialOutcome, TrialResult,
-                            short_repr, shorten)
+from mbtune.records import (
+    KILLED,
+    DeviceInfo,
+    ProbeResult,
+    Record,
+    RecordFieldError,
+    SweepReport,
+    TrialOutcome,
+    TrialResult,
+    short_repr,
+    shorten,
+)
 
 JOURNAL_VERSION = 1
 # The record each kind of journal entry holds (jobs.PROBE_TRIAL and jobs.SWEEP_POINT).
-JOURNAL_RECORDS = {"probe_trial": TrialOutcome, "sweep_point": TrialResult}
+JOURNAL_RECORDS: dict[str, type[Record]] = {"probe_trial": TrialOutcome, "sweep_point": TrialResult}
 _BAD_JOURNAL = "Fix or delete that line, or run without --resume."
 
 
@@ -112,6 +122,19 @@ class RunStore:
             raise ProfileError(f"cannot write the journal {self.journal_path}: {exc.strerror or exc}",
                                hint="Choose a writable folder with --profiles-dir.") from exc
 
+    def _drop_killed(self) -> None:
+        """A trial or point killed from outside (the kernel's OOM killer, a job killed with its processes) is
+        run again on resume, not replayed: its record leaves the journal, which is rewritten without it.
+        A killed probe trial ended the probe, so it can only be the last."""
+        trials = self._replay.get("probe_trial", [])
+        if trials and _killed(trials[-1]):
+            self.notes.append(f"the trial at batch {trials.pop()['batch_size']} was killed from outside: it runs again")
+        points = self._replay.get("sweep_point", [])
+        killed = [p for p in points if _killed(p)]
+        if killed:
+            self._replay["sweep_point"] = [p for p in points if not _killed(p)]
+            self.notes.append(f"{len(killed)} sweep point(s) killed from outside run again")
+
     def _load_journal(self) -> None:
         if not self.journal_path.exists():
             raise ConfigError(f"nothing to resume: no journal at {self.journal_path}",
@@ -127,8 +150,13 @@ class RunStore:
             entry = _journal_entry(self.journal_path, number, raw, last=index == len(lines))
             if entry is not None:
                 self._replay.setdefault(entry["kind"], []).append(entry["record"])
+        self._drop_killed()
         self.notes.append(f"resumed from {self.journal_path}: "
                           + ", ".join(f"{len(v)} {k} record(s)" for k, v in self._replay.items()))
+
+
+def _killed(record: dict[str, Any]) -> bool:
+    return record.get("status") == KILLED
 
 
 def _journal_lines(path: Path) -> list[tuple[int, bytes]]:
@@ -201,4 +229,4 @@ def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
 
 
 def _stamp() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")

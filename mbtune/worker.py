@@ -38,7 +38,7 @@ from mbtune.records import (
 # keeps it out of every trial. None of these start threads or touch a device.
 _PRELOAD = ["torch", "torch._dynamo", "mbtune.trial", "mbtune.pipeline.runner", "mbtune.workloads.gpt",
             "mbtune.workloads.mlp"]
-_context: multiprocessing.context.BaseContext | None = None
+_context: multiprocessing.context.ForkServerContext | None = None
 _GRACE_S = 3.0
 _PR_SET_PDEATHSIG = 1
 # A worker process that is still importing the main script (multiprocessing re-imports it in every child)
@@ -64,7 +64,7 @@ class ChildResult:
     stderr_tail: str = ""  # the last lines the child wrote to stderr, whatever the status
 
 
-def process_context() -> multiprocessing.context.BaseContext:
+def process_context() -> multiprocessing.context.ForkServerContext:
     """The multiprocessing context of the process-wide forkserver, with torch preloaded."""
     global _context
     if _context is None:

@@ -60,15 +60,15 @@ def run_schedule_step(schedule: Any, args: tuple[torch.Tensor, ...], *, target: 
 
     The last stage's outputs are not kept (they would only add memory) where torch lets us say so.
     """
-    if _accepts_return_outputs(type(schedule)):
+    if _accepts_return_outputs(type(schedule).step):
         schedule.step(*args, target=target, losses=losses, return_outputs=False)
     else:
         schedule.step(*args, target=target, losses=losses)
 
 
 @functools.cache
-def _accepts_return_outputs(cls: type) -> bool:
-    return "return_outputs" in inspect.signature(cls.step).parameters
+def _accepts_return_outputs(step: Callable[..., Any]) -> bool:
+    return "return_outputs" in inspect.signature(step).parameters
 
 
 class TimingEvent(Protocol):
@@ -161,12 +161,14 @@ class ActionTimer:
 
     def instrument(self, stage: PipelineStage) -> None:
         """Shadow the stage's compute methods with timed versions (instance attributes win over the class)."""
-        stage.forward_one_chunk = self._wrap(stage, stage.forward_one_chunk, "fwd_chunk_id", lambda kw: FORWARD)
-        stage.backward_one_chunk = self._wrap(
+        # torch declares these as methods; shadowing them on the instance is the point here.
+        stage.forward_one_chunk = self._wrap(  # type: ignore[method-assign]
+            stage, stage.forward_one_chunk, "fwd_chunk_id", lambda kw: FORWARD)
+        stage.backward_one_chunk = self._wrap(  # type: ignore[method-assign]
             stage, stage.backward_one_chunk, "bwd_chunk_id",
             lambda kw: BACKWARD if kw.get("full_backward", True) else BACKWARD_INPUT,
         )
-        stage.backward_weight_one_chunk = self._wrap(
+        stage.backward_weight_one_chunk = self._wrap(  # type: ignore[method-assign]
             stage, stage.backward_weight_one_chunk, "bwd_chunk_id", lambda kw: BACKWARD_WEIGHT
         )
 

@@ -121,9 +121,10 @@ class PipelineOutcome(Record):
     @property
     def rank_cpu_time_s(self) -> float | None:
         """The CPU time of all rank processes together; None unless every rank reported its own."""
-        if not self.reports or any(r.cpu_time_s is None for r in self.reports):
+        times = [r.cpu_time_s for r in self.reports if r.cpu_time_s is not None]
+        if not self.reports or len(times) < len(self.reports):
             return None
-        return sum(r.cpu_time_s for r in self.reports)
+        return sum(times)
 
     @property
     def device_uuids(self) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ sweep runs it on real pipelines.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from mbtune.planning.records import BlockFacts, QuickResult, QuickRound
 from mbtune.records import SweepPoint, TrialResult
@@ -110,15 +110,15 @@ def _predict(predict_rates: Predictor, results: list[TrialResult], unrun: list[S
 def _held_out_error(predict_rates: Predictor, results: dict[SweepPoint, TrialResult]) -> float:
     """How far the predictor misses a point it has not seen: each ok point predicted from all the others;
     the upper quartile of the relative errors (0 with fewer than three ok points)."""
-    ok = [r for r in results.values() if r.ok and r.samples_per_s]
+    ok = [(r, r.samples_per_s) for r in results.values() if r.ok and r.samples_per_s]
     if len(ok) < 3:
         return 0.0
     errors = []
-    for held in ok:
+    for held, rate in ok:
         others = [r for r in results.values() if r is not held]
         predicted = _predict(predict_rates, others, [held.point]).get(held.point)
         if predicted is not None:
-            errors.append(abs(predicted - held.samples_per_s) / held.samples_per_s)
+            errors.append(abs(predicted - rate) / rate)
     errors.sort()
     return errors[(3 * len(errors)) // 4] if errors else 0.0
 
@@ -127,7 +127,8 @@ def _pick(hopeful: dict[SweepPoint, float], state: _Search, per_round: int) -> l
     """The best predicted, then the best-predicted neighbours of it and of the best measured point."""
     ranked = sorted(hopeful, key=lambda p: -hopeful[p])
     chosen = [ranked[0]]
-    around = [ranked[0]] + ([state.incumbent()] if state.incumbent() is not None else [])
+    incumbent = state.incumbent()
+    around = [ranked[0]] + ([incumbent] if incumbent is not None else [])
     near = {p for centre in around for p in neighbours(centre, list(hopeful))}
     chosen += sorted(near - set(chosen), key=lambda p: -hopeful[p])
     chosen += [p for p in ranked if p not in chosen]
@@ -182,8 +183,8 @@ def neighbours(point: SweepPoint, candidates: Sequence[SweepPoint]) -> list[Swee
     return found
 
 
-def _best_rate(results: Sequence[TrialResult] | object) -> float | None:
-    rates = [r.samples_per_s for r in results if r.ok and r.samples_per_s]  # type: ignore[attr-defined]
+def _best_rate(results: Iterable[TrialResult]) -> float | None:
+    rates = [r.samples_per_s for r in results if r.ok and r.samples_per_s]
     return max(rates, default=None)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.panel import Panel
 from rich.table import Table
 
@@ -46,7 +46,7 @@ def predictions_table(report: PlanReport, *, limit: int | None = 20) -> Table:
     table = Table(title=f"Plan: {report.workload}, {blocks}, predicted by the calibrated simulator "
                         f"(scatter: {report.scatter})",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
-    columns = [("#", "right"), ("schedule", "left"), ("p", "right"), ("v", "right"), ("m", "right"),
+    columns: list[tuple[str, JustifyMethod]] = [("#", "right"), ("schedule", "left"), ("p", "right"), ("v", "right"), ("m", "right"),
                ("mbs", "right"), ("dp", "right"), ("global", "right"), ("samples/s", "right"), ("step", "right"),
                ("bubble", "right"), ("mem/rank", "right"), ("fits", "left")]
     if len(depths) > 1:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -45,7 +45,8 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     return table
 
 
-_COLUMNS = [("#", "right"), ("schedule", "left"), ("p", "right"), ("m", "right"), ("acc", "right"),
+_COLUMNS: list[tuple[str, JustifyMethod]] = [
+            ("#", "right"), ("schedule", "left"), ("p", "right"), ("m", "right"), ("acc", "right"),
             ("mbs", "right"), ("global", "right"), ("samples/s", "right"), ("tokens/s", "right"),
             ("step (cv)", "right"), ("bubble", "right"), ("peak mem", "right"), ("MFU", "right"),
             ("kernel active", "right"), ("status", "left")]
@@ -77,7 +78,7 @@ def _natural_width(console: Console, table: Table) -> int:
 
 
 def _build_table(report: SweepReport, rows: list[dict[str, str]], order: list[int],
-                 columns: list[tuple[str, str]]) -> Table:
+                 columns: list[tuple[str, JustifyMethod]]) -> Table:
     table = Table(title=f"Sweep: {report.workload}, ranked by {report.objective}", title_justify="left",
                   box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
     for header, justify in columns:

@@ -35,7 +35,7 @@ def timeline_rows(actions: Sequence[TimelineAction], *, width: int) -> dict[int,
     for stage, cells in sorted(stage_cells.items()):
         busy = rank_cells[rank_of[stage]]
         rows[stage] = "".join(
-            GLYPHS.get(max(c, key=c.get), IDLE)[0] if c and sum(c.values()) >= slice_s / 2
+            GLYPHS.get(max(c, key=c.__getitem__), IDLE)[0] if c and sum(c.values()) >= slice_s / 2
             else OTHER_STAGE if sum(busy[i].values()) >= slice_s / 2 else IDLE[0]
             for i, c in enumerate(cells))
     return rows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,7 +69,7 @@ def gpt(layers: int = 4, d_model: int = 128, heads: int = 4, seq_len: int = 64, 
     # Matmul FLOPs per token, forward: 2 x (12 d^2 per layer + d x vocab) plus attention scores 2 x 2 x s x d
     # per layer (halved by the causal mask); training is 3x forward.
     forward_per_token = 2 * (12 * d_model**2 * layers + d_model * vocab) + 2 * seq_len * d_model * layers
-    blocks = [lambda: Embedding(vocab, d_model, seq_len)]
+    blocks: list[Callable[[], nn.Module]] = [lambda: Embedding(vocab, d_model, seq_len)]
     blocks += [lambda: Block(d_model, heads) for _ in range(layers)]
     blocks += [lambda: Head(d_model, vocab)]
     return Workload(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,7 +35,7 @@ def mlp(layers: int = 4, width: int = 256, classes: int = 10) -> Workload:
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float(), targets)
 
-    blocks = [lambda: nn.Linear(width, width)]
+    blocks: list[Callable[[], nn.Module]] = [lambda: nn.Linear(width, width)]
     blocks += [lambda: MlpBlock(width) for _ in range(layers)]
     blocks += [lambda: nn.Linear(width, classes)]
     forward = 2 * (width * width + layers * 4 * width * width + width * classes)

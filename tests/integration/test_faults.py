@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.processes import orphans
 from tests.unit.test_cli import ROOT, SCRATCH, mbtune
 
 pytestmark = pytest.mark.integration
@@ -23,27 +24,8 @@ SWEEP = ["sweep", *SMALL, "-p", "2", "--schedules", "gpipe,1f1b", "-m", "2,4,8",
          "--steps", "3"]
 
 
-def tagged_processes(tag: str) -> list[int]:
-    """Processes whose environment carries the tag (mbtune and everything it started)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"MBTUNE_TEST_TAG={tag}".encode() in environ and state != "Z":
-            found.append(int(entry))
-    return found
-
-
 def assert_no_orphans(tag: str) -> None:
-    deadline = time.monotonic() + 15
-    while tagged_processes(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert tagged_processes(tag) == []
+    assert orphans(tag) == set()
 
 
 def start(args: list[str], tag: str) -> subprocess.Popen:

@@ -114,3 +114,15 @@ def test_qualify_refuses_an_unwritable_junit_path_before_running(tmp_path):
     result = mbtune("qualify", "--baseline", str(tmp_path / "missing.json"), "--junit", str(tmp_path))
     assert result.returncode == 2
     assert "is a folder" in one_line(result.stderr)
+
+
+def test_a_trial_killed_from_outside_runs_again_on_resume(tmp_path):
+    marker = tmp_path / "killed"
+    args = ["probe", "-w", "tests.fixtures.workloads:killed_once", "-O", f"marker={marker}", "-d", "cpu",
+            "--max-batch", "16", "--profiles-dir", str(tmp_path / "profiles")]
+    first = mbtune(*args)
+    assert first.returncode == 3 and "killed" in first.stderr and "--resume runs it again" in first.stderr
+    resumed = mbtune(*args, "--resume", "--format", "json")
+    assert resumed.returncode == 0, resumed.stderr
+    probe = json.loads(resumed.stdout)
+    assert "killed" not in [t["status"] for t in probe["trials"]] and probe["ceiling"] == 16

@@ -76,7 +76,7 @@ def _assert_matches_reference(spec: PipelineSpec) -> None:
     assert sorted(grads) == sorted(ref_grads)
     torch.testing.assert_close(torch.tensor(outcome.loss), ref_loss, rtol=1e-5, atol=1e-6)
     for name, expected in ref_grads.items():
-        torch.testing.assert_close(grads[name], expected, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(grads[name], expected, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("schedule", SCHEDULE_NAMES)
@@ -204,8 +204,9 @@ def test_check_point_agrees_with_torch_schedules() -> None:
 
 
 def _torch_accepts(schedule: str, ranks: int, per_rank: int, microbatches: int) -> bool:
-    from mbtune.pipeline.schedules import build_schedule, build_stage
     from torch.distributed.pipelining import schedules as torch_schedules
+
+    from mbtune.pipeline.schedules import build_schedule, build_stage
 
     num_stages = ranks * per_rank
     owners = stage_to_rank(schedule, ranks, num_stages)
@@ -251,4 +252,4 @@ def test_bf16_pipelined_step_matches_the_bf16_unpipelined_model(schedule: str) -
     # Micro-batching changes bf16 rounding order, so agreement is to bf16 precision, not bit for bit.
     torch.testing.assert_close(torch.tensor(outcome.loss), loss.detach().float(), rtol=2e-2, atol=2e-2)
     for name, param in model.named_parameters():
-        torch.testing.assert_close(grads[name], param.grad, rtol=5e-2, atol=5e-3, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(grads[name], param.grad, rtol=5e-2, atol=5e-3, msg=lambda m, name=name: f"{name}: {m}")

@@ -8,9 +8,9 @@ import signal
 import pytest
 from rich.console import Console
 
+from mbtune.ceiling import search_ceiling
 from mbtune.errors import HarnessError, TrialFailedError, WorkloadBrokenError
 from mbtune.pipeline.launch import block_ranges
-from mbtune.ceiling import search_ceiling
 from mbtune.records import NONFINITE, STATUSES, TrialOutcome, TrialResult
 from mbtune.report.probe import CAUSE_CHARS, cause_line, trials_table
 from mbtune.report.profile import error_tails

@@ -26,7 +26,6 @@ from mbtune.pipeline import (
     theoretical_bubble,
 )
 
-
 # --- split ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("num_blocks", "num_stages", "expected"), [

@@ -145,8 +145,8 @@ def test_timelines_from_the_runner_have_the_loss_as_its_own_action() -> None:
 
 def test_timelines_without_scatter_give_a_spread_of_ones() -> None:
     model = calibrate([measured(p) for p in points()], FACTS, workload="synthetic")
-    for quantiles in (model.spread.compute, model.spread.transfer, model.spread.gap):
-        assert quantiles and all(q == pytest.approx(1.0, abs=1e-6) for q in quantiles)
+    for spread in (model.spread.compute, model.spread.transfer, model.spread.gap):
+        assert spread and all(q == pytest.approx(1.0, abs=1e-6) for q in spread)
 
 
 def test_the_spread_of_measured_actions_is_recovered() -> None:

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from mbtune.errors import ConfigError
+from mbtune.grid import rank_results
 from mbtune.planning.planner import PlanGrid, plan
 from mbtune.planning.records import PlanReport, QuickResult
 from mbtune.planning.validate import IN_SAMPLE, summarize
@@ -24,7 +25,6 @@ from mbtune.report.plan import (
 from mbtune.report.plots import rank_idle_spans, write_plan_plots, write_plots
 from mbtune.report.timeline import timeline_renderable, timeline_rows
 from mbtune.report.trace import trace_events, write_trace
-from mbtune.grid import rank_results
 from tests.unit.test_plan_calibrate import FACTS, TRUTH, measured
 from tests.unit.test_plan_planner import model
 

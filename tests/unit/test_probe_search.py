@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.errors import BudgetTooSmallError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
 from mbtune.ceiling import fit_memory_model, safe_batch_for, search_ceiling
+from mbtune.errors import BudgetTooSmallError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
 from mbtune.records import TrialOutcome
 
 FIXED, PER_SAMPLE = 1000, 10

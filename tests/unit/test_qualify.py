@@ -10,6 +10,7 @@ import pytest
 
 from mbtune.config import QualifySpec
 from mbtune.errors import ConfigError
+from mbtune.grid import rank_results
 from mbtune.qualify import (
     AGGREGATE,
     BEST,
@@ -23,10 +24,9 @@ from mbtune.qualify import (
     run_errors,
 )
 from mbtune.records import DeviceInfo, Metadata, Profile, SweepPoint, SweepReport, TrialResult
-from mbtune.verdicts import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, Verdict
 from mbtune.report.qualify import PER_POINT_TITLE, junit_xml, per_point_table, verdict_table
 from mbtune.specfile import load_spec, read_spec
-from mbtune.grid import rank_results
+from mbtune.verdicts import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, Verdict
 from tests.unit.test_records import sample_probe
 from tests.unit.test_report import render, sweep_report
 

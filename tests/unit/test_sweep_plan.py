@@ -6,9 +6,9 @@ import pytest
 
 from mbtune.config import SweepConfig
 from mbtune.errors import ConfigError
-from mbtune.records import SweepPoint, TrialResult
-from mbtune.pipeline.timeline import ActionRecord, PipelineOutcome, StageReport
 from mbtune.grid import default_micro_batch_size, median_step, plan_grid, rank_results, summarize_point
+from mbtune.pipeline.timeline import ActionRecord, PipelineOutcome, StageReport
+from mbtune.records import SweepPoint, TrialResult
 
 
 def reasons(grid) -> dict[str, str]:
