@@ -29,12 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from mbtune.records import SweepPoint  # noqa: E402
 from tests.fixtures.bad_inputs import catalogue, make_files  # noqa: E402
+from tests.fixtures.commands import GRID, PROBE, SMALL, SWEEP  # noqa: E402
 from tests.fixtures.processes import orphans  # noqa: E402
 
-SMALL = ["-w", "mlp", "-O", "layers=2", "-O", "width=64", "-d", "cpu"]
-SWEEP = ["sweep", *SMALL, "-p", "2", "--schedules", "gpipe,1f1b", "-m", "2,4,8", "--accum", "1,2",
-         "--micro-batch-size", "4", "--steps", "3"]
-GRID = 12  # points in SWEEP
 TWO_POINTS = ["-d", "cpu", "-p", "2", "--schedules", "gpipe", "-m", "2,4", "--accum", "1", "--micro-batch-size", "2",
               "--steps", "1", "--format", "json"]
 TRIAL_LINE = re.compile(r"^\s*trial (\d+): (.+?) -> (\w+)", re.MULTILINE)
@@ -272,8 +269,6 @@ def unwritable_output(inj: Injection) -> None:
               "expected exit 2 with 'cannot write under' before any trial", result)
 
 
-PROBE = ["probe", "-w", "mlp", "-O", "layers=2", "-O", "width=256", "-d", "cpu", "--memory-budget", "200MiB",
-         "--max-batch", "2000", "--threads", "1"]
 TUNE = ["tune", *SMALL, "--memory-budget", "200MiB", "--max-batch", "64", "-p", "2", "--schedules", "gpipe,1f1b",
         "-m", "2,4", "--accum", "1", "--steps", "2"]
 COMMANDS = {"probe": PROBE, "sweep": SWEEP, "tune": TUNE}

@@ -6,9 +6,11 @@ mbtune.tune, mbtune.plan and mbtune.load_profile; see mbtune.api.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 __version__ = "0.1.0"
+logging.getLogger("mbtune").addHandler(logging.NullHandler())  # the application (the CLI's -v) decides
 __all__ = ["__version__", "load_profile", "plan", "probe", "sweep", "tune"]
 _API = {"probe", "sweep", "tune", "plan", "load_profile"}
 

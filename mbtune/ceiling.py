@@ -263,8 +263,8 @@ def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
             raise HarnessError(f"the trial at batch {size} could not start its worker process",
                                hint=why[:1].upper() + why[1:], detail=detail)
         if outcome.status == NONFINITE:
-            raise WorkloadBrokenError(f"the trial at batch {size} stopped: {why.split(': ')[0]}", detail=detail,
-                                      hint="Training diverged, or the workload computes a non-finite loss: check its "
+            raise TrialFailedError(f"the trial at batch {size} stopped: {why.split(': ')[0]}", detail=detail,
+                                   hint="Training diverged, or the workload computes a non-finite loss: check its "
                                            "loss function, data and learning rate (this is not a memory limit).")
         if outcome.status == ERROR and not state.passes:
             raise WorkloadBrokenError(f"the workload fails at batch {size} for a reason other than memory: {why}",

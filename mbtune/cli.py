@@ -3,10 +3,11 @@ record to report/. No torch import at module top and no logic here."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -23,22 +24,23 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 app = typer.Typer(
-    name="mbtune", no_args_is_help=True, add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
+    name="mbtune", no_args_is_help=True, add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Profile real hardware to find the best batch configuration for pipeline-parallel training.",
 )
 
 Workload = Annotated[str, typer.Option("--workload", "-w", help="Built-in workload (gpt, mlp) or package.module:factory.")]
 WorkloadOption = Annotated[list[str] | None, typer.Option("--option", "-O", help="Workload option KEY=VALUE, repeatable (e.g. -O layers=8).")]
-Device = Annotated[str, typer.Option("--device", "-d", help="auto, cpu, cuda or cuda:N.")]
+Device = Annotated[str, typer.Option("--device", "-d", envvar="MBTUNE_DEVICE", help="auto, cpu, cuda or cuda:N.")]
 Budget = Annotated[str | None, typer.Option("--memory-budget", help="Memory a trial may use, e.g. 3GiB. CPU: address-space cap; CUDA: per-process memory fraction (default: whole device).")]
 Format = Annotated[str, typer.Option("--format", "-f", help="table (people), json or csv (machines).")]
 Precision = Annotated[str, typer.Option("--precision", help="fp32, bf16 (autocast) or fp16 (autocast + GradScaler, CUDA only).")]
 Optimizer = Annotated[str, typer.Option("--optimizer", help="adamw or sgd (optimizer state counts toward memory).")]
-ProfilesDir = Annotated[Path, typer.Option("--profiles-dir", help="Folder that holds saved profiles.")]
+ProfilesDir = Annotated[Path, typer.Option("--profiles-dir", envvar="MBTUNE_PROFILES_DIR", help="Folder that holds saved profiles.")]
 Save = Annotated[bool, typer.Option(help="Save results to profiles/<device>/<workload>.json, journaling each finished trial as it ends.")]
 Plot = Annotated[Path | None, typer.Option("--plot", help="Write PNG pictures (timeline, throughput, bubble, memory) into this folder (needs matplotlib).")]
 Trace = Annotated[Path | None, typer.Option("--trace", help="Write the best point's timeline as Chrome trace-event JSON (opens in Perfetto).")]
+Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the json or csv output to this file instead of stdout.")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run of the same command from its journal, without re-running finished trials.")]
 LoadTimeout = Annotated[float, typer.Option("--load-timeout", help="Seconds to import the workload's module and call its factory (in a child process) before giving up.")]
 TrialTimeout = Annotated[float, typer.Option("--trial-timeout", help="Seconds before a probe trial is killed.")]
@@ -52,11 +54,21 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+_quiet: list[bool] = [False]
+
+
 @app.callback()
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-trial progress lines on stderr (results, warnings and errors still print).")] = False,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="Log what mbtune does to stderr (-v info, -vv debug), through the 'mbtune' logger.")] = 0,
 ) -> None:
     """Profile real hardware to find the best batch configuration for pipeline-parallel training."""
+    _quiet[0] = quiet
+    if verbose:
+        from mbtune.report import log_to_stderr
+
+        log_to_stderr(verbose)
 
 
 @app.command()
@@ -80,11 +92,13 @@ def probe(
     save: Save = True,
     resume: Resume = False,
     format: Format = "table",
+    output: Output = None,
 ) -> None:
     """Find the per-device memory ceiling with real training steps, then leave a safety margin."""
     from mbtune.runs import run_probe
 
     fmt = _check_format(format)
+    _check_output(fmt, output)
     _check_resume(resume, save)
     config = _probe_config(
         workload=workload, option=option, device=device, memory_budget=memory_budget, margin=margin,
@@ -93,7 +107,7 @@ def probe(
     )
     outcome = _with_progress("probe", lambda p: run_probe(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
-    _finish(fmt, outcome)
+    _finish(fmt, outcome, output=output)
 
 
 Stages = Annotated[int, typer.Option("--stages", "-p", help="Pipeline stages (one process each; one GPU each on CUDA).")]
@@ -139,11 +153,13 @@ def sweep(
     plot: Plot = None,
     trace: Trace = None,
     format: Format = "table",
+    output: Output = None,
 ) -> None:
     """Run real pipelined training steps across micro-batches, accumulation steps and schedules."""
     from mbtune.runs import run_sweep
 
     fmt = _check_format(format)
+    _check_output(fmt, output)
     _check_resume(resume, save)
     _check_outputs(plot_dir=plot, files=(trace,))
     config = _sweep_config(
@@ -155,7 +171,7 @@ def sweep(
     )
     outcome = _with_progress("sweep", lambda p: run_sweep(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
-    _finish(fmt, outcome, plot=plot, trace=trace)
+    _finish(fmt, outcome, plot=plot, trace=trace, output=output)
 
 
 @app.command()
@@ -194,11 +210,13 @@ def tune(
     plot: Plot = None,
     trace: Trace = None,
     format: Format = "table",
+    output: Output = None,
 ) -> None:
     """Probe the memory ceiling, then sweep pipeline configurations around the safe batch."""
     from mbtune.runs import run_tune
 
     fmt = _check_format(format)
+    _check_output(fmt, output)
     _check_resume(resume, save)
     _check_outputs(plot_dir=plot, files=(trace,))
     probe_config = _probe_config(workload=workload, option=option, device=device, memory_budget=memory_budget,
@@ -213,7 +231,7 @@ def tune(
                                  threads=threads, point_timeout=point_timeout, load_timeout=load_timeout)
     outcome = _with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p,
                                                          profiles_dir=_target(profiles_dir, save), resume=resume))
-    _finish(fmt, outcome, plot=plot, trace=trace)
+    _finish(fmt, outcome, plot=plot, trace=trace, output=output)
 
 
 def _probe_config(*, option: list[str] | None, memory_budget: str | None, **fields: Any) -> ProbeConfig:
@@ -265,19 +283,41 @@ def _check_outputs(*, plot_dir: Path | None = None, files: tuple[Path | None, ..
             check_writable(path)
 
 
-def _with_progress(label: str, job: Callable[[TrialProgressBar], T]) -> T:
+def _with_progress(label: str, job: Callable[[TrialProgressBar | None], T]) -> T:
     from mbtune.report import make_console
     from mbtune.report.progress import TrialProgressBar
 
+    if _quiet[0]:
+        return job(None)
     with TrialProgressBar(make_console(stderr=True), label=label) as progress:
         return job(progress)
+
+
+@contextlib.contextmanager
+def _printing_to(output: Path | None) -> Iterator[None]:
+    """What is printed to stdout goes to `output` instead, when given (checked writable before the run)."""
+    if output is None:
+        yield
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "w") as handle, contextlib.redirect_stdout(handle):
+        yield
+
+
+def _check_output(fmt: str, output: Path | None) -> None:
+    from mbtune.errors import ConfigError
+
+    if output is not None and fmt == "table":
+        raise ConfigError("--output writes json or csv", hint="Add --format json or --format csv.")
+    _check_outputs(files=(output,))
 
 
 def _target(profiles_dir: Path, save: bool) -> Path | None:
     return profiles_dir if save else None
 
 
-def _finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: Path | None = None) -> None:
+def _finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: Path | None = None,
+            output: Path | None = None) -> None:
     """Print what the run produced, write pictures and traces; exit 128 + the signal's number when it was
     interrupted (after saving what finished), 3 when no point produced a result."""
     from mbtune.errors import EXIT_INTERRUPTED, NothingMeasuredError
@@ -287,8 +327,9 @@ def _finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: P
     from mbtune.report.tune import print_results
 
     saved = str(outcome.saved_to) if outcome.saved_to else None
-    print_results(make_console(), fmt, probe=outcome.probe, sweep=outcome.sweep, saved_to=saved,
-                  notes=outcome.notes)
+    with _printing_to(output):
+        print_results(make_console(), fmt, probe=outcome.probe, sweep=outcome.sweep, saved_to=saved,
+                      notes=outcome.notes)
     if outcome.sweep is not None and (plot or trace):
         write_artifacts(make_console(stderr=True), outcome.sweep, plot_dir=plot, trace_path=trace)
     if outcome.interrupted:
@@ -302,6 +343,7 @@ def show(
     profile: Annotated[Path, typer.Argument(help="A profile file written by probe (profiles/<device>/<workload>.json).")],
     errors: Annotated[bool, typer.Option("--errors", help="Also print every failed trial's and point's whole error tail (traceback and stderr).")] = False,
     format: Format = "table",
+    output: Output = None,
 ) -> None:
     """Print a saved profile again."""
     from mbtune.profiles import load_profile
@@ -309,7 +351,10 @@ def show(
     from mbtune.report.profile import print_profile
 
     fmt = _check_format(format)
-    print_profile(make_console(), load_profile(profile), fmt, path=str(profile), errors=errors)
+    _check_output(fmt, output)
+    loaded = load_profile(profile)
+    with _printing_to(output):
+        print_profile(make_console(), loaded, fmt, path=str(profile), errors=errors)
 
 
 @app.command()
@@ -357,17 +402,19 @@ def compare(
     a: Annotated[Path, typer.Argument(help="First profile (A).")],
     b: Annotated[Path, typer.Argument(help="Second profile (B); ratios are B / A.")],
     allow_different_device: Annotated[bool, typer.Option("--allow-different-device", help="Compare profiles measured on different device models.")] = False,
+    allow_different_workload: Annotated[bool, typer.Option("--allow-different-workload", help="Compare profiles of different workloads, options, precisions or optimizers.")] = False,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
 ) -> None:
     """Print two saved profiles side by side with ratios."""
     from mbtune.profiles import load_profile
-    from mbtune.qualify import check_same_device, compare_profiles, device_model
+    from mbtune.qualify import check_same_device, check_same_workload, compare_profiles, device_model
     from mbtune.report import make_console
     from mbtune.report.qualify import print_comparison
 
     fmt = _check_format(format, allowed=("table", "json"))
     first, second = load_profile(a), load_profile(b)
     check_same_device(device_model(first), device_model(second), allow=allow_different_device, what="the profiles")
+    check_same_workload(first, second, allow=allow_different_workload)
     print_comparison(make_console(), compare_profiles(first, second), str(a), str(b), fmt)
 
 
@@ -390,6 +437,7 @@ def plan(
     plot: Plot = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write the recommended configuration's simulated timeline as Chrome trace-event JSON.")] = None,
     format: Format = "table",
+    output: Output = None,
 ) -> None:
     """Predict configurations beyond this machine with a simulator calibrated on a saved sweep."""
     from mbtune.config import DEFAULT_SCHEDULES, parse_duration, parse_list, parse_rate
@@ -400,6 +448,7 @@ def plan(
     from mbtune.report.plan import print_plan, write_plan_artifacts
 
     fmt = _check_format(format)
+    _check_output(fmt, output)
     _check_outputs(plot_dir=plot, files=(trace,))
     config = PlanConfig(
         num_stages=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),
@@ -412,7 +461,8 @@ def plan(
         keep_timeline=bool(plot or trace),
     )
     report = plan_from_profile(load_profile(profile), config)
-    print_plan(make_console(), report, fmt)
+    with _printing_to(output):
+        print_plan(make_console(), report, fmt)
     if plot or trace:
         write_plan_artifacts(make_console(stderr=True), report, plot_dir=plot, trace_path=trace)
 
@@ -471,6 +521,20 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # a bug in mbtune: still one line unless debugging
         if os.environ.get("MBTUNE_DEBUG"):
             raise
-        print_error(f"internal error: {type(exc).__name__}: {exc}. Rerun with MBTUNE_DEBUG=1 for the traceback "
-                    "and report it.")
+        print_error(f"internal error: {type(exc).__name__}: {str(exc)[:100]}. The traceback is in "
+                    f"{_save_traceback()}; please report it.")
         sys.exit(EXIT_COULD_NOT_RUN)
+
+
+def _save_traceback() -> str:
+    """Write the current exception's traceback to a temp file; its path (or where it could not go)."""
+    import tempfile
+    import traceback
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="mbtune-traceback-", suffix=".txt")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(traceback.format_exc())
+        return path
+    except OSError:
+        return "nowhere (the temp folder is not writable; rerun with MBTUNE_DEBUG=1)"

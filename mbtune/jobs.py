@@ -5,6 +5,7 @@ The CLI calls exactly one of these per command; tests call them directly.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from mbtune.workloads.facts import WorkloadFacts
 
 PROBE_TRIAL, SWEEP_POINT = "probe_trial", "sweep_point"
+log = logging.getLogger(__name__)
 REPLAYED = "replayed from the journal"
 
 # Without a budget on CPU the real ceiling would be the machine's RAM and the kernel's OOM killer; cap
@@ -79,7 +81,9 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
             if progress:
                 progress.end_trial(outcome.status, REPLAYED)
             return outcome
+        log.debug("probe trial at batch %d on %s", batch_size, device)
         outcome = run_classified_trial(trial_config.trial(batch_size=batch_size, device=device), config.trial_timeout_s)
+        log.info("batch %d: %s in %.1f s", batch_size, outcome.status, outcome.wall_s)
         if store:
             store.record(PROBE_TRIAL, outcome.to_dict())
         if progress:
@@ -180,6 +184,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
     device = resolve_device(config.device)
     info = describe(device)
+    log.info("sweep of %s (%d blocks) on %s", config.workload, workload.num_blocks, info.name)
     num_stages, threads, warnings = _placement(config, device)
     config = _with_saved_limits(config, info, warnings)
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages)

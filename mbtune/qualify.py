@@ -350,6 +350,24 @@ def check_same_device(a: str | None, b: str | None, *, allow: bool, what: str) -
                           hint="Pass --allow-different-device to compare them anyway.")
 
 
+def check_same_workload(a: Profile, b: Profile, *, allow: bool) -> None:
+    """Refuse to compare profiles of different workloads, workload options, precisions or optimizers (their
+    ratios would mean nothing) unless allowed."""
+    def setup(profile: Profile) -> tuple:
+        run = profile.probe or profile.sweep
+        if run is None:
+            return ()
+        precision = getattr(run, "precision", None)
+        optimizer = getattr(run, "optimizer", None)
+        return (run.workload, dict(run.workload_options), precision, optimizer)
+
+    names = ("workload", "workload options", "precision", "optimizer")
+    for name, x, y in zip(names, setup(a), setup(b)):
+        if x is not None and y is not None and x != y and not allow:
+            raise ConfigError(f"the profiles measured different {name}s ({x!r} vs {y!r})",
+                              hint="Pass --allow-different-workload to compare them anyway.")
+
+
 def compare_profiles(a: Profile, b: Profile) -> tuple[ComparisonRow, ...]:
     """The probe figures, the best throughput and every sweep point the two profiles share."""
     rows = []

@@ -30,11 +30,17 @@ from mbtune.records import Profile, SweepPoint, SweepReport, TrialResult
 
 def block_facts(workload: str, workload_options: Sequence[tuple[str, Any]] | dict[str, Any] = ()) -> BlockFacts:
     """Parameters, forward FLOPs, output and saved-activation bytes per sample of every block, read on the
-    meta device. Where a block cannot run on the meta device, weights fall back to parameter counts and the
-    activation sizes are left unknown."""
+    meta device in a child process under a deadline (the workload's code never runs in this one). Where a
+    block cannot run on the meta device, weights fall back to parameter counts and the activation sizes are
+    left unknown."""
+    from mbtune.workloads.facts import in_child
+
+    return in_child(_block_facts_here, workload, tuple(sorted(dict(workload_options).items())))
+
+
+def _block_facts_here(workload: str, options: tuple[tuple[str, Any], ...]) -> BlockFacts:
     from mbtune.workloads import load_workload
 
-    options = tuple(sorted(dict(workload_options).items()))
     loaded = load_workload(workload, options)
     try:
         return _meta_facts(loaded)

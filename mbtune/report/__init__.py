@@ -59,6 +59,17 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
+def log_to_stderr(verbosity: int) -> None:
+    """Show the 'mbtune' logger's records on stderr through rich: -v info, -vv debug."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("mbtune")
+    logger.addHandler(RichHandler(console=make_console(stderr=True), show_path=False, markup=False))
+    logger.setLevel(logging.DEBUG if verbosity > 1 else logging.INFO)
+
+
 def print_error(message: str) -> None:
     """One line, printed literally (brackets in a path or name are not markup) and never wrapped, so the
     line reads the same whatever the terminal's width or the message's length."""

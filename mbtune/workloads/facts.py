@@ -7,7 +7,7 @@ the facts (block count, parameters, FLOPs and tokens per sample) or the reason t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,18 +30,25 @@ class WorkloadFacts(Record):
 
 def workload_facts(name: str, options: Sequence[tuple[str, Any]] = (), *,
                    timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> WorkloadFacts:
-    """Load the workload in a fresh process (never this one) and return its facts.
+    """Load the workload in a fresh process (never this one) and return its facts."""
+    return in_child(_facts, name, tuple(options), timeout_s=timeout_s)
+
+
+def in_child(target: Callable[..., Any], name: str, options: tuple[tuple[str, Any], ...], *,
+             timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> Any:
+    """target(name, options), which loads workload `name` and returns a picklable value, run in a fresh
+    process under a deadline.
 
     A bad name or option, or a factory that breaks the contract, raises WorkloadError (bad input, exit 2),
     as loading it here would. A factory that hangs, exits or kills its process raises WorkloadLoadError
-    (exit 3) saying which."""
+    (exit 3) saying which; a process that died before it reached the factory, HarnessError."""
     from mbtune.worker import run_isolated
 
-    result = run_isolated(_facts_in_child, name, tuple(options), timeout_s=timeout_s)
+    result = run_isolated(_guarded, target, name, options, timeout_s=timeout_s)
     if result.status == "ok":
         kind, payload = result.value
-        if kind == "facts":
-            return WorkloadFacts.from_dict(payload)
+        if kind == "value":
+            return payload
         if kind == "bad_input":
             message, hint = payload
             raise WorkloadError(message, hint=hint)
@@ -57,18 +64,19 @@ def workload_facts(name: str, options: Sequence[tuple[str, Any]] = (), *,
     raise WorkloadLoadError(f"loading workload {name!r} failed: {why}", detail=result.error_tail or result.error)
 
 
-def _facts_in_child(name: str, options: tuple[tuple[str, Any], ...]) -> tuple[str, Any]:
-    """Runs in the child: ("facts", dict) | ("bad_input", (message, hint)) | ("exited", text)."""
-    from mbtune.workloads import load_workload
-
+def _guarded(target: Callable[..., Any], name: str, options: tuple[tuple[str, Any], ...]) -> tuple[str, Any]:
+    """Runs in the child: ("value", value) | ("bad_input", (message, hint)) | ("exited", text)."""
     try:
-        workload = load_workload(name, options)
-        facts = WorkloadFacts(name=name, num_blocks=workload.num_blocks, num_parameters=workload.num_parameters(),
-                              flops_per_sample=workload.flops_per_sample,
-                              tokens_per_sample=workload.tokens_per_sample)
+        return "value", target(name, options)
     except WorkloadError as exc:
         return "bad_input", (str(exc), exc.hint)
     except SystemExit as exc:
         return "exited", f"its factory called sys.exit({exc.code!r}) instead of returning"
-    return "facts", facts.to_dict()
 
+
+def _facts(name: str, options: tuple[tuple[str, Any], ...]) -> WorkloadFacts:
+    from mbtune.workloads import load_workload
+
+    workload = load_workload(name, options)
+    return WorkloadFacts(name=name, num_blocks=workload.num_blocks, num_parameters=workload.num_parameters(),
+                         flops_per_sample=workload.flops_per_sample, tokens_per_sample=workload.tokens_per_sample)

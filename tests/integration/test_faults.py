@@ -14,14 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.commands import PROBE, SMALL, SWEEP
 from tests.fixtures.processes import orphans
 from tests.unit.test_cli import ROOT, SCRATCH, mbtune
 
 pytestmark = pytest.mark.integration
 
-SMALL = ["-w", "mlp", "-O", "layers=2", "-O", "width=64", "-d", "cpu"]
-SWEEP = ["sweep", *SMALL, "-p", "2", "--schedules", "gpipe,1f1b", "-m", "2,4,8", "--accum", "1,2", "--micro-batch-size", "4",
-         "--steps", "3"]
 
 
 def assert_no_orphans(tag: str) -> None:
@@ -70,10 +68,11 @@ def test_sigkill_mid_sweep_then_resume_loses_and_repeats_nothing(tmp_path):
     assert not list(tmp_path.glob("cpu-*/*.journal.jsonl"))  # done: the journal is gone
 
 
+
+
 def test_sigkill_mid_probe_then_resume_replays_the_finished_trials(tmp_path):
     tag = uuid.uuid4().hex
-    args = ["probe", "-w", "mlp", "-O", "layers=2", "-O", "width=256", "-d", "cpu", "--memory-budget", "200MiB",
-            "--max-batch", "2000", "--threads", "1", "--profiles-dir", str(tmp_path)]
+    args = [*PROBE, "--profiles-dir", str(tmp_path)]
     process = start(args, tag)
     wait_for_lines(process, "trial 3:")
     process.kill()

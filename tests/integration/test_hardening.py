@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tests.integration.test_faults import SMALL, SWEEP, assert_no_orphans, journal_records, start, wait_for_lines
+from tests.integration.test_faults import PROBE, SMALL, SWEEP, assert_no_orphans, journal_records, start, wait_for_lines
 from tests.unit.test_cli import mbtune
 
 pytestmark = pytest.mark.integration
@@ -86,8 +86,7 @@ def test_sigterm_and_sighup_stop_a_sweep_like_ctrl_c(tmp_path, signum, code):
 
 def test_sigterm_mid_probe_keeps_the_journal_and_resume_replays_it(tmp_path):
     tag = uuid.uuid4().hex
-    args = ["probe", "-w", "mlp", "-O", "layers=2", "-O", "width=256", "-d", "cpu", "--memory-budget", "200MiB",
-            "--max-batch", "2000", "--threads", "1", "--profiles-dir", str(tmp_path)]
+    args = [*PROBE, "--profiles-dir", str(tmp_path)]
     process = start(args, tag)
     wait_for_lines(process, "trial 2:")
     process.send_signal(signal.SIGTERM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -97,3 +98,50 @@ def test_check_writable(tmp_path):
         locked.mkdir(mode=0o500)
         with pytest.raises(ConfigError, match="not writable"):
             check_writable(locked / "out.json")
+
+
+def test_environment_defaults_reach_the_options():
+    from tests.unit.test_cli import mbtune
+
+    device = mbtune("probe", "-w", "mlp", env={"MBTUNE_DEVICE": "tpu"})
+    assert device.returncode == 2 and "device 'tpu'" in device.stderr
+    folder = mbtune("probe", "-w", "mlp", "-d", "cpu", env={"MBTUNE_PROFILES_DIR": "/dev/null/nope"})
+    assert folder.returncode == 2 and "/dev/null" in folder.stderr
+
+
+def test_an_internal_error_is_one_line_with_the_saved_traceback(monkeypatch, capsys):
+    import re
+    import signal
+
+    import mbtune.cli as cli
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in mbtune")
+
+    monkeypatch.delenv("MBTUNE_DEBUG", raising=False)
+    monkeypatch.setattr(cli, "_check_format", broken)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(SystemExit) as ended:
+            cli.main(["show", "whatever.json"])
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    err = capsys.readouterr().err
+    assert ended.value.code == 3 and len(err.strip().splitlines()) == 1
+    [path] = re.findall(r"traceback is in (\S+);", err)
+    text = open(path).read()
+    os.unlink(path)
+    assert "RuntimeError: a bug in mbtune" in text and "Traceback" in text
+
+
+def test_quiet_verbose_and_output(tmp_path):
+    from tests.unit.test_cli import mbtune
+
+    target = tmp_path / "deeper" / "probe.json"
+    args = ["probe", "-w", "mlp", "-O", "layers=1", "-O", "width=16", "-d", "cpu", "--max-batch", "8", "--no-save"]
+    quiet = mbtune("-q", *args, "-f", "json", "-o", str(target))
+    assert quiet.returncode == 0 and "trial 1" not in quiet.stderr and quiet.stdout == ""
+    assert json.loads(target.read_text())["ceiling"] == 8
+    loud = mbtune("-v", *args, "-f", "json")
+    assert loud.returncode == 0 and "batch 1: ok" in loud.stderr and json.loads(loud.stdout)["ceiling"] == 8
