@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from mbtune.config import ProbeConfig, SweepConfig, TrialConfig
-from mbtune.errors import WorkloadBrokenError
+from mbtune.errors import TrialFailedError
 from mbtune.jobs import probe_workload, sweep_workload
 from mbtune.records import SCHEMA_VERSION, Metadata, Profile, TrialResult
 from mbtune.report.profile import print_profile
@@ -54,11 +54,11 @@ def test_a_nan_loss_ends_the_trial_as_nonfinite_at_its_step():
     json.dumps(outcome.to_dict(), allow_nan=False)
 
 
-def test_a_probe_of_a_nan_loss_stops_with_a_workload_error_not_an_oom():
-    with pytest.raises(WorkloadBrokenError) as raised:
+def test_a_probe_of_a_nan_loss_stops_with_exit_3_not_an_oom():
+    with pytest.raises(TrialFailedError) as raised:
         probe_workload(ProbeConfig(workload=f"{FIXTURES}:nan_loss", device="cpu", max_batch=8, threads=1))
     assert str(raised.value) == "the trial at batch 1 stopped: the loss is nan at step 1"
-    assert "not a memory limit" in raised.value.hint and raised.value.exit_code == 2
+    assert "not a memory limit" in raised.value.hint and raised.value.exit_code == 3
 
 
 def test_a_nan_loss_sweep_point_fails_with_its_reason_and_the_json_stays_valid():

@@ -32,11 +32,11 @@ def test_nonfinite_is_a_status_of_its_own():
     assert STATUSES[:5] == ("ok", "oom", "error", "timeout", "killed")  # appended, nothing moved
 
 
-def test_a_probe_stops_on_a_nonfinite_loss_as_a_workload_error():
+def test_a_probe_stops_on_a_nonfinite_loss_with_no_usable_result():
     nan = TrialOutcome(status="nonfinite", batch_size=0, error="the loss is nan at step 2: training diverged",
                        error_kind="workload")
     for below in (1, 4):  # at the first trial, and after sizes that ran
-        with pytest.raises(WorkloadBrokenError, match=r"the trial at batch \d+ stopped: the loss is nan at step 2$"):
+        with pytest.raises(TrialFailedError, match=r"the trial at batch \d+ stopped: the loss is nan at step 2$"):
             search_ceiling(_failing(nan, below), max_batch=64)
 
 
