@@ -2,11 +2,13 @@
 
 Importing a user's module and calling its factory runs user code: it may hang, exit, or crash the
 interpreter. mbtune's own process never runs it; a child does, under `load_timeout_s`, and hands back
-the facts (block count, parameters, FLOPs and tokens per sample) or the reason there are none.
+the facts (block count, parameters, FLOPs and tokens per sample) or the reason there are none. The
+built-in workloads are mbtune's own code and load here.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +36,7 @@ def workload_facts(name: str, options: Sequence[tuple[str, Any]] = (), *,
     return in_child(_facts, name, tuple(options), timeout_s=timeout_s)
 
 
+@functools.lru_cache(maxsize=64)
 def in_child(target: Callable[..., Any], name: str, options: tuple[tuple[str, Any], ...], *,
              timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> Any:
     """target(name, options), which loads workload `name` and returns a picklable value, run in a fresh
@@ -41,9 +44,13 @@ def in_child(target: Callable[..., Any], name: str, options: tuple[tuple[str, An
 
     A bad name or option, or a factory that breaks the contract, raises WorkloadError (bad input, exit 2),
     as loading it here would. A factory that hangs, exits or kills its process raises WorkloadLoadError
-    (exit 3) saying which; a process that died before it reached the factory, HarnessError."""
+    (exit 3) saying which; a process that died before it reached the factory, HarnessError. What came
+    back is kept for this process's lifetime (a run asks for the same facts more than once); failures
+    are not kept, so they are tried again."""
     from mbtune.worker import run_isolated
 
+    if ":" not in name:  # a built-in workload (or an unknown name): mbtune's own code, no user code to guard
+        return target(name, options)
     result = run_isolated(_guarded, target, name, options, timeout_s=timeout_s)
     if result.status == "ok":
         kind, payload = result.value
