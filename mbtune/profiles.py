@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import platform
@@ -15,7 +16,7 @@ from typing import Any
 
 from mbtune import __version__
 from mbtune.atomic import write_atomic
-from mbtune.errors import ProfileError
+from mbtune.errors import EXIT_COULD_NOT_RUN, ProfileError
 from mbtune.records import (
     SCHEMA_VERSION,
     DeviceInfo,
@@ -94,6 +95,11 @@ def write_profile(path: Path, profile: Profile) -> None:
     try:
         write_atomic(path, json.dumps(profile.to_dict(), indent=2, sort_keys=False) + "\n")
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the machine's fault, not the input's: exit 3
+            error = ProfileError(f"cannot write profile {path}: {exc.strerror or exc}",
+                                 hint="The journal keeps every trial: free space, rerun with --resume.")
+            error.exit_code = EXIT_COULD_NOT_RUN
+            raise error from exc
         raise ProfileError(f"cannot write profile {path}: {exc.strerror or exc}",
                            hint="Choose a writable folder with --profiles-dir.") from exc
 

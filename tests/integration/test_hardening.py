@@ -126,3 +126,40 @@ def test_a_trial_killed_from_outside_runs_again_on_resume(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     probe = json.loads(resumed.stdout)
     assert "killed" not in [t["status"] for t in probe["trials"]] and probe["ceiling"] == 16
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 8 KiB tmpfs: room for a small probe's journal, none for its profile (skipped where no mount)."""
+    import os
+    import subprocess as sp
+
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    if os.geteuid() != 0 or sp.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(folder)],
+                                   capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root and the mount capability")
+    yield folder
+    sp.run(["umount", str(folder)], capture_output=True)
+
+
+def test_a_full_disk_at_save_time_keeps_the_journal_and_resume_saves(small_disk):
+    import subprocess as sp
+
+    args = ["probe", "-w", "mlp", "-O", "layers=1", "-O", "width=8", "-d", "cpu", "--max-batch", "64",
+            "--profiles-dir", str(small_disk)]
+    full = mbtune(*args)
+    if full.returncode == 0:
+        pytest.skip("this machine's profile fitted in 8 KiB: the disk did not fill")
+    [error] = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+    assert full.returncode == 3 and "left on device" in error and "--resume" in error
+    assert "Traceback" not in full.stderr
+    [journal] = small_disk.glob("*/mlp.journal.jsonl")
+    finished = [json.loads(line)["record"] for line in journal.read_text().splitlines()[1:]]
+    assert finished and not list(small_disk.glob("*/.*tmp*")) and not list(small_disk.glob("*/mlp.json"))
+    sp.run(["mount", "-o", "remount,size=1m", str(small_disk)], check=True)  # space freed
+    resumed = mbtune(*args, "--resume", "--format", "json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["trials"][: len(finished)] == finished
+    assert resumed.stderr.count("replayed from the journal") == len(finished)
+    assert list(small_disk.glob("*/mlp.json")) and not list(small_disk.glob("*/mlp.journal.jsonl"))
