@@ -163,3 +163,22 @@ def test_a_full_disk_at_save_time_keeps_the_journal_and_resume_saves(small_disk)
     assert json.loads(resumed.stdout)["trials"][: len(finished)] == finished
     assert resumed.stderr.count("replayed from the journal") == len(finished)
     assert list(small_disk.glob("*/mlp.json")) and not list(small_disk.glob("*/mlp.journal.jsonl"))
+
+
+def test_ctrl_c_mid_tune_then_resume_replays_probe_and_sweep(tmp_path):
+    tag = uuid.uuid4().hex
+    args = ["tune", *SMALL, "--memory-budget", "200MiB", "--max-batch", "64", "-p", "2", "--schedules", "gpipe",
+            "-m", "2,4", "--accum", "1", "--steps", "1", "--profiles-dir", str(tmp_path)]
+    process = start(args, tag)
+    wait_for_lines(process, "trial 3:")
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert_no_orphans(tag)
+    probe_done, sweep_done = journal_records(tmp_path, "probe_trial"), journal_records(tmp_path, "sweep_point")
+    resumed = mbtune(*args, "--resume", "--format", "json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr.count("replayed from the journal") == len(probe_done) + len(sweep_done) >= 3
+    report = json.loads(resumed.stdout)
+    assert report["probe"]["trials"][: len(probe_done)] == probe_done
+    assert all(point in report["sweep"]["results"] for point in sweep_done) and len(report["sweep"]["results"]) == 2
