@@ -10,7 +10,7 @@ and writes the profile there, as the command does; without it nothing is written
 
     if __name__ == "__main__":  # trials run in worker processes that re-import this script
         probe = mbtune.probe(workload="mlp", device="cpu", memory_budget="256MiB")
-        print(probe.safe_batch)
+        probe.safe_batch  # the verified safe batch
 """
 
 from __future__ import annotations

@@ -1,0 +1,175 @@
+"""The CLI's plumbing: configs from options, output checks, printing and exit codes, and the one place
+that turns a config field into its flag. cli.py holds only the app and its commands."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import typer
+
+from mbtune.errors import Interrupted, MbtuneError
+
+if TYPE_CHECKING:
+    from mbtune.config import ProbeConfig, SweepConfig
+    from mbtune.report.progress import TrialProgressBar
+    from mbtune.runs import RunOutcome
+
+T = TypeVar("T")
+quiet: list[bool] = [False]  # -q: no per-trial progress lines
+
+def _probe_config(*, option: list[str] | None, memory_budget: str | None, **fields: Any) -> ProbeConfig:
+    from mbtune.config import ProbeConfig, parse_bytes, parse_options
+    from mbtune.profiles import command_line
+
+    budget = parse_bytes(memory_budget, name="--memory-budget") if memory_budget is not None else None
+    return ProbeConfig(workload_options=parse_options(option or []), memory_budget_bytes=budget,
+                       command_line=command_line(), **fields)
+
+
+def _sweep_config(*, workload: str, option: list[str] | None, device: str, stages: int, schedules: str | None,
+                  micro_batches: str | None, accum: str, objective: str, steps: int, optimizer: str,
+                  point_timeout: float, load_timeout: float, micro_batch_size: int | None = None,
+                  global_batch: int | None = None, from_profile: Path | None = None, warmup: int = 1,
+                  virtual_stages: int = 2, threads: int | None = None, profiles_dir: Path | None = None,
+                  precision: str = "fp32", strategy: str = "grid", repeats: int = 1) -> SweepConfig:
+    from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
+    from mbtune.profiles import command_line
+
+    return SweepConfig(
+        workload=workload, workload_options=parse_options(option or []), device=device, num_stages=stages,
+        schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
+        micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
+        micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective, measured_steps=steps,
+        warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, precision=precision, threads=threads,
+        strategy=strategy, repeats=repeats, point_timeout_s=point_timeout, load_timeout_s=load_timeout,
+        profiles_dir=str(profiles_dir) if profiles_dir else None,
+        from_profile=str(from_profile) if from_profile is not None else None, command_line=command_line(),
+    )
+
+
+def _check_resume(resume: bool, save: bool) -> None:
+    from mbtune.errors import ConfigError
+
+    if resume and not save:
+        raise ConfigError("--resume continues from the journal that saving keeps, and --no-save keeps none",
+                          hint="Drop --no-save to resume, or drop --resume to run without saving.")
+
+
+def _check_outputs(*, plot_dir: Path | None = None, files: tuple[Path | None, ...] = ()) -> None:
+    """Output paths are checked before anything is measured, so a typo costs nothing."""
+    from mbtune.outputs import check_writable
+
+    if plot_dir is not None:
+        check_writable(plot_dir, folder=True)
+    for path in files:
+        if path is not None:
+            check_writable(path)
+
+
+def _with_progress(label: str, job: Callable[[TrialProgressBar | None], T]) -> T:
+    from mbtune.report import make_console
+    from mbtune.report.progress import TrialProgressBar
+
+    if quiet[0]:
+        return job(None)
+    with TrialProgressBar(make_console(stderr=True), label=label) as progress:
+        return job(progress)
+
+
+@contextlib.contextmanager
+def _printing_to(output: Path | None) -> Iterator[None]:
+    """What is printed to stdout goes to `output` instead, when given (checked writable before the run)."""
+    if output is None:
+        yield
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "w") as handle, contextlib.redirect_stdout(handle):
+        yield
+
+
+def _check_output(fmt: str, output: Path | None) -> None:
+    from mbtune.errors import ConfigError
+
+    if output is not None and fmt == "table":
+        raise ConfigError("--output writes json or csv", hint="Add --format json or --format csv.")
+    _check_outputs(files=(output,))
+
+
+def _target(profiles_dir: Path, save: bool) -> Path | None:
+    return profiles_dir if save else None
+
+
+def _finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: Path | None = None,
+            output: Path | None = None) -> None:
+    """Print what the run produced, write pictures and traces; exit 128 + the signal's number when it was
+    interrupted (after saving what finished), 3 when no point produced a result."""
+    from mbtune.errors import EXIT_INTERRUPTED, NothingMeasuredError
+    from mbtune.grid import nothing_measured
+    from mbtune.report import make_console
+    from mbtune.report.sweep import write_artifacts
+    from mbtune.report.tune import print_results
+
+    saved = str(outcome.saved_to) if outcome.saved_to else None
+    with _printing_to(output):
+        print_results(make_console(), fmt, probe=outcome.probe, sweep=outcome.sweep, saved_to=saved,
+                      notes=outcome.notes)
+    if outcome.sweep is not None and (plot or trace):
+        write_artifacts(make_console(stderr=True), outcome.sweep, plot_dir=plot, trace_path=trace)
+    if outcome.interrupted:
+        raise typer.Exit(128 + _received[-1] if _received else EXIT_INTERRUPTED)
+    if outcome.sweep is not None and (why := nothing_measured(outcome.sweep)):
+        raise NothingMeasuredError(why)
+
+
+def _check_format(fmt: str, allowed: tuple[str, ...] | None = None) -> str:
+    """The output format, refused when this command cannot print it."""
+    from mbtune.errors import ConfigError
+    from mbtune.report import FORMATS
+
+    allowed = allowed or FORMATS
+    if fmt not in allowed:
+        raise ConfigError(f"--format {fmt!r} is not one of {', '.join(allowed)} for this command",
+                          hint=f"Use --format {' or '.join(allowed)}.")
+    return fmt
+
+
+_received: list[int] = []  # the signals that interrupted this run
+
+
+def _as_flag(exc: MbtuneError) -> MbtuneError:
+    """A ConfigError that names a config field, told in terms of its flag (hints name flags only here)."""
+    from mbtune.config import flag_for
+    from mbtune.errors import ConfigError
+
+    field = getattr(exc, "field", None)
+    if not isinstance(exc, ConfigError) or not field:
+        return exc
+    flag = flag_for(field)
+    return ConfigError(str(exc).replace(f"{field}=", f"{flag} ", 1), hint=exc.hint or f"Fix {flag}.",
+                       detail=exc.detail)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    # Our own exception rather than KeyboardInterrupt, which click would turn into "Aborted!" and exit 1.
+    # SIGTERM and SIGHUP (a cancelled CI job, `timeout`, a closed terminal) stop the run as Ctrl-C does.
+    _received.append(signum)
+    raise Interrupted(f"interrupted by {signal.Signals(signum).name}", exit_code=128 + signum)
+
+
+def _save_traceback() -> str:
+    """Write the current exception's traceback to a temp file; its path (or where it could not go)."""
+    import tempfile
+    import traceback
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="mbtune-traceback-", suffix=".txt")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(traceback.format_exc())
+        return path
+    except OSError:
+        return "nowhere (the temp folder is not writable; rerun with MBTUNE_DEBUG=1)"
