@@ -186,7 +186,7 @@ def _grow(state: _State, guess: float | None) -> int:
         return (16 if flat else 4) * lo
     at = _round_down(guess, g)
     if at > lo and not state.strides:
-        candidate = at
+        candidate = max(at, lo + r)  # a shorter step is dominated: failing, it closes no narrower bracket
         if state.last_guess is not None and guess - state.last_guess > REFINE_SHARE * state.guided_step:
             candidate = max(at, lo + state.guided_step)  # underestimating: no shorter step than the last
         candidate = min(candidate, 8 * lo)

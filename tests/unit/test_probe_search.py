@@ -229,3 +229,23 @@ def test_a_flip_widens_the_default_resolution_to_the_band():
     assert result.ceiling < 980 and result.first_failing <= 1000
     assert result.resolution >= 2 * 10  # twice 1% of the ceiling
     assert run.sizes.count(result.ceiling) >= 2
+
+
+def test_no_growth_step_is_shorter_than_the_resolution():
+    # A model that underestimates by a little each time (its ceiling a few samples above the last size
+    # that ran): a step shorter than the resolution would buy less than a step of one resolution, which
+    # closes the bracket as narrowly if it fails.
+    def used(batch: int) -> float:
+        return 1000 + 400 * batch**0.9
+
+    sizes: list[int] = []
+
+    def run(batch: int) -> TrialOutcome:
+        sizes.append(batch)
+        ok = batch <= 1000
+        return TrialOutcome(status="ok" if ok else "oom", batch_size=batch, budget_used_bytes=used(batch) if ok else None)
+
+    result = search_ceiling(run, budget_bytes=int(used(1000)) + 1, resolution=20)
+    assert result.ceiling <= 1000 < result.first_failing <= result.ceiling + 20
+    growing = [b for b in sizes[: next(i for i, b in enumerate(sizes) if b > 1000) + 1] if b >= 100]
+    assert all(b - a >= 20 for a, b in zip(growing, growing[1:])), sizes  # from where 1% is below a step
