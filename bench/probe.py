@@ -21,8 +21,8 @@ from peers import PEERS, PeerRun, missing_reason, run_peer
 
 from mbtune.ceiling import search_ceiling
 from mbtune.config import ProbeConfig, parse_bytes, parse_options
-from mbtune.jobs import run_classified_trial
 from mbtune.records import OK, TrialOutcome
+from mbtune.runs import run_classified_trial
 
 MBTUNE, DOUBLING = "mbtune probe", "doubling + bisection"
 PEER_ROWS = {"lightning": "lightning binsearch", "accelerate": "accelerate find_exec"}

@@ -1,28 +1,411 @@
-"""Runs that save what they measure: probe, sweep and tune wrapped in a RunStore (lock, journal, save).
+"""Library entry points: each turns a config into a typed record by wiring pure logic to real trials, and
+the runs that save what they measure (probe, sweep, tune and qualify wrapped in a RunStore: lock, journal,
+save; without a profiles folder nothing is written).
 
-The CLI calls one of these per command. Without a profiles folder nothing is written.
+The CLI and the Python API (api.py) call exactly one of the run_* functions per command; tests call the
+*_workload functions directly.
 """
-
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-from mbtune.config import ProbeConfig, QualifySpec, SweepConfig
+from mbtune.config import ProbeConfig, QualifySpec, SweepConfig, TrialConfig
 from mbtune.errors import (
     EXIT_COULD_NOT_RUN,
     BudgetTooSmallError,
     ConfigError,
     DeviceError,
+    Interrupted,
     MbtuneError,
+    TrialFailedError,
     WorkloadBrokenError,
 )
-from mbtune.jobs import TrialProgress, describe, limits_from_profile, probe_workload, sweep_workload, tune_workload
-from mbtune.records import ProbeResult, Profile, SweepReport
+from mbtune.records import (
+    ERROR,
+    HARNESS_FAULT,
+    OK,
+    OOM,
+    DeviceInfo,
+    ProbeResult,
+    Profile,
+    SkippedPoint,
+    SweepPoint,
+    SweepReport,
+    TrialOutcome,
+    TrialResult,
+)
 from mbtune.verdicts import Verdict
+
+if TYPE_CHECKING:
+    from mbtune.store import RunStore
+    from mbtune.workloads.facts import WorkloadFacts
+
+PROBE_TRIAL, SWEEP_POINT = "probe_trial", "sweep_point"
+log = logging.getLogger(__name__)
+REPLAYED = "replayed from the journal"
+
+# Without a budget on CPU the real ceiling would be the machine's RAM and the kernel's OOM killer; cap
+# trials below what is available instead.
+DEFAULT_CPU_BUDGET_FRACTION = 0.8
+
+
+class TrialProgress(Protocol):
+    """What a long job reports while it runs (report/ implements it; None means silent)."""
+
+    def set_total(self, total: int | None) -> None: ...
+
+    def start_trial(self, description: str) -> None: ...
+
+    def end_trial(self, status: str, detail: str = "") -> None: ...
+
+
+def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
+                   store: RunStore | None = None) -> ProbeResult:
+    """Find the memory ceiling and safe batch of a workload on a device with real, isolated trials.
+
+    With a store, every finished trial is journaled, and trials journaled by an interrupted run are
+    replayed in order instead of run again (the search is deterministic given its outcomes)."""
+    from mbtune.ceiling import search_ceiling
+    from mbtune.device import resolve_device
+    from mbtune.workloads.facts import workload_facts
+
+    # Bad names and options fail here, before any trial; user code runs in a child under a deadline.
+    workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
+    device = resolve_device(config.device)
+    warnings = list(config.warnings())
+    budget = _budget(config, device, warnings)
+    search_budget = budget if budget is not None else describe(device, config.trial_timeout_s).total_memory_bytes
+    trial_config = replace(config, memory_budget_bytes=budget)
+
+    replay = deque(TrialOutcome.from_dict(r) for r in store.replayed(PROBE_TRIAL)) if store else deque()
+
+    def run(batch_size: int) -> TrialOutcome:
+        if progress:
+            progress.start_trial(f"batch {batch_size}")
+        if replay:
+            outcome = replay.popleft()
+            if outcome.batch_size != batch_size:
+                raise ConfigError(f"the journal does not match this probe (it ran batch {outcome.batch_size} "
+                                  f"where this run asks for {batch_size})", hint="Run without --resume.")
+            if progress:
+                progress.end_trial(outcome.status, REPLAYED)
+            return outcome
+        log.debug("probe trial at batch %d on %s", batch_size, device)
+        outcome = run_classified_trial(trial_config.trial(batch_size=batch_size, device=device), config.trial_timeout_s)
+        log.info("batch %d: %s in %.1f s", batch_size, outcome.status, outcome.wall_s)
+        if store:
+            store.record(PROBE_TRIAL, outcome.to_dict())
+        if progress:
+            progress.end_trial(outcome.status, _trial_detail(outcome))
+        return outcome
+
+    found = search_ceiling(run, granularity=config.granularity, max_batch=config.max_batch,
+                           budget_bytes=search_budget, margin=config.margin, confirm=config.confirm,
+                           resolution=config.resolution)
+    return ProbeResult(
+        workload=config.workload, workload_options=dict(config.workload_options),
+        device=_device_info(found.trials, device, config.trial_timeout_s), trials=found.trials,
+        ceiling=found.ceiling, first_failing=found.first_failing, margin=config.margin,
+        granularity=config.granularity, safe_batch=found.safe_batch,
+        safe_batch_verified=found.safe_batch_verified, memory_budget_bytes=budget,
+        memory_model=found.memory_model, precision=config.precision, optimizer=config.optimizer,
+        num_parameters=workload.num_parameters, flops_per_sample=workload.flops_per_sample,
+        max_batch=config.max_batch, confirm=config.confirm, steps=config.steps, resolution=found.resolution,
+        safe_batch_first=found.safe_batch_first, warnings=tuple(warnings) + found.warnings,
+    )
+
+
+# When a trial under a memory cap fails with an error that is not a recognised OOM, it is run once more
+# with this much more room: if it then runs (or fails for memory), the first failure was memory too.
+# Under a tight cap the allocation can fail deep inside a library (oneDNN's "could not create a
+# primitive", OpenMP's thread creation) with no allocator message to recognise.
+RECHECK_BUDGET_FACTOR = 2
+
+
+def run_classified_trial(trial: TrialConfig, timeout_s: float) -> TrialOutcome:
+    """run_trial, with errors under a memory cap re-checked with more room before they count as errors."""
+    from mbtune.worker import run_trial
+
+    outcome = run_trial(trial, timeout_s=timeout_s)
+    if outcome.status != ERROR or trial.memory_budget_bytes is None or outcome.error_kind == HARNESS_FAULT:
+        return outcome
+    roomier = replace(trial, memory_budget_bytes=trial.memory_budget_bytes * RECHECK_BUDGET_FACTOR + 64 * 2**20)
+    recheck = run_trial(roomier, timeout_s=timeout_s)
+    if recheck.status not in (OK, OOM):
+        return outcome
+    return replace(outcome, status=OOM, error=f"{outcome.error} [out of memory: the same trial "
+                   f"{'ran' if recheck.ok else 'ran out of memory'} with {RECHECK_BUDGET_FACTOR}x the budget]")
+
+
+def _budget(config: ProbeConfig, device: str, warnings: list[str]) -> int | None:
+    """The trial budget: as given; on CPU without one, a share of the memory available now."""
+    from mbtune.device.cpu import available_memory_bytes
+
+    if config.memory_budget_bytes is not None or device != "cpu":
+        return config.memory_budget_bytes
+    budget = int(available_memory_bytes() * DEFAULT_CPU_BUDGET_FRACTION)
+    warnings.append(f"no --memory-budget on CPU: trials are capped at {budget / 2**30:.1f} GiB "
+                    f"({DEFAULT_CPU_BUDGET_FRACTION:.0%} of available memory)")
+    return budget
+
+
+def _trial_detail(outcome: TrialOutcome) -> str:
+    if outcome.ok and outcome.samples_per_s:
+        return f"{outcome.samples_per_s:,.1f} samples/s"
+    return (outcome.error.strip().splitlines() or [""])[-1][:80]
+
+
+def _device_info(trials: tuple[TrialOutcome, ...], device: str, timeout_s: float) -> DeviceInfo:
+    for trial in trials:
+        if trial.device is not None:
+            return trial.device
+    return describe(device, timeout_s)
+
+
+def describe(device: str, timeout_s: float = 120.0) -> DeviceInfo:
+    """DeviceInfo of a resolved device. A GPU is read in a fresh process, so this process never
+    initialises CUDA; the CPU is read here (nothing to initialise, and no trial process to wait for)."""
+    from mbtune.trial import describe_device
+    from mbtune.worker import run_isolated
+
+    if device == "cpu":
+        from mbtune.device.cpu import CpuBackend
+
+        return CpuBackend().info()
+    result = run_isolated(describe_device, device, timeout_s=timeout_s)
+    if result.status != OK:
+        raise TrialFailedError(f"could not read the facts of device {device}: {result.error}")
+    return result.value
+
+
+def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
+                   store: RunStore | None = None) -> SweepReport:
+    """Run the sweep grid as real pipelines, one fresh process per stage, and rank what they measured.
+
+    Ctrl-C (Interrupted) starts nothing new: the report keeps every finished point, marked interrupted.
+    With a store, every finished point is journaled and points journaled earlier are not run again.
+    """
+    from mbtune.device import resolve_device
+    from mbtune.device.peak_flops import peak_flops
+    from mbtune.grid import plan_grid
+    from mbtune.workloads.facts import workload_facts
+
+    workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
+    device = resolve_device(config.device)
+    info = describe(device)
+    log.info("sweep of %s (%d blocks) on %s", config.workload, workload.num_blocks, info.name)
+    num_stages, threads, warnings = _placement(config, device)
+    config = _with_saved_limits(config, info, warnings)
+    grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages)
+    peak = peak_flops(info.name, config.precision)
+    results: list[TrialResult] = []
+    done = {r.point: r for r in map(TrialResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
+    if progress:
+        progress.set_total(len(grid.points))
+
+    def run_one(point: SweepPoint) -> TrialResult:
+        if progress:
+            progress.start_trial(point.label)
+        result, detail = done.get(point), REPLAYED
+        if result is None:
+            result = _run_repeats(point, config, device, threads, workload, peak * num_stages if peak else None)
+            detail = _result_detail(result)
+            if store:
+                store.record(SWEEP_POINT, result.to_dict())
+        results.append(result)
+        if progress:
+            progress.end_trial(result.status, detail)
+        return result
+
+    interrupted, note = False, ""
+    not_run: tuple[SkippedPoint, ...] = ()
+    try:
+        if config.strategy == "quick":
+            not_run, note = _quick(grid.points, run_one, config)
+        else:
+            for point in grid.points:
+                run_one(point)
+    except (Interrupted, KeyboardInterrupt):  # Ctrl-C on the command line, or in a notebook
+        interrupted = True
+    return _sweep_report(config, info, results, grid.skipped + not_run, len(grid.points), interrupted,
+                         warnings, (note,) if note else ())
+
+
+def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResult],
+                  skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
+                  warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
+    from mbtune.grid import rank_results, tied_with_best
+
+    ranking, pareto = rank_results(results, config.objective)
+    return SweepReport(
+        workload=config.workload, workload_options=dict(config.workload_options), device=info,
+        objective=config.objective, results=tuple(results), skipped=skipped, ranking=ranking, pareto=pareto,
+        ties=tied_with_best(results, ranking, config.objective), repeats=config.repeats, strategy=config.strategy,
+        num_grid_points=num_grid_points, ceiling=config.ceiling,
+        safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
+        warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,
+        warnings=tuple(warnings), notes=notes,
+    )
+
+
+def _quick(points: tuple[SweepPoint, ...], run_one: Callable[[SweepPoint], TrialResult],
+           config: SweepConfig) -> tuple[tuple[SkippedPoint, ...], str]:
+    """The quick strategy: the simulator, calibrated on a few points, picks what to run next."""
+    from mbtune.planning.api import quick_sweep
+
+    found = quick_sweep(points, run_one, workload=config.workload, workload_options=config.workload_options,
+                        optimizer=config.optimizer)
+    not_run = tuple(
+        SkippedPoint(point=point, reason="not run (quick strategy): predicted "
+                     + (f"{rate:,.1f} samples/s" if rate is not None else "n/a"))
+        for point, rate in zip(found.unrun, found.unrun_predicted_samples_per_s))
+    note = (f"quick strategy ran {len(found.results)} of {found.num_grid_points} grid points "
+            f"({found.fraction_run:.0%}); stopped because {found.stopped_because}")
+    return not_run, note
+
+
+def _with_saved_limits(config: SweepConfig, info: DeviceInfo, warnings: list[str]) -> SweepConfig:
+    """Without a safe batch, take the one probed earlier for this device and workload, if saved."""
+    from mbtune.errors import ProfileError
+    from mbtune.profiles import load_profile, profile_path
+
+    if config.from_profile is not None:
+        return replace(config, **limits_from_profile(config.from_profile, config))
+    if config.safe_batch is not None or config.profiles_dir is None:
+        return config
+    path = profile_path(config.profiles_dir, info, config.workload)
+    if not path.exists():
+        return config
+    try:
+        probe = load_profile(path).probe
+    except ProfileError as exc:
+        warnings.append(f"ignored the saved probe: {exc.one_line()}")
+        return config
+    if probe is None or dict(config.workload_options) != probe.workload_options:
+        return config
+    warnings.append(f"micro-batch sizes are bounded by the safe batch {probe.safe_batch} probed in {path}")
+    return replace(config, **sweep_limits(probe))
+
+
+def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, list[str]]:
+    """Stages that really run, torch threads per stage process, and what the user should know."""
+    import os
+
+    warnings: list[str] = []
+    p = config.num_stages
+    if device.startswith("cuda"):
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if p > gpus:
+            warnings.append(
+                f"{p} stages need {p} GPUs (NCCL allows one rank per GPU) but {gpus} is visible: ran one rank "
+                f"holding every stage on cuda:0 (micro-batching and accumulation are real; a {p}-GPU pipeline "
+                "bubble is not measured; see the theoretical column)")
+            p = 1
+        return p, config.threads, warnings
+    cores = os.cpu_count() or 1
+    if p > cores:
+        warnings.append(f"{p} stages on {cores} CPU cores oversubscribe the machine: timings are distorted")
+    return p, config.threads or max(1, cores // p), warnings
+
+
+def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
+                 peak_total: float | None) -> TrialResult:
+    """The point run config.repeats times, each in fresh processes, merged (stopping at a failed one)."""
+    from mbtune.grid import merge_repeats
+
+    runs: list[TrialResult] = []
+    while len(runs) < config.repeats and (not runs or runs[-1].ok):
+        runs.append(_run_point(point, config, device, threads, workload, peak_total))
+    return merge_repeats(runs)
+
+
+def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
+               peak_total: float | None) -> TrialResult:
+    from mbtune.device.load import LoadMeter, busy_warning
+    from mbtune.device.nvml import NvmlSampler
+    from mbtune.grid import summarize_point
+    from mbtune.pipeline import PipelineSpec, run_pipeline_point
+
+    spec = PipelineSpec(
+        workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
+        num_ranks=point.num_stages, virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
+        num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
+        grad_accum_steps=point.grad_accum_steps, warmup_steps=config.warmup_steps,
+        measured_steps=config.measured_steps, seed=config.seed, device="cuda" if device.startswith("cuda") else "cpu",
+        optimizer=config.optimizer, precision=config.precision, threads=threads,
+    )
+    # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
+    # are summarised (the ranks report when those ran).
+    gpus = range(spec.num_ranks) if spec.device == "cuda" else ()
+    with NvmlSampler(cuda_indices=gpus) as sampler, LoadMeter() as meter:
+        outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
+    result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
+                             flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
+    window, uuids = outcome.measured_window_unix_s, outcome.device_uuids
+    load = meter.load(rank_cpu_s=outcome.rank_cpu_time_s, our_pids=outcome.pids, num_ranks=spec.num_ranks,
+                      gpu_pids=sampler.compute_pids(uuids, window) if gpus else None)
+    warning = busy_warning(point.label, load)
+    backend = "nccl" if spec.device == "cuda" else "gloo"
+    ran_as = f"{point.num_stages} process(es), {backend}"
+    return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
+                   warnings=result.warnings + ((warning,) if warning else ()))
+
+
+def _result_detail(result: TrialResult) -> str:
+    if result.ok and result.samples_per_s:
+        return f"{result.samples_per_s:,.1f} samples/s"
+    return (result.error.strip().splitlines() or [""])[-1][:80]
+
+
+class SweepLimits(TypedDict):
+    """The SweepConfig fields a probe sets."""
+
+    safe_batch: int | None
+    ceiling: int | None
+    ceiling_peak_memory_bytes: int | None
+
+
+def sweep_limits(probe: ProbeResult) -> SweepLimits:
+    """What a sweep takes from a probe: the safe batch, the ceiling and the peak memory at the ceiling."""
+    at_ceiling = [t.peak_memory_bytes for t in probe.trials if t.ok and t.batch_size == probe.ceiling]
+    return {"safe_batch": probe.safe_batch, "ceiling": probe.ceiling,
+            "ceiling_peak_memory_bytes": max((b for b in at_ceiling if b is not None), default=None)}
+
+
+def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None,
+                  store: RunStore | None = None) -> tuple[ProbeResult, SweepReport]:
+    """Probe, then sweep around the probed safe batch."""
+    probe = probe_workload(probe_config, progress, store)
+    sweep_config = replace(sweep_config, **sweep_limits(probe))
+    return probe, sweep_workload(sweep_config, progress, store)
+
+
+def limits_from_profile(path: str, config: SweepConfig) -> SweepLimits:
+    """sweep_limits of the probe saved in a profile: an error when it holds no probe, or a probe of another
+    workload, other workload options or another precision than this sweep's."""
+    from mbtune.errors import ProfileError
+    from mbtune.profiles import load_profile
+
+    probe = load_profile(path).probe
+    if probe is None:
+        raise ProfileError(f"profile {path} holds no probe", hint="Run mbtune probe first, or use mbtune tune.")
+    ours = (config.workload, dict(config.workload_options), config.precision)
+    theirs = (probe.workload, dict(probe.workload_options), probe.precision)
+    for what, mine, saved in zip(("workload", "workload options", "precision"), ours, theirs):
+        if mine != saved:
+            raise ProfileError(f"--from-profile {path} probed {what} {saved!r}, this sweep runs {mine!r}",
+                               hint="Give the profile of the same workload, options and precision.")
+    return sweep_limits(probe)
+
 
 # Errors that are bad input for probe and sweep but, for a qualification, mean this machine could not run
 # what it is held to (no such device here, a budget or workload that fails here): an ERROR check.

@@ -34,7 +34,7 @@ from mbtune.records import (
 )
 
 JOURNAL_VERSION = 1
-# The record each kind of journal entry holds (jobs.PROBE_TRIAL and jobs.SWEEP_POINT).
+# The record each kind of journal entry holds (runs.PROBE_TRIAL and runs.SWEEP_POINT).
 JOURNAL_RECORDS: dict[str, type[Record]] = {"probe_trial": TrialOutcome, "sweep_point": TrialResult}
 _BAD_JOURNAL = "Fix or delete that line, or run without --resume."
 

@@ -15,7 +15,7 @@ from rich.progress import (
 
 
 class TrialProgressBar:
-    """Implements jobs.TrialProgress on a rich progress bar (on stderr, so stdout stays parseable)."""
+    """Implements runs.TrialProgress on a rich progress bar (on stderr, so stdout stays parseable)."""
 
     def __init__(self, console: Console, *, label: str, total: int | None = None) -> None:
         self._progress = Progress(

@@ -15,10 +15,10 @@ from rich.console import Console
 
 from mbtune.config import ProbeConfig, SweepConfig, TrialConfig
 from mbtune.errors import TrialFailedError
-from mbtune.jobs import probe_workload, sweep_workload
 from mbtune.records import SCHEMA_VERSION, Metadata, Profile, TrialResult
 from mbtune.report.profile import print_profile
 from mbtune.report.sweep import failure_lines
+from mbtune.runs import probe_workload, sweep_workload
 from mbtune.worker import run_isolated, run_trial
 from tests.unit.test_cli import ROOT, mbtune
 
@@ -97,7 +97,7 @@ def test_a_rank_that_fails_is_named_with_its_blocks_and_its_traceback():
 _NO_GUARD = """
     import json
     from mbtune.config import ProbeConfig
-    from mbtune.jobs import run_classified_trial
+    from mbtune.runs import run_classified_trial
     from mbtune.pipeline import PipelineSpec, run_pipeline_point
     c = ProbeConfig(workload="mlp", device="cpu")
     print(json.dumps(run_classified_trial(c.trial(batch_size=4, device="cpu"), 60).to_dict()))

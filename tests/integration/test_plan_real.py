@@ -18,7 +18,6 @@ import math
 import pytest
 
 from mbtune.config import SweepConfig
-from mbtune.jobs import sweep_workload
 from mbtune.planning.api import (
     block_facts,
     calibrate_results,
@@ -32,6 +31,7 @@ from mbtune.planning.records import SCATTER_NONE
 from mbtune.records import Metadata, Profile, SweepReport
 from mbtune.report.plots import write_plan_plots, write_plots
 from mbtune.report.trace import write_trace
+from mbtune.runs import sweep_workload
 
 pytestmark = pytest.mark.integration
 

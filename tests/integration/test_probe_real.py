@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mbtune.config import ProbeConfig, TrialConfig
-from mbtune.jobs import probe_workload
+from mbtune.runs import probe_workload
 from mbtune.worker import run_trial
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mbtune.config import SweepConfig
-from mbtune.jobs import sweep_workload
+from mbtune.runs import sweep_workload
 from tests.unit.test_cli import mbtune
 
 pytestmark = pytest.mark.integration
