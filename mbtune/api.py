@@ -20,13 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mbtune.config import FLAG_NAMES, ProbeConfig, SweepConfig, parse_bytes
+from mbtune.config import ProbeConfig, SweepConfig, field_for, parse_bytes
 from mbtune.errors import ConfigError
 from mbtune.records import ProbeResult, Profile, SweepReport
-
-_FIELDS_OF_FLAG: dict[str, list[str]] = {}
-for _field, _flag in FLAG_NAMES.items():
-    _FIELDS_OF_FLAG.setdefault(_flag.replace("-", "_"), []).append(_field)
 
 
 def probe(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
@@ -107,8 +103,7 @@ def _field_names(settings: Mapping[str, Any], fields: set[str]) -> dict[str, Any
     dicts made tuples."""
     named: dict[str, Any] = {}
     for key, value in settings.items():
-        candidates = ["workload_options"] if key == "options" else _FIELDS_OF_FLAG.get(key, [])
-        name = next((c for c in candidates if c in fields), key)
+        name = field_for(key, fields)
         if name == "memory_budget_bytes" and isinstance(value, str):
             value = parse_bytes(value, name="memory_budget")
         elif name == "workload_options" and isinstance(value, Mapping):

@@ -11,6 +11,7 @@ fresh runs, stepping down until one does.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -167,7 +168,7 @@ def _model_scatter_samples(state: _State) -> float:
     used = [t.budget_used_bytes for t in state.trials if t.ok and t.budget_used_bytes]
     if model is None or not model.resolved or not used:
         return math.inf
-    return model.fit_error_pct / 100 * (sum(used) / len(used)) / model.per_sample_bytes
+    return model.fit_error_pct / 100 * statistics.fmean(used) / model.per_sample_bytes
 
 
 def _grow(state: _State, guess: float | None) -> int:

@@ -11,14 +11,12 @@ import typing
 from typing import Any
 
 from mbtune.errors import ConfigError
+from mbtune.recordio import shorten
 
-ECHO_CHARS = 60  # a value echoed in an error is cut to this many characters
 
-
-def short(value: Any, limit: int = ECHO_CHARS) -> str:
-    """repr(value), cut with an ellipsis so a 100 KB value is not echoed whole."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+def short(value: Any) -> str:
+    """repr(value), shortened (see recordio.shorten) so a 100 KB value is not echoed whole."""
+    return shorten(repr(value))
 
 
 def require(condition: bool, field_name: str, value: object, valid: str) -> None:

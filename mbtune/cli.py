@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -27,12 +27,22 @@ from mbtune.cli_support import (
     _target,
     _with_progress,
 )
+from mbtune.config import (
+    DEFAULT_PLAN_MICRO_BATCHES,
+    DEFAULT_PLAN_RANKS,
+    DEFAULT_PLAN_SCATTER,
+    DEFAULT_PLAN_VALIDATION,
+    ProbeConfig,
+    QualifySpec,
+    SweepConfig,
+)
 from mbtune.errors import EXIT_COULD_NOT_RUN, Interrupted, MbtuneError
 
-if TYPE_CHECKING:
-    pass
-
 T = TypeVar("T")
+P, S = ProbeConfig, SweepConfig  # every default is the config's own
+
+
+SWEEP_ACCUM, PLAN_MICRO_BATCHES = (",".join(map(str, v)) for v in (S.accum_steps, DEFAULT_PLAN_MICRO_BATCHES))
 
 app = typer.Typer(
     name="mbtune", no_args_is_help=True, add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -51,12 +61,32 @@ ProfilesDir = Annotated[Path, typer.Option("--profiles-dir", envvar="MBTUNE_PROF
 Save = Annotated[bool, typer.Option(help="Save results to profiles/<device>/<workload>.json, journaling each finished trial as it ends.")]
 Plot = Annotated[Path | None, typer.Option("--plot", help="Write PNG pictures (timeline, throughput, bubble, memory) into this folder (needs matplotlib).")]
 Trace = Annotated[Path | None, typer.Option("--trace", help="Write the best point's timeline as Chrome trace-event JSON (opens in Perfetto).")]
-Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the json or csv output to this file instead of stdout.")]
+Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the json or csv output to this file instead of stdout (a .json or .csv name picks the format).")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run of the same command from its journal, without re-running finished trials.")]
 LoadTimeout = Annotated[float, typer.Option("--load-timeout", help="Seconds to import the workload's module and call its factory (in a child process) before giving up.")]
 TrialTimeout = Annotated[float, typer.Option("--trial-timeout", help="Seconds before a probe trial is killed.")]
 Confirm = Annotated[int, typer.Option("--confirm", help="Fresh runs the ceiling and the safe batch must each pass.")]
+ProbeSteps = Annotated[int, typer.Option("--steps", help="Full training steps per probe trial (>= 2).")]
 Threads = Annotated[int | None, typer.Option("--threads", help="torch threads per process (default: all cores for a probe trial, cores / stages for a pipeline stage).")]
+Margin = Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")]
+Granularity = Annotated[int, typer.Option(help="Probe batch sizes are multiples of this.")]
+MaxBatch = Annotated[int | None, typer.Option("--max-batch", help="Stop the probe growing at this batch size.")]
+Resolution = Annotated[int | None, typer.Option(help="Stop the probe once [ceiling, first failing) is this narrow (default: 1% of the ceiling, at least one granule; 1: the exact answer).")]
+Strategy = Annotated[str, typer.Option("--strategy", help="grid: run every runnable point; quick: the simulator, calibrated on a few points, picks what to run.")]
+
+
+def _settings_file(ctx: typer.Context, value: Path | None) -> Path | None:
+    """--config: the file's settings become this command's defaults, so flags given on the command line win."""
+    if value is not None:
+        from mbtune.specfile import read_settings
+
+        command = ctx.command.name or ""
+        known = {param.name for param in ctx.command.params}
+        ctx.default_map = {k: v for k, v in read_settings(value, command).items() if k in known}
+    return value
+
+
+ConfigFile = Annotated[Path | None, typer.Option("--config", is_eager=True, callback=_settings_file, help="TOML settings in qualify's spec schema (workload, device, memory_budget, [options], [probe], [sweep]); flags given on the command line win over it.")]
 
 
 def _version(value: bool) -> None:
@@ -81,21 +111,22 @@ def _root(
 
 @app.command()
 def probe(
-    workload: Workload = "gpt",
+    config_file: ConfigFile = None,
+    workload: Workload = P.workload,
     option: WorkloadOption = None,
-    device: Device = "auto",
+    device: Device = P.device,
     memory_budget: Budget = None,
-    margin: Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")] = 0.15,
-    granularity: Annotated[int, typer.Option(help="Batch sizes are multiples of this.")] = 1,
-    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Stop growing at this batch size.")] = None,
-    confirm: Confirm = 2,
-    resolution: Annotated[int | None, typer.Option(help="Stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling, at least one granule; 1: the exact answer).")] = None,
-    precision: Precision = "fp32",
-    optimizer: Optimizer = "adamw",
-    steps: Annotated[int, typer.Option(help="Full training steps per trial (>= 2, so optimizer state exists).")] = 2,
-    threads: Threads = None,
-    trial_timeout: TrialTimeout = 600.0,
-    load_timeout: LoadTimeout = 120.0,
+    margin: Margin = P.margin,
+    granularity: Granularity = P.granularity,
+    max_batch: MaxBatch = P.max_batch,
+    confirm: Confirm = P.confirm,
+    resolution: Resolution = P.resolution,
+    precision: Precision = P.precision,
+    optimizer: Optimizer = P.optimizer,
+    steps: ProbeSteps = P.steps,
+    threads: Threads = P.threads,
+    trial_timeout: TrialTimeout = P.trial_timeout_s,
+    load_timeout: LoadTimeout = P.load_timeout_s,
     profiles_dir: ProfilesDir = Path("profiles"),
     save: Save = True,
     resume: Resume = False,
@@ -105,8 +136,7 @@ def probe(
     """Find the per-device memory ceiling with real training steps, then leave a safety margin."""
     from mbtune.runs import run_probe
 
-    fmt = _check_format(format)
-    _check_output(fmt, output)
+    fmt = _check_output(_check_format(format), output)
     _check_resume(resume, save)
     config = _probe_config(
         workload=workload, option=option, device=device, memory_budget=memory_budget, margin=margin,
@@ -134,27 +164,28 @@ Repeats = Annotated[int, typer.Option("--repeats", help="Runs of each point, eac
 
 @app.command()
 def sweep(
-    workload: Workload = "gpt",
+    config_file: ConfigFile = None,
+    workload: Workload = S.workload,
     option: WorkloadOption = None,
-    device: Device = "auto",
-    stages: Stages = 2,
+    device: Device = S.device,
+    stages: Stages = S.num_stages,
     schedules: Schedules = None,
     micro_batches: MicroBatches = None,
-    accum: Accum = "1,2",
-    micro_batch_size: MicroBatchSize = None,
-    global_batch: GlobalBatch = None,
+    accum: Accum = SWEEP_ACCUM,
+    micro_batch_size: MicroBatchSize = S.micro_batch_size,
+    global_batch: GlobalBatch = S.global_batch,
     from_profile: Annotated[Path | None, typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")] = None,
-    objective: Objective = "throughput",
-    strategy: Annotated[str, typer.Option("--strategy", help="grid: run every runnable point; quick: the simulator, calibrated on a few points, picks what to run.")] = "grid",
-    steps: SweepSteps = 3,
-    repeats: Repeats = 1,
-    warmup: Warmup = 1,
-    virtual_stages: VirtualStages = 2,
-    optimizer: Optimizer = "adamw",
-    precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast in every stage).")] = "fp32",
-    threads: Annotated[int | None, typer.Option(help="torch threads per stage process (default: cores / stages on CPU).")] = None,
-    point_timeout: PointTimeout = 600.0,
-    load_timeout: LoadTimeout = 120.0,
+    objective: Objective = S.objective,
+    strategy: Strategy = S.strategy,
+    steps: SweepSteps = S.measured_steps,
+    repeats: Repeats = S.repeats,
+    warmup: Warmup = S.warmup_steps,
+    virtual_stages: VirtualStages = S.virtual_stages,
+    optimizer: Optimizer = S.optimizer,
+    precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast in every stage).")] = S.precision,
+    threads: Annotated[int | None, typer.Option(help="torch threads per stage process (default: cores / stages on CPU).")] = S.threads,
+    point_timeout: PointTimeout = S.point_timeout_s,
+    load_timeout: LoadTimeout = S.load_timeout_s,
     profiles_dir: ProfilesDir = Path("profiles"),
     save: Save = True,
     resume: Resume = False,
@@ -166,8 +197,7 @@ def sweep(
     """Run real pipelined training steps across micro-batches, accumulation steps and schedules."""
     from mbtune.runs import run_sweep
 
-    fmt = _check_format(format)
-    _check_output(fmt, output)
+    fmt = _check_output(_check_format(format), output)
     _check_resume(resume, save)
     _check_outputs(plot_dir=plot, files=(trace,))
     config = _sweep_config(
@@ -184,34 +214,35 @@ def sweep(
 
 @app.command()
 def tune(
-    workload: Workload = "gpt",
+    config_file: ConfigFile = None,
+    workload: Workload = P.workload,
     option: WorkloadOption = None,
-    device: Device = "auto",
+    device: Device = P.device,
     memory_budget: Budget = None,
-    margin: Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")] = 0.15,
-    granularity: Annotated[int, typer.Option(help="Probe batch sizes are multiples of this.")] = 1,
-    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Stop the probe growing at this batch size.")] = None,
-    confirm: Confirm = 2,
-    resolution: Annotated[int | None, typer.Option(help="Probe: stop once [ceiling, first failing) is this narrow (default: 1% of the ceiling).")] = None,
-    probe_steps: Annotated[int, typer.Option("--probe-steps", help="Full training steps per probe trial (>= 2).")] = 2,
-    trial_timeout: TrialTimeout = 600.0,
-    stages: Stages = 2,
+    margin: Margin = P.margin,
+    granularity: Granularity = P.granularity,
+    max_batch: MaxBatch = P.max_batch,
+    confirm: Confirm = P.confirm,
+    resolution: Resolution = P.resolution,
+    probe_steps: Annotated[int, typer.Option("--probe-steps", help="Full training steps per probe trial (>= 2).")] = P.steps,
+    trial_timeout: TrialTimeout = P.trial_timeout_s,
+    stages: Stages = S.num_stages,
     schedules: Schedules = None,
     micro_batches: MicroBatches = None,
-    accum: Accum = "1,2",
-    micro_batch_size: MicroBatchSize = None,
-    global_batch: GlobalBatch = None,
-    objective: Objective = "throughput",
-    strategy: Annotated[str, typer.Option("--strategy", help="grid: run every runnable point; quick: the simulator, calibrated on a few points, picks what to run.")] = "grid",
-    steps: SweepSteps = 3,
-    warmup: Warmup = 1,
-    repeats: Repeats = 1,
-    virtual_stages: VirtualStages = 2,
-    optimizer: Optimizer = "adamw",
-    precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast), for the probe and the sweep.")] = "fp32",
-    threads: Threads = None,
-    point_timeout: PointTimeout = 600.0,
-    load_timeout: LoadTimeout = 120.0,
+    accum: Accum = SWEEP_ACCUM,
+    micro_batch_size: MicroBatchSize = S.micro_batch_size,
+    global_batch: GlobalBatch = S.global_batch,
+    objective: Objective = S.objective,
+    strategy: Strategy = S.strategy,
+    steps: SweepSteps = S.measured_steps,
+    warmup: Warmup = S.warmup_steps,
+    repeats: Repeats = S.repeats,
+    virtual_stages: VirtualStages = S.virtual_stages,
+    optimizer: Optimizer = S.optimizer,
+    precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast), for the probe and the sweep.")] = S.precision,
+    threads: Threads = S.threads,
+    point_timeout: PointTimeout = S.point_timeout_s,
+    load_timeout: LoadTimeout = S.load_timeout_s,
     profiles_dir: ProfilesDir = Path("profiles"),
     save: Save = True,
     resume: Resume = False,
@@ -223,8 +254,7 @@ def tune(
     """Probe the memory ceiling, then sweep pipeline configurations around the safe batch."""
     from mbtune.runs import run_tune
 
-    fmt = _check_format(format)
-    _check_output(fmt, output)
+    fmt = _check_output(_check_format(format), output)
     _check_resume(resume, save)
     _check_outputs(plot_dir=plot, files=(trace,))
     probe_config = _probe_config(workload=workload, option=option, device=device, memory_budget=memory_budget,
@@ -254,8 +284,7 @@ def show(
     from mbtune.report import make_console
     from mbtune.report.profile import print_profile
 
-    fmt = _check_format(format)
-    _check_output(fmt, output)
+    fmt = _check_output(_check_format(format), output)
     loaded = load_profile(profile)
     with _printing_to(output):
         print_profile(make_console(), loaded, fmt, path=str(profile), errors=errors)
@@ -275,7 +304,7 @@ def qualify(
 ) -> None:
     """Re-run a baseline's probe and sweep here and give a verdict: exit 0 pass, 1 a check failed, 3 could not run,
     4 inconclusive (the measured spread is wider than the tolerance)."""
-    from mbtune.config import QualifySpec, parse_fraction
+    from mbtune.config import parse_fraction
     from mbtune.profiles import command_line
     from mbtune.qualify import exit_code
     from mbtune.report import make_console
@@ -291,7 +320,7 @@ def qualify(
         plan, repeats = read_spec(spec, baseline=path, tolerance=share, repeats=repeats,
                                   allow_different_device=allow_different_device, command_line=command_line())
     else:
-        plan = QualifySpec(baseline=path, tolerance=0.10 if share is None else share,
+        plan = QualifySpec(baseline=path, tolerance=QualifySpec.tolerance if share is None else share,
                            allow_different_device=allow_different_device)
     verdict = _with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=_target(profiles_dir, save),
                                                                repeats=repeats))
@@ -325,8 +354,8 @@ def compare(
 @app.command()
 def plan(
     profile: Annotated[Path, typer.Argument(help="A profile with a sweep (profiles/<device>/<workload>.json) to calibrate the simulator on.")],
-    stages: Annotated[int, typer.Option("--stages", "-p", help="Pipeline ranks to plan for (one GPU each).")] = 8,
-    micro_batches: Annotated[str, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts.")] = "8,16,32",
+    stages: Annotated[int, typer.Option("--stages", "-p", help="Pipeline ranks to plan for (one GPU each).")] = DEFAULT_PLAN_RANKS,
+    micro_batches: Annotated[str, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts.")] = PLAN_MICRO_BATCHES,
     schedules: Schedules = None,
     data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline.")] = 1,
     micro_batch_size: MicroBatchSize = None,
@@ -336,8 +365,8 @@ def plan(
     virtual_stages: VirtualStages = 2,
     link_bandwidth: Annotated[str | None, typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
     link_latency: Annotated[str | None, typer.Option("--link-latency", help="Stage-to-stage latency, e.g. 5us (default: as measured here).")] = None,
-    validation: Annotated[str, typer.Option("--validation", help="Check the simulator against the measured points: leave-one-out, in-sample or none.")] = "leave-one-out",
-    scatter: Annotated[str, typer.Option("--scatter", help="measured: draw costs from the scatter measured on this machine; none: predict with average costs (a quieter target).")] = "measured",
+    validation: Annotated[str, typer.Option("--validation", help="Check the simulator against the measured points: leave-one-out, in-sample or none.")] = DEFAULT_PLAN_VALIDATION,
+    scatter: Annotated[str, typer.Option("--scatter", help="measured: draw costs from the scatter measured on this machine; none: predict with average costs (a quieter target).")] = DEFAULT_PLAN_SCATTER,
     plot: Plot = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write the recommended configuration's simulated timeline as Chrome trace-event JSON.")] = None,
     format: Format = "table",
@@ -351,8 +380,7 @@ def plan(
     from mbtune.report import make_console
     from mbtune.report.plan import print_plan, write_plan_artifacts
 
-    fmt = _check_format(format)
-    _check_output(fmt, output)
+    fmt = _check_output(_check_format(format), output)
     _check_outputs(plot_dir=plot, files=(trace,))
     config = PlanConfig(
         num_stages=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),

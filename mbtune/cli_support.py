@@ -92,12 +92,18 @@ def _printing_to(output: Path | None) -> Iterator[None]:
         yield
 
 
-def _check_output(fmt: str, output: Path | None) -> None:
+def _check_output(fmt: str, output: Path | None) -> str:
+    """The format to print in: with --output, json or csv (a .json or .csv file name says which when
+    --format does not); the file is checked writable before anything is measured."""
     from mbtune.errors import ConfigError
 
     if output is not None and fmt == "table":
-        raise ConfigError("--output writes json or csv", hint="Add --format json or --format csv.")
+        fmt = {".json": "json", ".csv": "csv"}.get(output.suffix.lower(), fmt)
+        if fmt == "table":
+            raise ConfigError("--output writes json or csv",
+                              hint="Add --format json or --format csv, or name the file .json or .csv.")
     _check_outputs(files=(output,))
+    return fmt
 
 
 def _target(profiles_dir: Path, save: bool) -> Path | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -30,9 +31,28 @@ FLAG_NAMES = {"trial_timeout_s": "trial-timeout", "load_timeout_s": "load-timeou
               "validation_method": "validation"}
 
 
+_FIELDS_OF_KEY: dict[str, list[str]] = {"options": ["workload_options"]}  # flag name with underscores -> fields
+for _field, _flag in FLAG_NAMES.items():
+    _FIELDS_OF_KEY.setdefault(_flag.replace("-", "_"), []).append(_field)
+
+
 def flag_for(field_name: str) -> str:
     """The command-line flag of a config field."""
     return "--" + FLAG_NAMES.get(field_name, field_name.replace("_", "-"))
+
+
+def param_for(field_name: str) -> str:
+    """The command's parameter (its flag with underscores, as the Python API and settings files name it)."""
+    return flag_for(field_name)[2:].replace("-", "_")
+
+
+def field_for(key: str, fields: Collection[str]) -> str:
+    """The config field, of `fields`, that a setting names: the field's own name, or its flag's with
+    underscores or dashes (`accum` -> `accum_steps`, `trial-timeout` -> `trial_timeout_s`). A key that
+    names none comes back as it is, for the caller to refuse."""
+    if key in fields:
+        return key
+    return next((f for f in _FIELDS_OF_KEY.get(key.replace("-", "_"), ()) if f in fields), key)
 
 
 _UNITS = {
@@ -220,6 +240,11 @@ class ProbeConfig:
 
 
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+# `mbtune plan`'s defaults (PlanConfig's), here so that the CLI reads them without importing the planner.
+DEFAULT_PLAN_RANKS = 8
+DEFAULT_PLAN_MICRO_BATCHES = (8, 16, 32)
+DEFAULT_PLAN_VALIDATION = "leave-one-out"  # planning.validate.LEAVE_ONE_OUT
+DEFAULT_PLAN_SCATTER = "measured"  # planning.records.SCATTER_MEASURED
 OBJECTIVES = ("throughput", "memory", "bubble")
 STRATEGIES = ("grid", "quick")
 

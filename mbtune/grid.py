@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING
 from mbtune.config import SweepConfig
 from mbtune.device.load import busy_warning
 from mbtune.pipeline.theory import check_point, stages_per_rank, theoretical_bubble
-from mbtune.records import OK, MachineLoad, SkippedPoint, SweepPoint, SweepReport, TimelineAction, TrialResult
+from mbtune.records import (
+    OK,
+    MachineLoad,
+    SkippedPoint,
+    SweepPoint,
+    SweepReport,
+    TimelineAction,
+    TrialResult,
+    micro_batch_size_for,
+)
 
 if TYPE_CHECKING:
     from mbtune.pipeline.timeline import PipelineOutcome, StageReport
@@ -71,11 +80,7 @@ def _candidates(config: SweepConfig, p: int) -> list[tuple[SweepPoint, str | Non
 def _micro_batch_size(config: SweepConfig, m: int, accum: int) -> tuple[int, str | None]:
     if config.global_batch is None:
         return config.micro_batch_size or default_micro_batch_size(config), None
-    per_step = m * accum
-    if config.global_batch % per_step:
-        return max(1, config.global_batch // per_step), (
-            f"global batch {config.global_batch} does not divide into {m} micro-batches x {accum} accumulation steps")
-    return config.global_batch // per_step, None
+    return micro_batch_size_for(config.global_batch, num_microbatches=m, grad_accum_steps=accum)
 
 
 def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_sample: int | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -77,11 +78,8 @@ class TrialOutcome(Record):
     @property
     def step_time_s(self) -> float | None:
         """Median step time over the steps after the first (the first builds optimizer state)."""
-        measured = sorted(self.step_times_s[1:] or self.step_times_s)
-        if not measured:
-            return None
-        mid = len(measured) // 2
-        return measured[mid] if len(measured) % 2 else (measured[mid - 1] + measured[mid]) / 2
+        measured = self.step_times_s[1:] or self.step_times_s
+        return statistics.median(measured) if measured else None
 
     @property
     def samples_per_s(self) -> float | None:
@@ -101,9 +99,6 @@ class MemoryModel(Record):
     # grows with the batch over these trials) leaves the model unresolved: no per-sample memory at all.
     per_sample_stderr_bytes: float | None = None
     resolved: bool = True
-
-    def predict_bytes(self, batch_size: int) -> float:
-        return self.fixed_bytes + self.per_sample_bytes * batch_size
 
     def batch_for(self, budget_bytes: float) -> float | None:
         """The batch size at which the model reaches the budget (None when it does not grow)."""
@@ -213,6 +208,19 @@ class SweepPoint(Record):
     def label(self) -> str:
         return (f"{self.schedule} p={self.num_stages} m={self.num_microbatches} "
                 f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}")
+
+
+def micro_batch_size_for(global_batch: int, *, num_microbatches: int, grad_accum_steps: int,
+                         data_parallel_size: int = 1) -> tuple[int, str | None]:
+    """The micro-batch size that makes `global_batch` (see SweepPoint.global_batch) and None; where the
+    batch does not divide evenly, the size just below it (at least 1) and why the point cannot run."""
+    per_step = num_microbatches * grad_accum_steps * data_parallel_size
+    if global_batch % per_step:
+        replicas = f" x {data_parallel_size} data-parallel replicas" if data_parallel_size != 1 else ""
+        return max(1, global_batch // per_step), (
+            f"global batch {global_batch} does not divide into {num_microbatches} micro-batches x "
+            f"{grad_accum_steps} accumulation steps{replicas}")
+    return global_batch // per_step, None
 
 
 @dataclass(frozen=True, kw_only=True)

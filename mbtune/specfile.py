@@ -37,7 +37,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mbtune.config import THRESHOLD_KEYS, ProbeConfig, QualifySpec, SweepConfig, parse_bytes, parse_fraction
+from mbtune.config import (
+    THRESHOLD_KEYS,
+    ProbeConfig,
+    QualifySpec,
+    SweepConfig,
+    field_for,
+    param_for,
+    parse_bytes,
+    parse_fraction,
+)
 from mbtune.errors import ConfigError
 from mbtune.qualify import DEFAULT_REPEATS
 from mbtune.records import RecordFieldError, load_value, short_repr, shorten
@@ -55,8 +64,6 @@ _OPTION = int | float | str | bool  # a workload option's value
 _TEXT_LIMIT = 256
 _PATH_LIMIT = 4096
 _PATHS = {"baseline", "[sweep] profiles_dir"}
-_SWEEP_NAMES = {"stages": "num_stages", "micro_batches": "micro_batches", "accum": "accum_steps",
-                "steps": "measured_steps", "warmup": "warmup_steps"}
 
 
 class LoadedSpec(NamedTuple):
@@ -87,7 +94,7 @@ def read_spec(path: Path, *, baseline: str | None = None, tolerance: float | Non
     sweep = _sweep(path, data, command_line) if probe and "sweep" in data else None
     if tolerance is None:
         with _named(path, "the top level"):
-            tolerance = parse_fraction(data.get("tolerance", 0.10), name="tolerance")
+            tolerance = parse_fraction(data.get("tolerance", QualifySpec.tolerance), name="tolerance")
     spec = QualifySpec(
         baseline=baseline, probe=probe, sweep=dataclasses.replace(sweep, repeats=repeats) if sweep else None,
         tolerance=tolerance, thresholds=_thresholds(path, data), allow_different_device=allow_different_device,
@@ -100,7 +107,7 @@ def _read(path: Path) -> dict[str, Any]:
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"spec {path} does not exist", hint="Pass the path of a qualify.toml.") from None
+        raise ConfigError(f"spec {path} does not exist", hint="Pass the path of a TOML file (a qualify.toml).") from None
     except OSError as exc:
         raise ConfigError(f"spec {path} is not readable: {exc.strerror or exc}", hint="Fix the file.") from None
     try:
@@ -133,32 +140,68 @@ def _repeats(path: Path, data: dict[str, Any], flag: int | None) -> int:
     return value
 
 
-def _probe(path: Path, data: dict[str, Any], command_line: str) -> ProbeConfig:
+def _probe(path: Path, data: dict[str, Any], command_line: str,
+           fields: dict[str, Any] | None = None) -> ProbeConfig:
     budget = data.get("memory_budget")
-    fields, options = _fields(path, data, "probe", ProbeConfig, {}), _options(path, data)
+    fields = _fields(path, data, "probe", ProbeConfig) if fields is None else fields
+    options = _options(path, data)
     with _named(path, "probe"):
-        return ProbeConfig(workload=data["workload"], workload_options=options, device=data.get("device", "auto"),
+        return ProbeConfig(workload=data.get("workload", ProbeConfig.workload), workload_options=options,
+                           device=data.get("device", ProbeConfig.device),
                            memory_budget_bytes=parse_bytes(budget, name="memory_budget") if budget is not None else None,
                            command_line=command_line, **fields)
 
 
-def _sweep(path: Path, data: dict[str, Any], command_line: str) -> SweepConfig:
-    fields, options = _fields(path, data, "sweep", SweepConfig, _SWEEP_NAMES), _options(path, data)
+def _sweep(path: Path, data: dict[str, Any], command_line: str,
+           fields: dict[str, Any] | None = None) -> SweepConfig:
+    fields = _fields(path, data, "sweep", SweepConfig) if fields is None else fields
+    options = _options(path, data)
     with _named(path, "sweep"):
-        return SweepConfig(workload=data["workload"], workload_options=options, device=data.get("device", "auto"),
-                           command_line=command_line, **fields)
+        return SweepConfig(workload=data.get("workload", SweepConfig.workload), workload_options=options,
+                           device=data.get("device", SweepConfig.device), command_line=command_line, **fields)
 
 
-def _fields(path: Path, data: dict[str, Any], section: str, config: type, renames: dict[str, str]) -> dict[str, Any]:
+def read_settings(path: Path, command: str) -> dict[str, Any]:
+    """A settings file for probe, sweep or tune (`--config`: the spec's schema, its qualify-only keys unused)
+    as that command's option values by parameter name, every value checked as a spec's is. The command
+    line's flags win over them (they fill click's default_map). In tune the probe's `steps` are
+    `probe_steps`; a setting both tables give must agree, since tune takes it once."""
+    data = _read(path)
+    values: dict[str, Any] = {key: str(data[key]) for key in ("workload", "device", "memory_budget") if key in data}
+    if "options" in data:
+        values["option"] = [f"{key}={value}" for key, value in _options(path, data)]
+    if command in ("sweep", "tune") and "repeats" in data:
+        values["repeats"] = _repeats(path, data, None)
+    sections = {"probe": ("probe", "tune"), "sweep": ("sweep", "tune")}
+    setters: dict[str, str] = {}  # parameter -> the table that set it
+    for section, commands in sections.items():
+        if command not in commands or section not in data:
+            continue
+        config = ProbeConfig if section == "probe" else SweepConfig
+        fields = _fields(path, data, section, config)
+        (_probe if section == "probe" else _sweep)(path, data, "", fields)  # the whole config checks out
+        for name, value in fields.items():
+            param = "probe_steps" if (command, section, name) == ("tune", "probe", "steps") else param_for(name)
+            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            if param in setters and values[param] != shown:
+                raise ConfigError(f"spec {path}: [{setters[param]}] and [{section}] set {param} differently "
+                                  f"({short_repr(values[param])} and {short_repr(shown)}), and tune takes it once",
+                                  hint="Set it in one of the two tables.")
+            values[param], setters[param] = shown, section
+    return values
+
+
+def _fields(path: Path, data: dict[str, Any], section: str, config: type) -> dict[str, Any]:
     """A [probe] or [sweep] table as the config's keyword arguments, each value checked against the config
-    field's type (a TOML list becomes a tuple; a string where a list belongs is refused, not split)."""
+    field's type (a TOML list becomes a tuple; a string where a list belongs is refused, not split). A key
+    is the field's name or its flag's (`accum` or `accum_steps`, `trial_timeout` or `trial_timeout_s`)."""
     names = {f.name for f in dataclasses.fields(config)} - _SET_AT_THE_TOP
     hints = typing.get_type_hints(config)
     fields: dict[str, Any] = {}
     keys: dict[str, str] = {}  # field name -> the key that set it
     unknown = []
     for key, value in _table(data, section).items():
-        name = renames.get(key, key)
+        name = field_for(key, names)
         if name not in names:
             unknown.append(key)
             continue
@@ -168,7 +211,7 @@ def _fields(path: Path, data: dict[str, Any], section: str, config: type, rename
         keys[name] = key
         fields[name] = _value(path, f"[{section}] {key}", hints[name], value)
     if unknown:
-        known = sorted({k for k, v in renames.items() if v in names} | (names - set(renames.values())))
+        known = sorted(param_for(name) for name in names)
         raise ConfigError(f"[{section}] in the spec {path} has unknown key(s) {_names(unknown)}; known: "
                           f"{', '.join(known)}", hint="Fix the key's name.")
     return fields

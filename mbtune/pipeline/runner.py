@@ -41,7 +41,7 @@ def step_batch(
 def stage_blocks(spec: PipelineSpec, workload: Workload) -> StageBlocks:
     """The global block indices of every stage (all ranks), split as the spec's balance says."""
     weights = workload.compute_weights() if spec.balance == "parameters" else None
-    return split_blocks(workload.num_blocks, spec.num_stages, weights)
+    return split_blocks(workload.num_blocks, spec.num_model_stages, weights)
 
 
 def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int | None = None,
@@ -124,16 +124,16 @@ class _RankRun:
         self.spec, self.rank, self.device = spec, rank, device
         self.workload = load_workload(spec.workload, spec.workload_options)
         all_blocks = stage_blocks(spec, self.workload)
-        self.stage_indices = stages_of_rank(spec.schedule, spec.num_ranks, spec.num_stages, rank)
+        self.stage_indices = stages_of_rank(spec.schedule, spec.num_ranks, spec.num_model_stages, rank)
         self.blocks = tuple(all_blocks[s] for s in self.stage_indices)
         if on_placed is not None:
             on_placed(tuple(b for blocks in self.blocks for b in blocks))
         self.modules = [self.workload.build(b, seed=spec.seed).to(device) for b in self.blocks]
         self.has_first = 0 in self.stage_indices
-        self.has_last = spec.num_stages - 1 in self.stage_indices
+        self.has_last = spec.num_model_stages - 1 in self.stage_indices
         self.timer = ActionTimer(new_event=_timing_event if device.type == "cuda" else None)
         stages = [build_stage(_with_precision(m, spec.precision, device), stage_index=s,
-                              num_stages=spec.num_stages, device=device)
+                              num_model_stages=spec.num_model_stages, device=device)
                   for m, s in zip(self.modules, self.stage_indices)]
         for stage in stages:
             self.timer.instrument(stage)

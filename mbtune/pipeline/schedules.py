@@ -23,8 +23,9 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as torch_schedules
 
+from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.pipeline.theory import SINGLE, schedule_info
-from mbtune.pipeline.timeline import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS, ActionRecord
+from mbtune.pipeline.timeline import ActionRecord
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -34,9 +35,10 @@ def schedule_class(schedule: str) -> type:
     return getattr(torch_schedules, schedule_info(schedule).torch_class)
 
 
-def build_stage(module: nn.Module, *, stage_index: int, num_stages: int, device: torch.device) -> PipelineStage:
-    """Wrap one stage's module; shapes are inferred by torch from the first micro-batch."""
-    return PipelineStage(module, stage_index, num_stages, device)
+def build_stage(module: nn.Module, *, stage_index: int, num_model_stages: int, device: torch.device) -> PipelineStage:
+    """Wrap one stage's module; shapes are inferred by torch from the first micro-batch. `num_model_stages`
+    counts every stage of the model over all ranks (virtual stages included), what torch calls num_stages."""
+    return PipelineStage(module, stage_index, num_model_stages, device)
 
 
 def build_schedule(schedule: str, stages: Sequence[PipelineStage], *, num_microbatches: int, loss_fn: LossFn) -> Any:
@@ -233,9 +235,9 @@ class _OrderOnlyStage:
     """Stands in for a PipelineStage where only the schedule's action order is wanted: the schedule
     constructors read these attributes and nothing else (no module, no process group)."""
 
-    def __init__(self, *, stage_index: int, num_stages: int, num_ranks: int, rank: int) -> None:
+    def __init__(self, *, stage_index: int, num_model_stages: int, num_ranks: int, rank: int) -> None:
         self.stage_index = stage_index
-        self.num_stages = num_stages
+        self.num_stages = num_model_stages  # torch's name for every stage of the model, virtual ones included
         self.group_size = num_ranks
         self.group_rank = rank
         self.submod = None
@@ -267,10 +269,10 @@ def schedule_action_orders(schedule: str, *, num_ranks: int, num_microbatches: i
     """
     from mbtune.pipeline.theory import stage_to_rank
 
-    num_stages = num_ranks * stages_per_rank
-    owners = stage_to_rank(schedule, num_ranks, num_stages)
-    stages = [_OrderOnlyStage(stage_index=s, num_stages=num_stages, num_ranks=num_ranks, rank=0)
-              for s in range(num_stages) if owners[s] == 0]
+    num_model_stages = num_ranks * stages_per_rank
+    owners = stage_to_rank(schedule, num_ranks, num_model_stages)
+    stages = [_OrderOnlyStage(stage_index=s, num_model_stages=num_model_stages, num_ranks=num_ranks, rank=0)
+              for s in range(num_model_stages) if owners[s] == 0]
     cls = _order_only_class(schedule_class(schedule))
     loss_fn = _no_loss
     try:

@@ -73,8 +73,9 @@ class PipelineSpec:
         return stages_per_rank(self.schedule, self.virtual_stages)
 
     @property
-    def num_stages(self) -> int:
-        """All stages, virtual ones included."""
+    def num_model_stages(self) -> int:
+        """Every stage the model is split into: ranks x stages per rank (virtual stages included). Not a
+        SweepPoint's num_stages, which counts ranks (that is `num_ranks` here)."""
         return self.stages_per_rank * self.num_ranks
 
     @property

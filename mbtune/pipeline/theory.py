@@ -68,23 +68,23 @@ def stages_per_rank(schedule: str, virtual_stages: int | None = None) -> int:
 
 
 def check_point(
-    schedule: str, num_stages_total: int, num_ranks: int, num_microbatches: int, *, num_blocks: int | None = None
+    schedule: str, num_model_stages: int, num_ranks: int, num_microbatches: int, *, num_blocks: int | None = None
 ) -> str | None:
     """Why this (schedule, stages, ranks, micro-batches) point cannot run, or None when it can.
 
-    `num_stages_total` counts every stage (virtual stages included); `num_blocks`, when given, is the
+    `num_model_stages` counts every stage (virtual stages included); `num_blocks`, when given, is the
     workload's block count, which bounds the number of stages.
     """
     if schedule not in SCHEDULES:
         return f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULE_NAMES)}"
-    for label, value in (("stages", num_stages_total), ("ranks", num_ranks), ("micro-batches", num_microbatches)):
+    for label, value in (("stages", num_model_stages), ("ranks", num_ranks), ("micro-batches", num_microbatches)):
         if value < 1:
             return f"{label} must be at least 1, got {value}"
-    if num_blocks is not None and num_stages_total > num_blocks:
-        return f"the workload has {num_blocks} blocks, too few for {num_stages_total} stages (one block at least each)"
-    if num_stages_total % num_ranks:
-        return f"{num_stages_total} stages do not spread evenly over {num_ranks} ranks"
-    per_rank = num_stages_total // num_ranks
+    if num_blocks is not None and num_model_stages > num_blocks:
+        return f"the workload has {num_blocks} blocks, too few for {num_model_stages} stages (one block at least each)"
+    if num_model_stages % num_ranks:
+        return f"{num_model_stages} stages do not spread evenly over {num_ranks} ranks"
+    per_rank = num_model_stages // num_ranks
     return _layout_reason(schedule, per_rank) or _microbatch_reason(schedule, num_ranks, num_microbatches)
 
 
@@ -123,19 +123,19 @@ def _nearest_valid_rounds(num_ranks: int, num_microbatches: int) -> tuple[int, i
     return below, above
 
 
-def stage_to_rank(schedule: str, num_ranks: int, num_stages_total: int) -> tuple[int, ...]:
+def stage_to_rank(schedule: str, num_ranks: int, num_model_stages: int) -> tuple[int, ...]:
     """The rank that holds each stage, as torch expects it (loop: i % p; V: r and 2p-1-r)."""
     layout = schedule_info(schedule).layout
     if layout != V_SHAPE:
-        return tuple(i % num_ranks for i in range(num_stages_total))
-    if num_stages_total != 2 * num_ranks:
-        raise ValueError(f"a V layout has 2 x {num_ranks} stages, not {num_stages_total}")
-    return tuple(i if i < num_ranks else 2 * num_ranks - 1 - i for i in range(num_stages_total))
+        return tuple(i % num_ranks for i in range(num_model_stages))
+    if num_model_stages != 2 * num_ranks:
+        raise ValueError(f"a V layout has 2 x {num_ranks} stages, not {num_model_stages}")
+    return tuple(i if i < num_ranks else 2 * num_ranks - 1 - i for i in range(num_model_stages))
 
 
-def stages_of_rank(schedule: str, num_ranks: int, num_stages_total: int, rank: int) -> tuple[int, ...]:
+def stages_of_rank(schedule: str, num_ranks: int, num_model_stages: int, rank: int) -> tuple[int, ...]:
     """The stage indices one rank holds, in increasing order."""
-    owners = stage_to_rank(schedule, num_ranks, num_stages_total)
+    owners = stage_to_rank(schedule, num_ranks, num_model_stages)
     return tuple(i for i, owner in enumerate(owners) if owner == rank)
 
 

@@ -13,14 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mbtune.actions import find_input, input_stage
 from mbtune.records import OK, IdleShares, Record
-
-FORWARD = "forward"
-BACKWARD = "backward"  # full backward: input and weight gradients together
-BACKWARD_INPUT = "backward_input"
-BACKWARD_WEIGHT = "backward_weight"
-LOSS = "loss"
-ACTION_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,7 +24,7 @@ class ActionRecord(Record):
     step: int  # measured optimizer step, from 0
     accum: int  # pipeline step inside the optimizer step, from 0
     stage: int
-    kind: str
+    kind: str  # one of mbtune.actions.ACTION_KINDS
     microbatch: int
     start_s: float
     end_s: float
@@ -210,16 +204,11 @@ def idle_shares(reports: Sequence[StageReport]) -> IdleShares | None:
 
 def _remote_input(action: ActionRecord, done: dict, owner: dict[int, int], last_stage: int,
                   rank: int) -> tuple[int, float] | None:
-    """(rank, end) of the action on another rank whose result this one needs, or None."""
-    s = action.stage
-    if action.kind == FORWARD and s > 0 and owner[s - 1] != rank:
-        return done.get((FORWARD, s - 1, action.accum, action.microbatch))
-    if action.kind in (BACKWARD, BACKWARD_INPUT) and s < last_stage and owner[s + 1] != rank:
-        for kind in (BACKWARD, BACKWARD_INPUT):
-            found = done.get((kind, s + 1, action.accum, action.microbatch))
-            if found is not None:
-                return found
-    return None
+    """(rank, end) of the action on another rank whose result this one needs (see mbtune.actions), or None."""
+    source = input_stage(action.kind, action.stage, last_stage)
+    if source is None or owner[source] == rank:
+        return None
+    return find_input(done, action.kind, action.stage, action.accum, action.microbatch, last_stage)
 
 
 def _clock_origins(actions: Sequence[tuple[int, ActionRecord]], done: dict, owner: dict[int, int],

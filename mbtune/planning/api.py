@@ -6,6 +6,7 @@ to read the workload's blocks on the meta device (no weights allocated, no devic
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -184,7 +185,7 @@ def plan_from_profile(profile: Profile, config: PlanConfig | None = None, **opti
     grid = config.grid()
     if grid.micro_batch_size is None and grid.global_batch is None:
         sizes = [r.point.micro_batch_size for r in sweep.results if r.ok]
-        grid = replace(grid, micro_batch_size=max(sorted(set(sizes), reverse=True), key=sizes.count))  # ties: largest
+        grid = replace(grid, micro_batch_size=max(statistics.multimode(sizes)))  # the most common; ties: largest
     if config.link_bandwidth_bytes_per_s is None and config.link_latency_s is None:
         warnings.append("no link given: stage-to-stage hand-overs cost what they cost on the profiled machine")
     limit, source = memory_limit(profile)

@@ -40,16 +40,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mbtune.actions import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    COMPUTE_KINDS,
+    FORWARD,
+    LOSS,
+    find_input,
+    input_stage,
+    output_stage,
+)
 from mbtune.pipeline.split import split_blocks
 from mbtune.pipeline.theory import stage_to_rank
 from mbtune.planning.fit import fit_samples, median_or, quantiles, trimmed_mean
 from mbtune.planning.orders import RankOrders, schedule_orders
 from mbtune.planning.records import (
-    BACKWARD,
-    BACKWARD_INPUT,
-    BACKWARD_WEIGHT,
-    FORWARD,
-    LOSS,
     BlockCost,
     BlockFacts,
     CostModel,
@@ -199,21 +205,13 @@ def _share(span: _Span, split: Sequence[Sequence[int]], facts: BlockFacts, size:
 
 
 def _needs_remote(span: _Span, owners: Sequence[int]) -> bool:
-    last = len(owners) - 1
-    if span.kind == FORWARD:
-        return span.stage > 0 and owners[span.stage - 1] != span.rank
-    if span.kind in (BACKWARD, BACKWARD_INPUT):
-        return span.stage < last and owners[span.stage + 1] != span.rank
-    return False
+    source = input_stage(span.kind, span.stage, len(owners) - 1)
+    return source is not None and owners[source] != span.rank
 
 
 def _sends_remote(span: _Span, owners: Sequence[int]) -> bool:
-    last = len(owners) - 1
-    if span.kind == FORWARD:
-        return span.stage < last and owners[span.stage + 1] != span.rank
-    if span.kind in (BACKWARD, BACKWARD_INPUT):
-        return span.stage > 0 and owners[span.stage - 1] != span.rank
-    return False
+    target = output_stage(span.kind, span.stage, len(owners) - 1)
+    return target is not None and owners[target] != span.rank
 
 
 def _rank_gaps(spans: dict, owners: Sequence[int], samples: _Samples) -> None:
@@ -235,14 +233,15 @@ def _transfer_gaps(spans: dict, owners: Sequence[int]) -> list[float]:
     Per stage boundary between two ranks, the offset is half the difference between the smallest backward
     and the smallest forward gap (a hand-over to an idle receiver takes the same time both ways)."""
     previous = _previous_on_rank(spans)
+    last = len(owners) - 1
     found = []
-    for s in range(len(owners) - 1):
+    for s in range(last):
         if owners[s] == owners[s + 1]:
             continue
-        forward = [(span, spans[(FORWARD, s, span.accum, span.microbatch)]) for span in spans.values()
-                   if span.kind == FORWARD and span.stage == s + 1 and (FORWARD, s, span.accum, span.microbatch) in spans]
+        forward = [(span, sender) for span in spans.values() if span.kind == FORWARD and span.stage == s + 1
+                   and (sender := _sender(spans, span, last)) is not None]
         backward = [(span, sender) for span in spans.values() if span.kind in (BACKWARD, BACKWARD_INPUT)
-                    and span.stage == s and (sender := _gradient_sender(spans, span)) is not None]
+                    and span.stage == s and (sender := _sender(spans, span, last)) is not None]
         if not forward or not backward:
             continue
         forward_gaps = [r.start_s - snd.end_s for r, snd in forward]
@@ -259,12 +258,9 @@ def _transfer_gaps(spans: dict, owners: Sequence[int]) -> list[float]:
     return found
 
 
-def _gradient_sender(spans: dict, receiver: _Span) -> _Span | None:
-    for kind in (BACKWARD, BACKWARD_INPUT):
-        sender = spans.get((kind, receiver.stage + 1, receiver.accum, receiver.microbatch))
-        if sender is not None:
-            return sender
-    return None
+def _sender(spans: dict[tuple[str, int, int, int], _Span], receiver: _Span, last_stage: int) -> _Span | None:
+    """The span of the neighbour stage whose result `receiver` takes as input (see mbtune.actions)."""
+    return find_input(spans, receiver.kind, receiver.stage, receiver.accum, receiver.microbatch, last_stage)
 
 
 def _previous_on_rank(spans: dict) -> dict[int, _Span]:
@@ -299,7 +295,7 @@ def _block_costs(compute: dict, num_blocks: int) -> tuple[tuple[BlockCost, ...],
     blocks = []
     for b in range(num_blocks):
         fit = {kind: fit_samples(compute[(b, kind)]) if (b, kind) in compute else None
-               for kind in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
+               for kind in COMPUTE_KINDS}
         forward = fit[FORWARD] or LinearCost()
         full = fit[BACKWARD]
         inp, weight = fit[BACKWARD_INPUT], fit[BACKWARD_WEIGHT]

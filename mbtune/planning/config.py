@@ -23,7 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mbtune.checks import check_types, require, require_unique
-from mbtune.config import DEFAULT_SCHEDULES
+from mbtune.config import (
+    DEFAULT_PLAN_MICRO_BATCHES,
+    DEFAULT_PLAN_RANKS,
+    DEFAULT_PLAN_SCATTER,
+    DEFAULT_PLAN_VALIDATION,
+    DEFAULT_SCHEDULES,
+)
 from mbtune.errors import ConfigError
 from mbtune.pipeline.theory import (
     DEFAULT_VIRTUAL_STAGES,
@@ -46,6 +52,8 @@ MAX_MODEL_STAGES = 1024
 MAX_BLOCKS = 1024
 MAX_COUNT = 2**31 - 1
 BYTES_PER_HELD_ACTION = 330  # measured: cached orders plus the simulation's own state, per action
+
+assert DEFAULT_PLAN_VALIDATION == LEAVE_ONE_OUT and DEFAULT_PLAN_SCATTER == SCATTER_MEASURED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,8 +82,8 @@ class PlanConfig:
     in the plan (for pictures and traces). ConfigError where a setting is out of range or the grid is too
     large to simulate in seconds (see the module docstring for the limits)."""
 
-    num_stages: int = 8  # pipeline ranks
-    micro_batches: tuple[int, ...] = (8, 16, 32)
+    num_stages: int = DEFAULT_PLAN_RANKS  # pipeline ranks
+    micro_batches: tuple[int, ...] = DEFAULT_PLAN_MICRO_BATCHES
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
     data_parallel: int = 1
     micro_batch_size: int | None = None
@@ -85,8 +93,8 @@ class PlanConfig:
     virtual_stages: int = DEFAULT_VIRTUAL_STAGES  # stages per rank of the looped schedules
     link_bandwidth_bytes_per_s: float | None = None  # None: hand-overs cost what they cost when profiled
     link_latency_s: float | None = None
-    validation_method: str | None = LEAVE_ONE_OUT
-    scatter: str = SCATTER_MEASURED
+    validation_method: str | None = DEFAULT_PLAN_VALIDATION
+    scatter: str = DEFAULT_PLAN_SCATTER
     keep_timeline: bool = False
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ def trimmed_mean(values: Sequence[float], trim: float = TRIM_FRACTION) -> float:
     ordered = sorted(values)
     cut = int(len(ordered) * trim)
     kept = ordered[cut:len(ordered) - cut] or ordered
-    return sum(kept) / len(kept)
+    return statistics.fmean(kept)
 
 
 def fit_line(by_size: Mapping[int, float], *, proportional_when_single: bool = True) -> LinearCost:
@@ -37,14 +37,11 @@ def fit_line(by_size: Mapping[int, float], *, proportional_when_single: bool = T
         return LinearCost(per_sample_s=value / size) if proportional_when_single else LinearCost(fixed_s=value)
     xs = [float(s) for s in sizes]
     ys = [by_size[s] for s in sizes]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sxx
-    fixed = mean_y - slope * mean_x
+    slope, fixed = statistics.linear_regression(xs, ys)
     if slope < 0:
-        return LinearCost(fixed_s=max(0.0, mean_y))
+        return LinearCost(fixed_s=max(0.0, statistics.fmean(ys)))
     if fixed < 0:
-        return LinearCost(per_sample_s=sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+        return LinearCost(per_sample_s=statistics.linear_regression(xs, ys, proportional=True).slope)
     return LinearCost(fixed_s=fixed, per_sample_s=slope)
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 
+from mbtune.actions import BACKWARD, FORWARD
 from mbtune.pipeline.theory import SINGLE, schedule_info
-from mbtune.planning.records import BACKWARD, FORWARD, OrderedAction
+from mbtune.planning.records import OrderedAction
 
 RankOrders = tuple[tuple[OrderedAction, ...], ...]
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COMPUTE_KINDS, FORWARD
 from mbtune.pipeline.theory import (
     check_point,
     schedule_info,
@@ -49,7 +50,7 @@ from mbtune.planning.records import (
     Validation,
 )
 from mbtune.planning.simulate import Jitter, Overheads, simulate
-from mbtune.records import SweepPoint
+from mbtune.records import SweepPoint, micro_batch_size_for
 
 SPREAD_SAMPLES = 15  # simulated steps behind one prediction where the spread is known
 SAMPLED_ACTIONS = 150_000  # at most this many simulated actions per prediction (but 3 steps at least): a huge
@@ -121,7 +122,7 @@ def deepen(model: CostModel, num_blocks: int) -> CostModel:
         return sum(values[i] for i in interior) / len(interior)
 
     mean_block = BlockCost(**{kind: _mean_cost([getattr(model.blocks[i], kind) for i in interior])
-                              for kind in ("forward", "backward", "backward_input", "backward_weight")})
+                              for kind in COMPUTE_KINDS})
     new_facts = BlockFacts(
         num_blocks=num_blocks, parameters=repeat_interior(facts.parameters, round(avg(facts.parameters))),
         split_weights=repeat_interior(facts.split_weights, round(avg(facts.split_weights))) if facts.split_weights else (),
@@ -144,11 +145,11 @@ def stage_costs(model: CostModel, split: Sequence[Sequence[int]], micro_batch_si
     costs = []
     for stage, blocks in enumerate(split):
         parts = {kind: sum(getattr(model.blocks[b], kind).at(micro_batch_size) for b in blocks)
-                 for kind in ("forward", "backward", "backward_input", "backward_weight")}
+                 for kind in COMPUTE_KINDS}
         loss = model.loss.at(micro_batch_size) if stage == len(split) - 1 else 0.0
-        costs.append(StageCost(forward_s=parts["forward"], backward_s=parts["backward"],
-                               backward_input_s=parts["backward_input"],
-                               backward_weight_s=parts["backward_weight"], loss_s=loss))
+        costs.append(StageCost(forward_s=parts[FORWARD], backward_s=parts[BACKWARD],
+                               backward_input_s=parts[BACKWARD_INPUT],
+                               backward_weight_s=parts[BACKWARD_WEIGHT], loss_s=loss))
     return tuple(costs)
 
 
@@ -279,12 +280,8 @@ def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint
 def _micro_batch_size(grid: PlanGrid, m: int) -> tuple[int, str | None]:
     if grid.global_batch is None:
         return grid.micro_batch_size or 1, None
-    per_step = m * grid.grad_accum_steps * grid.data_parallel
-    if grid.global_batch % per_step:
-        return max(1, grid.global_batch // per_step), (
-            f"global batch {grid.global_batch} does not divide into {m} micro-batches x {grid.grad_accum_steps} "
-            f"accumulation steps x {grid.data_parallel} data-parallel replicas")
-    return grid.global_batch // per_step, None
+    return micro_batch_size_for(grid.global_batch, num_microbatches=m, grad_accum_steps=grid.grad_accum_steps,
+                                data_parallel_size=grid.data_parallel)
 
 
 def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_limit_bytes: float | None = None,

@@ -6,6 +6,7 @@ sweep runs it on real pipelines.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 
 from mbtune.planning.records import BlockFacts, QuickResult, QuickRound
@@ -91,8 +92,7 @@ class _Search:
         """The larger of the median and the latest error of predictions made before their point ran."""
         if not self.errors:
             return 0.0
-        ordered = sorted(self.errors)
-        return max(ordered[len(ordered) // 2], self.errors[-1])
+        return max(statistics.median_high(self.errors), self.errors[-1])
 
     def incumbent(self) -> SweepPoint | None:
         ok = [(r.samples_per_s, p) for p, r in self.results.items() if r.ok and r.samples_per_s]

@@ -6,11 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 from mbtune.records import DeviceInfo, Record, SweepPoint, TimelineAction, TrialResult
 
-FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS = (
-    "forward", "backward", "backward_input", "backward_weight", "loss")
-COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 _COST_FIELD = {FORWARD: "forward_s", BACKWARD: "backward_s", BACKWARD_INPUT: "backward_input_s",
                BACKWARD_WEIGHT: "backward_weight_s"}
 
@@ -25,7 +23,7 @@ class OrderedAction(Record):
     """One compute action in a rank's schedule order: which stage does what to which micro-batch."""
 
     stage: int
-    kind: str  # forward | backward | backward_input | backward_weight
+    kind: str  # one of mbtune.actions.COMPUTE_KINDS
     microbatch: int
 
 

@@ -8,6 +8,8 @@ an action starts when its rank is free and its inputs have arrived:
   i (the gradient of its output); the last stage needs only its forward (and loss),
 - backward_weight of stage s on i: the input part of the backward of stage s on i.
 
+What comes from a neighbour stage follows the one rule in mbtune.actions (input_stage, output_stage).
+
 An input from another rank arrives `send_s` (the sender posting it) plus the boundary's transfer time after
 the producing action ends; from the same rank it is there at once. With free communication and equal costs
 this reproduces the textbook bubbles exactly (tests/unit/test_plan_simulate.py).
@@ -18,25 +20,38 @@ spread: one simulated step of a machine whose actions scatter as the measured on
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mbtune.planning.records import (
+from mbtune.actions import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
+    COMPUTE_KINDS,
     FORWARD,
     LOSS,
-    OrderedAction,
-    Simulation,
-    Spread,
-    StageCost,
+    input_stage,
+    output_stage,
 )
+from mbtune.planning.records import OrderedAction, Simulation, Spread, StageCost
 from mbtune.records import TimelineAction
 
 _GRAD = "grad"  # the key of a backward (full or input part): what the previous stage waits for
 _WEIGHT = "weight"
+
+Neighbours = dict[str, tuple[int | None, ...]]  # kind -> per stage, the neighbour stage (None: none)
+
+
+@functools.lru_cache(maxsize=64)
+def _neighbours(num_model_stages: int) -> tuple[Neighbours, Neighbours]:
+    """Per compute kind and stage, input_stage and output_stage, looked up once per model depth rather
+    than called for every simulated action."""
+    last = num_model_stages - 1
+    stages = range(num_model_stages)
+    return ({kind: tuple(input_stage(kind, s, last) for s in stages) for kind in COMPUTE_KINDS},
+            {kind: tuple(output_stage(kind, s, last) for s in stages) for kind in COMPUTE_KINDS})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +118,7 @@ class _Run:
         self.keep = keep
         self.jitter = jitter
         self.last_stage = len(self.owner) - 1
+        self.source, self.target = _neighbours(len(self.owner))
         num_ranks = len(self.orders)
         self.cursor = [0] * num_ranks
         self.free_s = [overheads.start_s] * num_ranks
@@ -138,29 +154,32 @@ class _Run:
                              f"{act.stage}, micro-batch {act.microbatch} (accumulation step {accum})")
 
     def needs(self, accum: int, act: OrderedAction) -> list[tuple]:
-        s, i = act.stage, act.microbatch
-        if act.kind == FORWARD:
-            return [(FORWARD, s - 1, accum, i)] if s > 0 else []
-        if act.kind in (BACKWARD, BACKWARD_INPUT):
-            own = [(FORWARD, s, accum, i)]
-            return own if s == self.last_stage else own + [(_GRAD, s + 1, accum, i)]
-        if act.kind == BACKWARD_WEIGHT:
-            return [(_GRAD, s, accum, i)]
-        raise ValueError(f"unknown action kind {act.kind!r}")
+        """The results an action waits for: the earlier part on its own stage (a backward its forward, a
+        weight part its input part), then the neighbour stage's result it takes as input, if any."""
+        kind, s, i = act.kind, act.stage, act.microbatch
+        if kind not in self.source:
+            raise ValueError(f"unknown action kind {kind!r}")
+        source = self.source[kind][s]
+        if kind == FORWARD:
+            return [] if source is None else [(FORWARD, source, accum, i)]
+        own = (_GRAD if kind == BACKWARD_WEIGHT else FORWARD, s, accum, i)
+        return [own] if source is None else [own, (_GRAD, source, accum, i)]
 
-    def arrival(self, key: tuple, rank: int) -> float:
-        kind, stage = key[0], key[1]
+    def arrival(self, key: tuple, rank: int, stage: int) -> float:
+        """When a result is there for `rank` to run an action of `stage`: at once from its own rank, else
+        after the send and the hand-over across the boundary between the two (neighbour) stages."""
+        source = key[1]
         end = self.end_s[key]
-        if kind == _WEIGHT or self.owner[stage] == rank:
+        if self.owner[source] == rank:
             return end
-        boundary = stage if kind == FORWARD else stage - 1
+        boundary = min(source, stage)  # the boundary between stages s and s+1 is boundary s
         return end + self.over.send_s + self.over.transfer(boundary) * self.jitter.transfer()
 
     def run(self, rank: int, accum: int, act: OrderedAction, deps: list[tuple]) -> list[int]:
         """Schedule one action whose inputs are all done; return the ranks its result wakes up."""
         start = self.free_s[rank]
         for key in deps:
-            start = max(start, self.arrival(key, rank))
+            start = max(start, self.arrival(key, rank, act.stage))
         cost = self.costs[act.stage]
         duration = cost.of(act.kind) * self.jitter.compute()
         end = start + duration
@@ -176,11 +195,9 @@ class _Run:
         return self.waiting.pop(key, [])
 
     def sends(self, rank: int, act: OrderedAction) -> bool:
-        if act.kind == FORWARD:
-            return act.stage < self.last_stage and self.owner[act.stage + 1] != rank
-        if act.kind in (BACKWARD, BACKWARD_INPUT):
-            return act.stage > 0 and self.owner[act.stage - 1] != rank
-        return False
+        """Whether the action's result goes to another rank (the rank then posts a send)."""
+        target = self.target[act.kind][act.stage]
+        return target is not None and self.owner[target] != rank
 
     def record(self, rank: int, act: OrderedAction, accum: int, start: float, end: float, kind: str) -> None:
         if self.keep:
@@ -197,13 +214,13 @@ class _Run:
                           timeline=tuple(sorted(self.timeline, key=lambda a: (a.start_s, a.rank))))
 
 
-def peak_in_flight(orders: Sequence[Sequence[OrderedAction]], num_stages: int) -> tuple[int, ...]:
+def peak_in_flight(orders: Sequence[Sequence[OrderedAction]], num_model_stages: int) -> tuple[int, ...]:
     """Per stage, the most micro-batches whose activations are held at once: a micro-batch is held from its
     forward until its backward is done (the weight part, where the backward is split). Exact for any timing,
     since a stage's actions run in its rank's order."""
     splits = {(a.stage, a.microbatch) for order in orders for a in order if a.kind == BACKWARD_WEIGHT}
-    held = [0] * num_stages
-    peak = [0] * num_stages
+    held = [0] * num_model_stages
+    peak = [0] * num_model_stages
     for order in orders:
         for a in order:
             if a.kind == FORWARD:
@@ -215,11 +232,12 @@ def peak_in_flight(orders: Sequence[Sequence[OrderedAction]], num_stages: int) -
     return tuple(peak)
 
 
-def uniform_costs(num_stages: int, *, forward_s: float = 1.0, backward_s: float = 2.0,
-                  backward_input_s: float | None = None, backward_weight_s: float | None = None) -> tuple[StageCost, ...]:
+def uniform_costs(num_model_stages: int, *, forward_s: float = 1.0, backward_s: float = 2.0,
+                  backward_input_s: float | None = None,
+                  backward_weight_s: float | None = None) -> tuple[StageCost, ...]:
     """Equal costs on every stage (the textbook case); the split parts default to half the backward each."""
     half = backward_s / 2
     cost = StageCost(forward_s=forward_s, backward_s=backward_s,
                      backward_input_s=half if backward_input_s is None else backward_input_s,
                      backward_weight_s=half if backward_weight_s is None else backward_weight_s)
-    return (cost,) * num_stages
+    return (cost,) * num_model_stages

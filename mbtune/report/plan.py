@@ -17,7 +17,6 @@ from mbtune.planning.records import (
     NoiseFloor,
     PlanReport,
     Prediction,
-    QuickResult,
     Validation,
 )
 from mbtune.report import (
@@ -148,15 +147,6 @@ def recommendation_panel(report: PlanReport) -> Panel:
 
 def _range(values: tuple[int, ...]) -> str:
     return str(values[0]) if min(values) == max(values) else f"{min(values)}-{max(values)}"
-
-
-def quick_panel(result: QuickResult) -> Panel:
-    """What the quick strategy ran, the best it found, and why it stopped."""
-    best = result.results[result.best] if result.best is not None else None
-    lines = [f"ran {len(result.results)} of {result.num_grid_points} grid points ({result.fraction_run:.0%})",
-             f"best found: {best.point.label}, {fmt_rate(best.samples_per_s)} samples/s" if best else "no point ran ok",
-             f"stopped: {result.stopped_because}"]
-    return Panel("\n".join(lines), title="Quick strategy", title_align="left", expand=False)
 
 
 def plan_dict(report: PlanReport) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def _kernel_active(result: TrialResult) -> str:
     if result.nvml is None or not result.nvml.available or not result.nvml.gpus:
         return "n/a"
     values = [g.kernel_active_pct_median for g in result.nvml.gpus if g.kernel_active_pct_median is not None]
-    return f"{sum(values) / len(values):.0f}%" if values else "n/a"
+    return f"{statistics.fmean(values):.0f}%" if values else "n/a"
 
 
 def skipped_table(report: SweepReport) -> Table:

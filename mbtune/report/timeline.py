@@ -7,16 +7,17 @@ from collections.abc import Callable, Sequence
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.records import TimelineAction, TrialResult
 from mbtune.report import fmt_seconds
 
 # kind -> (character, style); idle slices are IDLE.
 GLYPHS = {
-    "forward": ("F", "green"),
-    "backward": ("B", "blue"),
-    "backward_input": ("I", "cyan"),
-    "backward_weight": ("W", "magenta"),
-    "loss": ("L", "yellow"),
+    FORWARD: ("F", "green"),
+    BACKWARD: ("B", "blue"),
+    BACKWARD_INPUT: ("I", "cyan"),
+    BACKWARD_WEIGHT: ("W", "magenta"),
+    LOSS: ("L", "yellow"),
 }
 IDLE = ("·", "dim")
 OTHER_STAGE = " "  # the stage's rank is busy with another of its stages

@@ -72,3 +72,16 @@ def test_the_readme_workload_example_runs_from_the_current_folder(tmp_path):
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["ceiling"] == 16
+
+
+def test_a_settings_file_sets_the_probe_and_flags_win_over_it(tmp_path):
+    settings = tmp_path / "run.toml"
+    settings.write_text('workload = "mlp"\ndevice = "cpu"\n[options]\nlayers = 1\nwidth = 64\n'
+                        "[probe]\nmargin = 0.2\nthreads = 1\nmax_batch = 64\n")
+    out = tmp_path / "probe.json"  # the name picks the format
+    result = mbtune("probe", "--config", str(settings), "--max-batch", "32", "--no-save", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["workload"] == "mlp" and dict(data["workload_options"]) == {"layers": 1, "width": 64}
+    assert data["ceiling"] == 32  # the flag's max batch, not the file's
+    assert data["margin"] == 0.2 and data["safe_batch"] == 25  # the file's margin: floor(32 x 0.8)

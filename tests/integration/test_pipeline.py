@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.pipeline import (
     SCHEDULE_NAMES,
     PipelineOutcome,
@@ -27,7 +28,6 @@ from mbtune.pipeline import (
 from mbtune.pipeline.launch import HANG_RANK_ENV
 from mbtune.pipeline.runner import step_batch
 from mbtune.pipeline.theory import schedule_info
-from mbtune.pipeline.timeline import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.records import ERROR, OK, TIMEOUT
 from mbtune.workloads import load_workload
 
@@ -116,7 +116,7 @@ def _assert_complete_timeline(spec: PipelineSpec, report: StageReport) -> None:
     for step in range(spec.measured_steps):
         for accum in range(spec.grad_accum_steps):
             for stage in report.stage_indices:
-                loss = [LOSS] if stage == spec.num_stages - 1 else []
+                loss = [LOSS] if stage == spec.num_model_stages - 1 else []
                 for microbatch in range(spec.num_microbatches):
                     found = sorted(kinds.pop((step, accum, stage, microbatch)))
                     assert found == sorted([FORWARD, *backward, *loss])
@@ -208,11 +208,12 @@ def _torch_accepts(schedule: str, ranks: int, per_rank: int, microbatches: int) 
 
     from mbtune.pipeline.schedules import build_schedule, build_stage
 
-    num_stages = ranks * per_rank
-    owners = stage_to_rank(schedule, ranks, num_stages)
-    mine = [s for s in range(num_stages) if owners[s] == 0]
+    num_model_stages = ranks * per_rank
+    owners = stage_to_rank(schedule, ranks, num_model_stages)
+    mine = [s for s in range(num_model_stages) if owners[s] == 0]
     try:
-        stages = [build_stage(torch.nn.Linear(2, 2), stage_index=s, num_stages=num_stages, device=torch.device("cpu"))
+        stages = [build_stage(torch.nn.Linear(2, 2), stage_index=s, num_model_stages=num_model_stages,
+                              device=torch.device("cpu"))
                   for s in mine]
         built = build_schedule(schedule, stages, num_microbatches=microbatches, loss_fn=lambda out, _: out.sum())
     except ValueError:
@@ -229,7 +230,7 @@ def _torch_accepts(schedule: str, ranks: int, per_rank: int, microbatches: int) 
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             torch_schedules._simulate_comms_compute(compute_and_comms, lambda s: built.stage_index_to_group_rank[s],
-                                                    num_stages)
+                                                    num_model_stages)
     except ValueError:
         return False
     return True

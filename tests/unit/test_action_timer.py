@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from mbtune.actions import BACKWARD, FORWARD, LOSS
 from mbtune.pipeline.schedules import ActionTimer, event_offsets_s
-from mbtune.pipeline.timeline import BACKWARD, FORWARD, LOSS
 
 
 class FakeDevice:

@@ -204,7 +204,7 @@ def test_bubble_from_reports_uses_the_pipeline_part_of_each_step() -> None:
 def test_spec_derives_batch_sizes_and_stage_counts() -> None:
     spec = PipelineSpec(workload="mlp", schedule="interleaved-1f1b", num_ranks=2, virtual_stages=3,
                         num_microbatches=4, micro_batch_size=8, grad_accum_steps=2)
-    assert (spec.num_stages, spec.pipeline_batch_size, spec.global_batch_size) == (6, 32, 64)
+    assert (spec.num_model_stages, spec.pipeline_batch_size, spec.global_batch_size) == (6, 32, 64)
 
 
 def test_spec_refuses_points_that_cannot_run() -> None:
@@ -221,9 +221,11 @@ def test_planning_modules_do_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def two_rank_gpipe(*, late_s: float = 0.0, skew_s: float = 0.3) -> list[StageReport]:
+def two_rank_gpipe(*, late_s: float = 0.0, skew_s: float = 0.3, split: bool = False) -> list[StageReport]:
     """GPipe, 2 ranks, 2 micro-batches, forward 1 s, backward 2 s, hand-overs 0.5 s each way. Rank 1 starts its
-    first backward `late_s` after it could (its own overhead) and its clock reads `skew_s` behind rank 0's."""
+    first backward `late_s` after it could (its own overhead) and its clock reads `skew_s` behind rank 0's.
+    `split`: rank 1's backwards are input parts (which send the gradient), their weight parts (0.5 s each)
+    run after both."""
     def act(kind: str, stage: int, mb: int, start: float, end: float, shift: float = 0.0) -> ActionRecord:
         return ActionRecord(step=0, accum=0, stage=stage, kind=kind, microbatch=mb, start_s=start - shift,
                             end_s=end - shift)
@@ -231,9 +233,12 @@ def two_rank_gpipe(*, late_s: float = 0.0, skew_s: float = 0.3) -> list[StageRep
     b10 = 3.5 + late_s
     rank0 = (act("forward", 0, 0, 0.0, 1.0), act("forward", 0, 1, 1.0, 2.0),
              act("backward", 0, 0, b10 + 2.5, b10 + 4.5), act("backward", 0, 1, b10 + 4.5, b10 + 6.5))
+    backward = "backward_input" if split else "backward"
+    weights = (("backward_weight", 1, 0, b10 + 4.0, b10 + 4.5), ("backward_weight", 1, 1, b10 + 4.5, b10 + 5.0))
     rank1 = tuple(act(*a, shift=skew_s) for a in (("forward", 1, 0, 1.5, 2.5), ("forward", 1, 1, 2.5, 3.5),
-                                                  ("backward", 1, 0, b10, b10 + 2.0),
-                                                  ("backward", 1, 1, b10 + 2.0, b10 + 4.0)))
+                                                  (backward, 1, 0, b10, b10 + 2.0),
+                                                  (backward, 1, 1, b10 + 2.0, b10 + 4.0),
+                                                  *(weights if split else ())))
     wall = b10 + 6.5
     return [StageReport(rank=rank, num_ranks=2, device="cpu", stage_indices=(rank,), block_indices=((rank,),),
                         num_parameters=1, step_times_s=(wall + 0.1,), pipeline_times_s=(wall,), actions=actions)
@@ -252,3 +257,10 @@ def test_idle_splits_into_schedule_transfer_and_overhead_whatever_the_clock_skew
     reports = two_rank_gpipe(late_s=0.2, skew_s=skew_s)
     assert late.schedule + late.transfer + late.overhead == pytest.approx(bubble_from_reports(reports))
     assert idle_shares([]) is None
+
+
+@pytest.mark.parametrize("skew_s", [0.0, 0.3])
+def test_the_gradient_of_a_split_backward_comes_from_its_input_part(skew_s: float) -> None:
+    # As above, with rank 1's weight parts filling 1 s of its drain: rank 0 still waits on rank 1's input parts.
+    shares = idle_shares(two_rank_gpipe(skew_s=skew_s, split=True))
+    assert (shares.schedule, shares.transfer, shares.overhead) == pytest.approx((6.0 / 20, 1.0 / 20, 0.0), abs=1e-9)

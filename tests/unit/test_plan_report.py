@@ -12,14 +12,13 @@ from rich.console import Console
 from mbtune.errors import ConfigError
 from mbtune.grid import rank_results
 from mbtune.planning.planner import PlanGrid, plan
-from mbtune.planning.records import PlanReport, QuickResult
+from mbtune.planning.records import PlanReport
 from mbtune.planning.validate import IN_SAMPLE, summarize
 from mbtune.records import DeviceInfo, SweepPoint, SweepReport, TimelineAction
 from mbtune.report.plan import (
     plan_dict,
     predictions_table,
     print_plan,
-    quick_panel,
     validation_table,
 )
 from mbtune.report.plots import rank_idle_spans, write_plan_plots, write_plots
@@ -178,14 +177,6 @@ def test_the_validation_shows_the_noise_floor_and_the_verdict() -> None:
     assert "4-8 blocks" in table and "(scatter: none)" in table
     rows = {line.split()[1]: line.split()[2] for line in table.splitlines() if line.strip()[:1].isdigit()}
     assert rows == {"gpipe": "4", "interleaved-1f1b": "8"}  # the blocks column: each row's depth
-
-
-def test_quick_panel() -> None:
-    result = QuickResult(results=(measured(SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=2,
-                                                      grad_accum_steps=1, micro_batch_size=4)),),
-                         num_grid_points=10, fraction_run=0.1, best=0, stopped_because="test")
-    text = render(quick_panel(result))
-    assert "ran 1 of 10 grid points (10%)" in text and "stopped: test" in text
 
 
 def test_plan_artifacts_print_the_kept_timeline_and_simulate_nothing(tmp_path, monkeypatch) -> None:

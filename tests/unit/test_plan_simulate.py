@@ -46,9 +46,9 @@ def test_interleaved_orders_give_their_unit_time_bubble(schedule: str, p: int, m
         assert run(schedule, p, m, v).bubble == pytest.approx((p - 1) / (v * m + p - 1))
 
 
-def split_costs(num_stages: int, v: int) -> tuple[StageCost, ...]:
+def split_costs(num_model_stages: int, v: int) -> tuple[StageCost, ...]:
     """Forward = backward-input = backward-weight = 1/v: the zero-bubble papers' unit-time case."""
-    return uniform_costs(num_stages, forward_s=1 / v, backward_s=2 / v, backward_input_s=1 / v,
+    return uniform_costs(num_model_stages, forward_s=1 / v, backward_s=2 / v, backward_input_s=1 / v,
                          backward_weight_s=1 / v)
 
 
@@ -85,6 +85,37 @@ def test_rank_overheads_and_accumulation_steps() -> None:
     assert two.pipeline_s == pytest.approx(2 * one.pipeline_s + gap)
     send = run("gpipe", 2, 1, overheads=Overheads(send_s=0.3))
     assert send.pipeline_s == pytest.approx(2 * (F + B) + 2 * 0.3)  # one send each way holds up the other rank
+
+
+def test_a_rank_posts_a_send_after_each_action_whose_result_another_rank_takes() -> None:
+    # GPipe, 2 ranks, 2 micro-batches: forwards of stage 0 and backwards of stage 1 hand over (send_s after
+    # them, and before the result arrives); the last forward and the first stage's backwards hand nothing
+    # over (gap_s after them).
+    send, gap = 0.5, 0.1
+    sim = simulate(gpipe_order(2, 2), stage_to_rank=(0, 1), stage_costs=uniform_costs(2, forward_s=F, backward_s=B),
+                   overheads=Overheads(send_s=send, gap_s=gap))
+    starts = {(a.kind, a.stage, a.microbatch): a.start_s for a in sim.timeline}
+    f1_0 = F + send
+    f1_1 = max(f1_0 + F + gap, (F + send) + F + send)
+    b1_0 = f1_1 + F + gap
+    b1_1 = b1_0 + B + send
+    b0_0 = b1_0 + B + send
+    b0_1 = max(b0_0 + B + gap, b1_1 + B + send)
+    assert starts == pytest.approx({
+        ("forward", 0, 0): 0.0, ("forward", 0, 1): F + send, ("forward", 1, 0): f1_0, ("forward", 1, 1): f1_1,
+        ("backward", 1, 0): b1_0, ("backward", 1, 1): b1_1, ("backward", 0, 0): b0_0, ("backward", 0, 1): b0_1})
+    assert sim.pipeline_s == pytest.approx(b0_1 + B)
+
+
+def test_a_boundary_inside_one_rank_costs_no_hand_over() -> None:
+    # ZB-V on 2 ranks holds stages 0 and 3 on rank 0, 1 and 2 on rank 1: boundary 1 (stage 1 -> 2) stays on
+    # rank 1, so its transfer time is never paid; the other two are.
+    costs = split_costs(4, 2)
+    free = run("zbv", 2, 4, 2, costs=costs)
+    inner = run("zbv", 2, 4, 2, costs=costs, overheads=Overheads(transfer_s=(0.0, 9.0, 0.0)))
+    outer = run("zbv", 2, 4, 2, costs=costs, overheads=Overheads(transfer_s=(9.0, 0.0, 0.0)))
+    assert inner.pipeline_s == pytest.approx(free.pipeline_s)
+    assert outer.pipeline_s > free.pipeline_s + 9.0
 
 
 def test_loss_runs_after_the_last_forward_and_is_busy_time() -> None:

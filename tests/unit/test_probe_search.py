@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.ceiling import fit_memory_model, safe_batch_for, search_ceiling
+from mbtune.ceiling import SearchResult, fit_memory_model, safe_batch_for, search_ceiling
 from mbtune.errors import BudgetTooSmallError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
 from mbtune.records import TrialOutcome
 
 FIXED, PER_SAMPLE = 1000, 10
 
 
-def fake_trials(fits, *, fixed=FIXED, per_sample=PER_SAMPLE, status_on_fail="oom"):
-    """run_trial(batch) that passes when fits(batch, attempt) and reports a linear memory peak."""
+def fake_trials(fits, *, fixed=FIXED, per_sample=PER_SAMPLE, used=None, status_on_fail="oom"):
+    """run_trial(batch) that passes when fits(batch, attempt) and reports a memory peak: used(batch), or
+    without it the linear fixed + per_sample x batch."""
     sizes: list[int] = []
+    peak = used or (lambda batch: fixed + per_sample * batch)
 
     def run(batch: int) -> TrialOutcome:
         sizes.append(batch)
         ok = fits(batch, sizes.count(batch))
         return TrialOutcome(status="ok" if ok else status_on_fail, batch_size=batch,
-                            budget_used_bytes=fixed + per_sample * batch if ok else None)
+                            budget_used_bytes=peak(batch) if ok else None)
 
     run.sizes = sizes  # type: ignore[attr-defined]
     return run
@@ -31,6 +33,18 @@ def below(limit):
 
 def budget_for(limit):
     return FIXED + PER_SAMPLE * limit + PER_SAMPLE // 2
+
+
+def sublinear_search(exponent: float, resolution: int) -> tuple[SearchResult, list[int], list[int]]:
+    """A search over memory that grows slower than linearly (1000 + 400 x batch^exponent) where every
+    size up to 1000 fits: the result, every size tried, and those up to the first failure."""
+    def used(batch: int) -> float:
+        return 1000 + 400 * batch**exponent
+
+    run = fake_trials(below(1000), used=used)
+    result = search_ceiling(run, budget_bytes=int(used(1000)) + 1, resolution=resolution)
+    sizes = run.sizes
+    return result, sizes, sizes[: next(i for i, b in enumerate(sizes) if b > 1000) + 1]
 
 
 @pytest.mark.parametrize("limit", [1, 7, 100, 389, 1000])
@@ -176,19 +190,8 @@ def test_a_slope_that_does_not_stand_clear_of_its_scatter_is_not_resolved(used):
 def test_an_underestimating_model_does_not_creep_up_in_shrinking_steps():
     # Memory that grows slower than linearly (per-sample cost falls with the batch): every linear fit
     # predicts the ceiling a little above the last size that ran, and the true ceiling far beyond it.
-    def used(batch: int) -> float:
-        return 1000 + 400 * batch**0.7
-
-    sizes: list[int] = []
-
-    def run(batch: int) -> TrialOutcome:
-        sizes.append(batch)
-        ok = batch <= 1000
-        return TrialOutcome(status="ok" if ok else "oom", batch_size=batch, budget_used_bytes=used(batch) if ok else None)
-
-    result = search_ceiling(run, budget_bytes=int(used(1000)) + 1, resolution=1)
+    result, sizes, growing = sublinear_search(0.7, resolution=1)
     assert (result.ceiling, result.first_failing) == (1000, 1001)
-    growing = sizes[: next(i for i, b in enumerate(sizes) if b > 1000) + 1]  # up to the first failure
     steps = [b - a for a, b in zip(growing, growing[1:])]
     assert steps == sorted(steps), sizes  # no creeping: each step at least as long as the one before
     assert len(sizes) <= 20, sizes
@@ -235,17 +238,7 @@ def test_no_growth_step_is_shorter_than_the_resolution():
     # A model that underestimates by a little each time (its ceiling a few samples above the last size
     # that ran): a step shorter than the resolution would buy less than a step of one resolution, which
     # closes the bracket as narrowly if it fails.
-    def used(batch: int) -> float:
-        return 1000 + 400 * batch**0.9
-
-    sizes: list[int] = []
-
-    def run(batch: int) -> TrialOutcome:
-        sizes.append(batch)
-        ok = batch <= 1000
-        return TrialOutcome(status="ok" if ok else "oom", batch_size=batch, budget_used_bytes=used(batch) if ok else None)
-
-    result = search_ceiling(run, budget_bytes=int(used(1000)) + 1, resolution=20)
+    result, sizes, growing = sublinear_search(0.9, resolution=20)
     assert result.ceiling <= 1000 < result.first_failing <= result.ceiling + 20
-    growing = [b for b in sizes[: next(i for i, b in enumerate(sizes) if b > 1000) + 1] if b >= 100]
+    growing = [b for b in growing if b >= 100]
     assert all(b - a >= 20 for a, b in zip(growing, growing[1:])), sizes  # from where 1% is below a step
