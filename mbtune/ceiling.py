@@ -202,11 +202,11 @@ def _narrow(state: _State, guess: float | None) -> int:
     """Next size inside the bracket.
 
     While the model puts the ceiling at or above the smallest failing size (the failures are the band,
-    not the model's error), step down from that size: one resolution, then twice as far after each
-    further failure, so the trials stay near the ceiling where they decide something instead of
-    bisecting from far below. Otherwise the model's ceiling while the model is sharper than the bracket
-    (its scatter, in samples, under a quarter of the width) and each such step at least halves the
-    bracket; else bisection, which guarantees progress."""
+    not the model's error), step down from that size: one resolution, one more, then twice as far after
+    each further failure (1, 2, 4, 8 resolutions below the first failure), so the trials stay near the
+    ceiling where they decide something instead of bisecting from far below. Otherwise the model's
+    ceiling while the model is sharper than the bracket (its scatter, in samples, under a quarter of the
+    width) and each such step at least halves the bracket; else bisection, which guarantees progress."""
     g, lo, hi, r = state.granularity, state.lo, state.hi, state.stop_width()
     assert hi is not None
     width = hi - lo
@@ -214,7 +214,7 @@ def _narrow(state: _State, guess: float | None) -> int:
     blurred = _model_scatter_samples(state) > width / 4
     if state.falls and (state.flipped or (guess is not None and guess >= hi - r)):
         state.flipped, state.guided_width = False, None
-        candidate = _round_down(hi - r * 2 ** (state.falls - 1), g)
+        candidate = _round_down(hi - r * 2 ** max(0, state.falls - 2), g)
     elif guess is None or stalled or blurred or guess <= lo:
         state.guided_width = None
         candidate = _round_down((lo + hi) / 2, g)

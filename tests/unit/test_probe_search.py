@@ -242,3 +242,14 @@ def test_no_growth_step_is_shorter_than_the_resolution():
     assert result.ceiling <= 1000 < result.first_failing <= result.ceiling + 20
     growing = [b for b in growing if b >= 100]
     assert all(b - a >= 20 for a, b in zip(growing, growing[1:])), sizes  # from where 1% is below a step
+
+
+def test_after_two_failures_at_the_top_the_step_down_is_two_resolutions_below_the_first():
+    # The model puts the ceiling at 1000 and everything above 985 fails: 1000 and 990 fail, then 980
+    # (two resolutions below the first failure, not three) runs and closes the bracket [980, 990).
+    run = fake_trials(below(985))
+    result = search_ceiling(run, budget_bytes=budget_for(1000), resolution=10)
+    top = run.sizes[run.sizes.index(1000):]
+    assert top[:3] == [1000, 990, 980], run.sizes
+    assert (result.ceiling, result.first_failing) == (980, 990)
+    assert set(top[3:]) <= {980, result.safe_batch}  # then only confirmation and the safe batch
