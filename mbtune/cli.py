@@ -339,16 +339,14 @@ def compare(
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
 ) -> None:
     """Print two saved profiles side by side with ratios."""
-    from mbtune.profiles import load_profile
-    from mbtune.qualify import check_same_device, check_same_workload, compare_profiles, device_model
     from mbtune.report import make_console
     from mbtune.report.qualify import print_comparison
+    from mbtune.runs import compare_files
 
     fmt = _check_format(format, allowed=("table", "json"))
-    first, second = load_profile(a), load_profile(b)
-    check_same_device(device_model(first), device_model(second), allow=allow_different_device, what="the profiles")
-    check_same_workload(first, second, allow=allow_different_workload)
-    print_comparison(make_console(), compare_profiles(first, second), str(a), str(b), fmt)
+    rows = compare_files(a, b, allow_different_device=allow_different_device,
+                         allow_different_workload=allow_different_workload)
+    print_comparison(make_console(), rows, str(a), str(b), fmt)
 
 
 @app.command()
@@ -376,7 +374,6 @@ def plan(
     from mbtune.config import DEFAULT_SCHEDULES, parse_duration, parse_list, parse_rate
     from mbtune.planning.api import plan_from_profile
     from mbtune.planning.config import PlanConfig
-    from mbtune.profiles import load_profile
     from mbtune.report import make_console
     from mbtune.report.plan import print_plan, write_plan_artifacts
 
@@ -392,7 +389,7 @@ def plan(
         validation_method=None if validation == "none" else validation, scatter=scatter,
         keep_timeline=bool(plot or trace),
     )
-    report = plan_from_profile(load_profile(profile), config)
+    report = plan_from_profile(profile, config)
     with _printing_to(output):
         print_plan(make_console(), report, fmt)
     if plot or trace:

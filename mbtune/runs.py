@@ -41,7 +41,7 @@ from mbtune.records import (
     TrialOutcome,
     TrialResult,
 )
-from mbtune.verdicts import Verdict
+from mbtune.verdicts import ComparisonRow, Verdict
 
 if TYPE_CHECKING:
     from mbtune.store import RunStore
@@ -482,6 +482,19 @@ def _comparable(configs: dict[str, Any]) -> dict[str, Any]:
     plain = {name: {k: v for k, v in dataclasses.asdict(c).items() if k not in _NOT_MEASUREMENT}
              for name, c in configs.items()}
     return json.loads(json.dumps(plain))
+
+
+def compare_files(a: Path, b: Path, *, allow_different_device: bool = False,
+                  allow_different_workload: bool = False) -> tuple[ComparisonRow, ...]:
+    """Two saved profiles side by side (ratios B / A), refused where they differ in device model, or in
+    workload, options, precision or optimizer, unless allowed."""
+    from mbtune.profiles import load_profile
+    from mbtune.qualify import check_same_device, check_same_workload, compare_profiles, device_model
+
+    first, second = load_profile(a), load_profile(b)
+    check_same_device(device_model(first), device_model(second), allow=allow_different_device, what="the profiles")
+    check_same_workload(first, second, allow=allow_different_workload)
+    return compare_profiles(first, second)
 
 
 def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from mbtune.errors import ProfileError
@@ -160,10 +161,10 @@ def _tokens_per_sample(results: Sequence[TrialResult]) -> int | None:
     return None
 
 
-def plan_from_profile(profile: Profile, config: PlanConfig | None = None, **options: Any) -> PlanReport:
-    """Calibrate on the profile's sweep, validate against it, and predict, rank and recommend the config's
-    grid, with memory per rank checked against the probed ceiling. Where the probe's memory model is not
-    resolved, memory per rank has no per-sample part.
+def plan_from_profile(profile: Profile | str | Path, config: PlanConfig | None = None, **options: Any) -> PlanReport:
+    """Calibrate on the profile's sweep (a loaded Profile, or the path of a saved one), validate against
+    it, and predict, rank and recommend the config's grid, with memory per rank checked against the probed
+    ceiling. Where the probe's memory model is not resolved, memory per rank has no per-sample part.
 
     Keyword options instead of a config build one (PlanConfig's fields), keeping the recommended timeline
     as the keyword call always provided it; the CLI uses this call until it builds a PlanConfig itself."""
@@ -171,6 +172,10 @@ def plan_from_profile(profile: Profile, config: PlanConfig | None = None, **opti
         config = PlanConfig(**{"keep_timeline": True, **options})
     elif options:
         raise TypeError(f"plan_from_profile takes a PlanConfig or keyword options, not both ({', '.join(options)})")
+    if not isinstance(profile, Profile):
+        from mbtune.profiles import load_profile
+
+        profile = load_profile(Path(profile))
     sweep = _sweep_of(profile)
     facts = block_facts(sweep.workload, sweep.workload_options)
     per_sample, warnings = per_sample_memory(profile)
