@@ -40,6 +40,7 @@ from mbtune.errors import EXIT_COULD_NOT_RUN, Interrupted, MbtuneError
 
 T = TypeVar("T")
 P, S = ProbeConfig, SweepConfig  # every default is the config's own
+PROFILES = Path("profiles")  # where saved profiles go, relative to the current folder
 
 
 SWEEP_ACCUM, PLAN_MICRO_BATCHES = (",".join(map(str, v)) for v in (S.accum_steps, DEFAULT_PLAN_MICRO_BATCHES))
@@ -127,7 +128,7 @@ def probe(
     threads: Threads = P.threads,
     trial_timeout: TrialTimeout = P.trial_timeout_s,
     load_timeout: LoadTimeout = P.load_timeout_s,
-    profiles_dir: ProfilesDir = Path("profiles"),
+    profiles_dir: ProfilesDir = PROFILES,
     save: Save = True,
     resume: Resume = False,
     format: Format = "table",
@@ -186,7 +187,7 @@ def sweep(
     threads: Annotated[int | None, typer.Option(help="torch threads per stage process (default: cores / stages on CPU).")] = S.threads,
     point_timeout: PointTimeout = S.point_timeout_s,
     load_timeout: LoadTimeout = S.load_timeout_s,
-    profiles_dir: ProfilesDir = Path("profiles"),
+    profiles_dir: ProfilesDir = PROFILES,
     save: Save = True,
     resume: Resume = False,
     plot: Plot = None,
@@ -243,7 +244,7 @@ def tune(
     threads: Threads = S.threads,
     point_timeout: PointTimeout = S.point_timeout_s,
     load_timeout: LoadTimeout = S.load_timeout_s,
-    profiles_dir: ProfilesDir = Path("profiles"),
+    profiles_dir: ProfilesDir = PROFILES,
     save: Save = True,
     resume: Resume = False,
     plot: Plot = None,
@@ -298,7 +299,7 @@ def qualify(
     repeats: Annotated[int | None, typer.Option("--repeats", help="Runs of each sweep point, each in fresh processes; checks use the median and the spread over them (default 3, or the spec's).")] = None,
     allow_different_device: Annotated[bool, typer.Option("--allow-different-device", help="Compare against a baseline measured on another device model.")] = False,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write a JUnit XML file: one testcase per check.")] = None,
-    profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = Path("profiles/qualify-runs"),
+    profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = PROFILES / "qualify-runs",
     save: Save = True,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
 ) -> None:
