@@ -174,7 +174,8 @@ def _search_lightning(lightning: Any, workload: Any, trial: TrialConfig, backend
     from lightning.pytorch.tuner import Tuner
     from torch.utils.data import DataLoader, IterableDataset
 
-    from mbtune.trial import _optimizer
+    from mbtune.config import lr_for
+    from mbtune.trial import make_optimizer
 
     class Batches(IterableDataset):
         """Endless synthetic batches at the module's current batch size; each pass is one attempt."""
@@ -203,7 +204,7 @@ def _search_lightning(lightning: Any, workload: Any, trial: TrialConfig, backend
             log.step()
 
         def configure_optimizers(self) -> Any:
-            return _optimizer(trial.optimizer, self.parameters())
+            return make_optimizer(trial.optimizer, list(self.parameters()), lr=lr_for(trial.optimizer, trial.lr))
 
         def train_dataloader(self) -> DataLoader:
             return DataLoader(Batches(self), batch_size=None, num_workers=0)

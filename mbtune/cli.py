@@ -68,6 +68,9 @@ LoadTimeout = Annotated[float, typer.Option("--load-timeout", help="Seconds to i
 TrialTimeout = Annotated[float, typer.Option("--trial-timeout", help="Seconds before a probe trial is killed.")]
 Confirm = Annotated[int, typer.Option("--confirm", help="Fresh runs the ceiling and the safe batch must each pass.")]
 ProbeSteps = Annotated[int, typer.Option("--steps", help="Full training steps per probe trial (>= 2).")]
+Lr = Annotated[float | None, typer.Option("--lr", help="Learning rate to train with (default: 1e-4 for adamw, 1e-3 for sgd); with --reference-batch, the recipe's, scaled per row.")]
+ReferenceBatch = Annotated[int | None, typer.Option("--reference-batch", help="The recipe's global batch: each row's lr is --lr scaled from it (linear for sgd, square root for adamw); default: the smallest global batch that ran.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the model's weights and of the synthetic batches.")]
 Threads = Annotated[int | None, typer.Option("--threads", help="torch threads per process (default: all cores for a probe trial, cores / stages for a pipeline stage).")]
 Margin = Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")]
 Granularity = Annotated[int, typer.Option(help="Probe batch sizes are multiples of this.")]
@@ -126,6 +129,8 @@ def probe(
     optimizer: Optimizer = P.optimizer,
     steps: ProbeSteps = P.steps,
     threads: Threads = P.threads,
+    lr: Lr = P.lr,
+    seed: Seed = P.seed,
     trial_timeout: TrialTimeout = P.trial_timeout_s,
     load_timeout: LoadTimeout = P.load_timeout_s,
     profiles_dir: ProfilesDir = PROFILES,
@@ -143,6 +148,7 @@ def probe(
         workload=workload, option=option, device=device, memory_budget=memory_budget, margin=margin,
         granularity=granularity, max_batch=max_batch, confirm=confirm, resolution=resolution, precision=precision,
         optimizer=optimizer, steps=steps, threads=threads, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout,
+        lr=lr, seed=seed,
     )
     outcome = _with_progress("probe", lambda p: run_probe(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
@@ -185,6 +191,9 @@ def sweep(
     optimizer: Optimizer = S.optimizer,
     precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast in every stage).")] = S.precision,
     threads: Annotated[int | None, typer.Option(help="torch threads per stage process (default: cores / stages on CPU).")] = S.threads,
+    lr: Lr = S.lr,
+    reference_batch: ReferenceBatch = S.reference_batch,
+    seed: Seed = S.seed,
     point_timeout: PointTimeout = S.point_timeout_s,
     load_timeout: LoadTimeout = S.load_timeout_s,
     profiles_dir: ProfilesDir = PROFILES,
@@ -206,7 +215,8 @@ def sweep(
         micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
         from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
         optimizer=optimizer, precision=precision, threads=threads, point_timeout=point_timeout,
-        load_timeout=load_timeout, profiles_dir=profiles_dir, strategy=strategy, repeats=repeats,
+        load_timeout=load_timeout, profiles_dir=profiles_dir, strategy=strategy, repeats=repeats, lr=lr,
+        reference_batch=reference_batch, seed=seed,
     )
     outcome = _with_progress("sweep", lambda p: run_sweep(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
@@ -242,6 +252,9 @@ def tune(
     optimizer: Optimizer = S.optimizer,
     precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast), for the probe and the sweep.")] = S.precision,
     threads: Threads = S.threads,
+    lr: Lr = S.lr,
+    reference_batch: ReferenceBatch = S.reference_batch,
+    seed: Seed = S.seed,
     point_timeout: PointTimeout = S.point_timeout_s,
     load_timeout: LoadTimeout = S.load_timeout_s,
     profiles_dir: ProfilesDir = PROFILES,
@@ -261,13 +274,15 @@ def tune(
     probe_config = _probe_config(workload=workload, option=option, device=device, memory_budget=memory_budget,
                                  margin=margin, granularity=granularity, max_batch=max_batch, confirm=confirm,
                                  resolution=resolution, steps=probe_steps, optimizer=optimizer, precision=precision,
-                                 threads=threads, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout)
+                                 threads=threads, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout,
+                                 lr=lr, seed=seed)
     sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
                                  schedules=schedules, micro_batches=micro_batches, accum=accum,
                                  micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective,
                                  strategy=strategy, steps=steps, warmup=warmup, repeats=repeats,
                                  virtual_stages=virtual_stages, optimizer=optimizer, precision=precision,
-                                 threads=threads, point_timeout=point_timeout, load_timeout=load_timeout)
+                                 threads=threads, point_timeout=point_timeout, load_timeout=load_timeout,
+                                 lr=lr, reference_batch=reference_batch, seed=seed)
     outcome = _with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p,
                                                          profiles_dir=_target(profiles_dir, save), resume=resume))
     _finish(fmt, outcome, plot=plot, trace=trace, output=output)

@@ -36,7 +36,8 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
                   point_timeout: float, load_timeout: float, micro_batch_size: int | None = None,
                   global_batch: int | None = None, from_profile: Path | None = None, warmup: int = 1,
                   virtual_stages: int = 2, threads: int | None = None, profiles_dir: Path | None = None,
-                  precision: str = "fp32", strategy: str = "grid", repeats: int = 1) -> SweepConfig:
+                  precision: str = "fp32", strategy: str = "grid", repeats: int = 1, lr: float | None = None,
+                  reference_batch: int | None = None, seed: int = 0) -> SweepConfig:
     from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
     from mbtune.profiles import command_line
 
@@ -46,7 +47,8 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
         micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
         micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective, measured_steps=steps,
         warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, precision=precision, threads=threads,
-        strategy=strategy, repeats=repeats, point_timeout_s=point_timeout, load_timeout_s=load_timeout,
+        strategy=strategy, repeats=repeats, point_timeout_s=point_timeout, load_timeout_s=load_timeout, lr=lr,
+        reference_batch=reference_batch, seed=seed,
         profiles_dir=str(profiles_dir) if profiles_dir else None,
         from_profile=str(from_profile) if from_profile is not None else None, command_line=command_line(),
     )

@@ -15,6 +15,13 @@ from mbtune.records import SweepPoint
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
+# The learning rate each optimizer trains with when --lr is not given (memory and speed do not depend on it).
+DEFAULT_LR = {"adamw": 1e-4, "sgd": 1e-3}
+
+
+def lr_for(optimizer: str, lr: float | None) -> float:
+    """The learning rate a run trains with: the one given, else the optimizer's default."""
+    return lr if lr is not None else DEFAULT_LR[optimizer]
 DEFAULT_MARGIN = 0.15
 # Timeouts above a week are a typo (or inf): a hung trial would hold a CI runner for that long.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -149,6 +156,10 @@ def _number_or_text(raw: str) -> int | float | str:
 
 
 
+def _check_lr(lr: float | None) -> None:
+    _require(lr is None or (math.isfinite(lr) and lr > 0), "lr", lr, "a finite number above 0 (e.g. 3e-4)")
+
+
 def _check_timeout(seconds: float, field_name: str) -> None:
     _require(0 < seconds <= MAX_TIMEOUT_S, field_name, seconds, f"seconds above 0 and at most {MAX_TIMEOUT_S:g} (a week)")
 
@@ -167,9 +178,11 @@ class TrialConfig:
     memory_budget_bytes: int | None = None
     threads: int | None = None
     seed: int = 0
+    lr: float | None = None  # None: the optimizer's default (DEFAULT_LR)
 
     def __post_init__(self) -> None:
         check_types(self)
+        _check_lr(self.lr)
         _require(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
         _require(self.steps >= 2, "steps", self.steps, ">= 2 (optimizer state must exist)")
         _require(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
@@ -200,6 +213,7 @@ class ProbeConfig:
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     seed: int = 0
+    lr: float | None = None  # None: the optimizer's default (DEFAULT_LR)
     command_line: str = ""
     extra_warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -235,7 +249,7 @@ class ProbeConfig:
         return TrialConfig(
             workload=self.workload, workload_options=self.workload_options, device=device,
             batch_size=batch_size, precision=self.precision, optimizer=self.optimizer, steps=self.steps,
-            memory_budget_bytes=self.memory_budget_bytes, threads=self.threads, seed=self.seed,
+            memory_budget_bytes=self.memory_budget_bytes, threads=self.threads, seed=self.seed, lr=self.lr,
         )
 
 
@@ -277,6 +291,8 @@ class SweepConfig:
     objective: str = "throughput"
     strategy: str = "grid"
     seed: int = 0
+    lr: float | None = None  # trains with it (None: the optimizer's default); with reference_batch, the recipe's
+    reference_batch: int | None = None  # the recipe's global batch: each row's advised lr is scaled from it
     profiles_dir: str | None = None  # where to look for this device's probe when safe_batch is not given
     from_profile: str | None = None  # a saved profile whose probe bounds the micro-batch size instead
     points: tuple[SweepPoint, ...] | None = None  # run exactly these (qualification re-runs a baseline's)
@@ -315,6 +331,9 @@ class SweepConfig:
         _check_timeout(self.load_timeout_s, "load_timeout_s")
         _require(self.objective in OBJECTIVES, "objective", self.objective, " | ".join(OBJECTIVES))
         _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
+        _check_lr(self.lr)
+        _require(self.reference_batch is None or self.reference_batch >= 1, "reference_batch", self.reference_batch,
+                 "an integer >= 1")
 
     @property
     def micro_batch_counts(self) -> tuple[int, ...]:

@@ -224,6 +224,17 @@ def micro_batch_size_for(global_batch: int, *, num_microbatches: int, grad_accum
 
 
 @dataclass(frozen=True, kw_only=True)
+class LrAdvice(Record):
+    """The learning rate a global batch implies: the reference batch's scaled by the rule (lr.py)."""
+
+    global_batch: int
+    reference_batch: int  # the recipe's global batch, or the smallest one the sweep ran
+    rule: str  # linear (SGD family) | square-root (Adam family)
+    scale: float  # advised lr / the reference batch's lr
+    lr: float | None = None  # the advised learning rate, where the recipe's (--lr) is known
+
+
+@dataclass(frozen=True, kw_only=True)
 class SkippedPoint(Record):
     """A grid point that was never spawned, and why."""
 
@@ -331,10 +342,15 @@ class SweepReport(Record):
     interrupted: bool = False
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # what the run did that is worth knowing but not a problem
+    lr_advice: tuple[LrAdvice, ...] = ()  # one per global batch that ran (lr.py)
 
     @property
     def best(self) -> TrialResult | None:
         return self.results[self.ranking[0]] if self.ranking else None
+
+    def advice_for(self, global_batch: int) -> LrAdvice | None:
+        """The learning-rate advice of one global batch, if the sweep ran it."""
+        return next((a for a in self.lr_advice if a.global_batch == global_batch), None)
 
 
 @dataclass(frozen=True, kw_only=True)

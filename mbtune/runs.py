@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-from mbtune.config import ProbeConfig, QualifySpec, SweepConfig, TrialConfig
+from mbtune.config import ProbeConfig, QualifySpec, SweepConfig, TrialConfig, lr_for
 from mbtune.errors import (
     EXIT_COULD_NOT_RUN,
     BudgetTooSmallError,
@@ -242,8 +242,11 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResu
                   skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
                   warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
     from mbtune.grid import rank_results, tied_with_best
+    from mbtune.lr import lr_advice
 
     ranking, pareto = rank_results(results, config.objective)
+    advice = lr_advice(config.optimizer, (r.point.global_batch for r in results if r.ok), lr=config.lr,
+                       reference_batch=config.reference_batch)
     return SweepReport(
         workload=config.workload, workload_options=dict(config.workload_options), device=info,
         objective=config.objective, results=tuple(results), skipped=skipped, ranking=ranking, pareto=pareto,
@@ -251,7 +254,7 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResu
         num_grid_points=num_grid_points, ceiling=config.ceiling,
         safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
         warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,
-        warnings=tuple(warnings), notes=notes,
+        warnings=tuple(warnings), notes=notes, lr_advice=advice,
     )
 
 
@@ -341,7 +344,8 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
         num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
         grad_accum_steps=point.grad_accum_steps, warmup_steps=config.warmup_steps,
         measured_steps=config.measured_steps, seed=config.seed, device="cuda" if device.startswith("cuda") else "cpu",
-        optimizer=config.optimizer, precision=config.precision, threads=threads,
+        optimizer=config.optimizer, learning_rate=lr_for(config.optimizer, config.lr), precision=config.precision,
+        threads=threads,
     )
     # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
     # are summarised (the ranks report when those ran).
@@ -412,7 +416,7 @@ def limits_from_profile(path: str, config: SweepConfig) -> SweepLimits:
 _RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
 
 # Fields that say where and how to write, not what to measure: a resumed run may change them.
-_NOT_MEASUREMENT = {"command_line", "profiles_dir", "extra_warnings", "trial_timeout_s", "point_timeout_s",
+_NOT_MEASUREMENT = {"command_line", "profiles_dir", "extra_warnings", "trial_timeout_s", "point_timeout_s", "reference_batch",
                     "load_timeout_s"}
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from mbtune.config import TrialConfig
+from mbtune.config import TrialConfig, lr_for
 from mbtune.device import classify_error, get_backend
 from mbtune.errors import NonFiniteLossError
 from mbtune.records import NONFINITE, OK, WORKLOAD_FAULT, TrialOutcome
@@ -71,7 +71,7 @@ def _train(workload: Workload, config: TrialConfig, backend: Any):
     device = torch.device(backend.torch_device)
     model = workload.build(seed=config.seed).to(device)
     model.train()
-    optimizer = _optimizer(config.optimizer, model.parameters())
+    optimizer = make_optimizer(config.optimizer, list(model.parameters()), lr=lr_for(config.optimizer, config.lr))
     use_scaler = config.precision == "fp16"
     scaler = torch.amp.GradScaler("cuda") if use_scaler else None
     generator = torch.Generator().manual_seed(config.seed)
@@ -111,10 +111,11 @@ def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optim
     optimizer.zero_grad(set_to_none=True)
 
 
-def _optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
+    """The optimizer a probe trial and every pipeline rank train with (the same state, so the same memory)."""
     if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-    return torch.optim.AdamW(params, lr=1e-4)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    return torch.optim.AdamW(params, lr=lr)
 
 
 def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -253,8 +253,9 @@ class _RankRun:
 def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer | None:
     if not params:
         return None
-    factories: dict[str, Callable[..., torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-    return factories[spec.optimizer](params, lr=spec.learning_rate)
+    from mbtune.trial import make_optimizer
+
+    return make_optimizer(spec.optimizer, list(params), lr=spec.learning_rate)
 
 
 def _timing_event() -> torch.cuda.Event:

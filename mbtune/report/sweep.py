@@ -26,7 +26,8 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     on this machine (MFU without a known peak, NVML without a GPU, tokens for non-token workloads) are
     left out and explained in the caption, and the least important ones give way to fit the console."""
     order = _row_order(report)
-    rows = [_row(position, report.results[i], _marks(report, i)) for position, i in enumerate(order, 1)]
+    rows = [_row(position, report.results[i], _marks(report, i), _lr_cell(report, report.results[i]))
+            for position, i in enumerate(order, 1)]
     columns = [c for c in _COLUMNS if any(row[c[0]] not in ("", "n/a", "unknown", "ok") for row in rows)]
     notes = [note for header, note in _MISSING_NOTES.items() if all(c[0] != header for c in columns)]
     hidden: list[str] = []
@@ -42,19 +43,19 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     spread = (f"ranges: min-max over {report.repeats} repeats" if report.repeats > 1
               else "ranges: min-max over the measured steps (--repeats N for fresh-process repeats)")
     table.caption = "  ".join(["bubble: measured / theoretical", spread, "* Pareto front (throughput vs peak memory)",
-                               "= tied with the best (ranges overlap)", "! see warnings", *notes])
+                               "= tied with the best (ranges overlap)", "! see warnings", *_lr_caption(report), *notes])
     return table
 
 
 _COLUMNS: list[tuple[str, JustifyMethod]] = [
             ("#", "right"), ("schedule", "left"), ("p", "right"), ("m", "right"), ("acc", "right"),
-            ("mbs", "right"), ("global", "right"), ("samples/s", "right"), ("tokens/s", "right"),
+            ("mbs", "right"), ("global", "right"), ("lr", "right"), ("samples/s", "right"), ("tokens/s", "right"),
             ("step (cv)", "right"), ("bubble", "right"), ("peak mem", "right"), ("MFU", "right"),
             ("kernel active", "right"), ("status", "left")]
 _MISSING_NOTES = {"MFU": "MFU: peak FLOPs unknown for this device",
                   "kernel active": "kernel active (NVML): n/a here"}
 # Least important first: these columns are dropped, in order, until the table fits.
-_GIVE_WAY = ("tokens/s", "kernel active", "MFU", "global", "step (cv)")
+_GIVE_WAY = ("tokens/s", "kernel active", "MFU", "lr", "global", "step (cv)")
 
 
 def _row_order(report: SweepReport) -> list[int]:
@@ -103,11 +104,31 @@ def _bare_pct(value: float) -> str:
     return f"{value * 100:.0f}"
 
 
-def _row(position: int, result: TrialResult, marks: str) -> dict[str, str]:
+def _lr_cell(report: SweepReport, result: TrialResult) -> str:
+    advice = report.advice_for(result.point.global_batch)
+    if advice is None:
+        return ""
+    return f"{advice.lr:.3g}" if advice.lr is not None else f"x{advice.scale:.2f}"
+
+
+def _lr_caption(report: SweepReport) -> list[str]:
+    """What the lr column holds: the rule, and what it scales from."""
+    from mbtune.lr import WARMUP_NOTE
+
+    if not report.lr_advice:
+        return []
+    first = report.lr_advice[0]
+    base = next((a.lr / a.scale for a in report.lr_advice if a.lr is not None and a.scale), None)
+    scaled = (f"lr: {base:.3g} at global batch {first.reference_batch}" if base is not None
+              else f"lr: the factor from global batch {first.reference_batch} (--lr and --reference-batch give rates)")
+    return [f"{scaled}, scaled by the {first.rule} rule ({WARMUP_NOTE})"]
+
+
+def _row(position: int, result: TrialResult, marks: str, lr: str = "") -> dict[str, str]:
     point = result.point
     row = {"#": f"{position}{marks}", "schedule": point.schedule, "p": str(point.num_stages),
            "m": str(point.num_microbatches), "acc": str(point.grad_accum_steps), "mbs": str(point.micro_batch_size),
-           "global": str(point.global_batch), "status": "ok"}
+           "global": str(point.global_batch), "lr": lr, "status": "ok"}
     if not result.ok:
         return {**{h: "" for h, _ in _COLUMNS}, **row, "status": f"[red]{result.status}[/]"}
     cv = f" ({result.step_time_cv_pct:.0f}%)" if result.step_time_cv_pct is not None else ""
@@ -214,11 +235,13 @@ def results_frame(report: SweepReport):
     rows = []
     for index, r in enumerate(report.results):
         p = r.point
+        advice = report.advice_for(p.global_batch)
         rows.append({
             "rank": report.ranking.index(index) + 1 if index in report.ranking else None,
             "schedule": p.schedule, "num_stages": p.num_stages, "num_microbatches": p.num_microbatches,
             "grad_accum_steps": p.grad_accum_steps, "micro_batch_size": p.micro_batch_size,
-            "global_batch": p.global_batch, "status": r.status, "num_repeats": r.num_repeats,
+            "global_batch": p.global_batch, "lr_scale": advice.scale if advice else None,
+            "lr": advice.lr if advice else None, "status": r.status, "num_repeats": r.num_repeats,
             "samples_per_s": r.samples_per_s, "samples_per_s_min": r.samples_per_s_min,
             "samples_per_s_max": r.samples_per_s_max, "tied_with_best": index in report.ties,
             "tokens_per_s": r.tokens_per_s, "step_time_median_s": r.step_time_median_s,

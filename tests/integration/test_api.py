@@ -30,15 +30,20 @@ def test_probe_and_sweep_from_python_return_records_and_save_where_asked(tmp_pat
             probe = mbtune.probe(workload="mlp", options={{"layers": 2, "width": 32}}, device="cpu",
                                  memory_budget="256MiB", max_batch=64, trial_timeout=120, save_to={str(tmp_path)!r})
             sweep = mbtune.sweep(workload="mlp", options={{"layers": 2, "width": 32}}, device="cpu", stages=2,
-                                 schedules=["gpipe"], micro_batches=[2], accum=[1], micro_batch_size=2, steps=1)
+                                 schedules=["gpipe"], micro_batches=[2], accum=[1], micro_batch_size=2, steps=1,
+                                 lr=0.01, reference_batch=2, seed=3)
             print(json.dumps({{"probe": type(probe).__name__, "safe": probe.safe_batch, "ceiling": probe.ceiling,
                               "sweep": type(sweep).__name__, "statuses": [r.status for r in sweep.results],
-                              "repr": repr(probe)}}))
+                              "repr": repr(probe), "advice": [a.to_dict() for a in sweep.lr_advice]}}))
     """)
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found["probe"] == "ProbeResult" and found["sweep"] == "SweepReport"
     assert found["safe"] <= found["ceiling"] <= 64 and found["statuses"] == ["ok"]
+    # global batch 2 x 2 = 4 against the recipe's 2 with AdamW: the square-root rule, 0.01 x sqrt(2)
+    [advice] = found["advice"]
+    assert (advice["global_batch"], advice["reference_batch"], advice["rule"]) == (4, 2, "square-root")
+    assert advice["lr"] == pytest.approx(0.01 * 2**0.5)
     [profile] = tmp_path.glob("cpu-*/mlp.json")
     assert json.loads(profile.read_text())["probe"]["ceiling"] == found["ceiling"]
 

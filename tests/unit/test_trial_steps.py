@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mbtune.trial import _create_optimizer_state, _optimizer
+from mbtune.trial import _create_optimizer_state, make_optimizer
 
 
 @pytest.mark.parametrize("name", ["adamw", "sgd"])
 def test_optimizer_state_exists_before_the_first_step_and_grads_are_freed(name):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
-    optimizer = _optimizer(name, model.parameters())
+    optimizer = make_optimizer(name, list(model.parameters()), lr=1e-3)
     before = [p.detach().clone() for p in model.parameters()]
     _create_optimizer_state(model, optimizer)
     for param, was in zip(model.parameters(), before):
