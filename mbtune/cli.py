@@ -32,14 +32,15 @@ from mbtune.config import (
     DEFAULT_PLAN_RANKS,
     DEFAULT_PLAN_SCATTER,
     DEFAULT_PLAN_VALIDATION,
+    CheckConfig,
     ProbeConfig,
     QualifySpec,
     SweepConfig,
 )
-from mbtune.errors import EXIT_COULD_NOT_RUN, Interrupted, MbtuneError
+from mbtune.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, Interrupted, MbtuneError
 
 T = TypeVar("T")
-P, S = ProbeConfig, SweepConfig  # every default is the config's own
+P, S, C = ProbeConfig, SweepConfig, CheckConfig  # every default is the config's own
 PROFILES = Path("profiles")  # where saved profiles go, relative to the current folder
 
 
@@ -410,6 +411,51 @@ def plan(
         print_plan(make_console(), report, fmt)
     if plot or trace:
         write_plan_artifacts(make_console(stderr=True), report, plot_dir=plot, trace_path=trace)
+
+
+@app.command()
+def check(
+    workload: Workload = C.workload,
+    option: WorkloadOption = None,
+    device: Device = C.device,
+    stages: Stages = C.num_stages,
+    schedule: Annotated[str, typer.Option("--schedule", help="One schedule: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble or zbv.")] = C.schedule,
+    micro_batches: Annotated[int, typer.Option("--micro-batches", "-m", help="Micro-batches per pipeline step.")] = C.num_microbatches,
+    accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = C.grad_accum_steps,
+    micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default 2, or from --global-batch).")] = C.micro_batch_size,
+    global_batch: Annotated[int | None, typer.Option("--global-batch", help="Samples per optimizer step; the micro-batch size follows.")] = C.global_batch,
+    virtual_stages: VirtualStages = C.virtual_stages,
+    precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast), in the pipeline and the plain model.")] = C.precision,
+    optimizer: Optimizer = C.optimizer,
+    lr: Lr = C.lr,
+    seed: Seed = C.seed,
+    from_profile: Annotated[Path | None, typer.Option("--from", help="Check a row of a saved profile's sweep instead (with --rank).")] = None,
+    rank: Annotated[int, typer.Option("--rank", help="With --from: the row, by rank (1 is the best).")] = 1,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds the pipeline, and then the plain model, may take.")] = C.timeout_s,
+    load_timeout: LoadTimeout = C.load_timeout_s,
+    format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
+) -> None:
+    """Run one optimizer step through the real pipeline and through the plain model on the same global batch
+    and seed, and compare the gradients per block: exit 0 PASS, 1 FAIL (with why), 3 could not run."""
+    from mbtune.check import check_update
+    from mbtune.config import parse_options
+    from mbtune.report import make_console
+    from mbtune.report.check import print_check
+    from mbtune.runs import check_config_from_profile
+
+    fmt = _check_format(format, allowed=("table", "json"))
+    if from_profile is not None:
+        config = check_config_from_profile(from_profile, rank, device=device, timeout_s=timeout,
+                                           load_timeout_s=load_timeout, seed=seed, lr=lr)
+    else:
+        config = CheckConfig(workload=workload, workload_options=parse_options(option or []), device=device,
+                             schedule=schedule, num_stages=stages, num_microbatches=micro_batches,
+                             grad_accum_steps=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
+                             virtual_stages=virtual_stages, precision=precision, optimizer=optimizer, lr=lr, seed=seed,
+                             timeout_s=timeout, load_timeout_s=load_timeout)
+    result = check_update(config)
+    print_check(make_console(), result, fmt)
+    raise typer.Exit(0 if result.status == "PASS" else EXIT_CHECK_FAILED)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,7 @@ from typing import Any, overload
 from mbtune.checks import check_types, require_unique
 from mbtune.checks import require as _require
 from mbtune.errors import ConfigError
-from mbtune.records import SweepPoint
+from mbtune.records import SweepPoint, micro_batch_size_for
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -35,7 +35,7 @@ FLAG_NAMES = {"trial_timeout_s": "trial-timeout", "load_timeout_s": "load-timeou
               "accum_steps": "accum", "measured_steps": "steps", "warmup_steps": "warmup", "num_stages": "stages",
               "memory_budget_bytes": "memory-budget", "workload_options": "option", "grad_accum_steps": "accum",
               "num_blocks": "blocks", "link_bandwidth_bytes_per_s": "link-bandwidth", "link_latency_s": "link-latency",
-              "validation_method": "validation"}
+              "validation_method": "validation", "num_microbatches": "micro-batches", "timeout_s": "timeout"}
 
 
 _FIELDS_OF_KEY: dict[str, list[str]] = {"options": ["workload_options"]}  # flag name with underscores -> fields
@@ -339,6 +339,69 @@ class SweepConfig:
     def micro_batch_counts(self) -> tuple[int, ...]:
         p = self.num_stages
         return self.micro_batches or tuple(sorted({p, 2 * p, 4 * p}))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckConfig:
+    """Settings of `mbtune check`: one configuration, run for one optimizer step through the real pipeline
+    and through the plain model on the same global batch and seed."""
+
+    workload: str = "gpt"
+    workload_options: tuple[tuple[str, int | float | str], ...] = ()
+    device: str = "auto"
+    schedule: str = "1f1b"
+    num_stages: int = 2  # pipeline ranks
+    num_microbatches: int = 4
+    grad_accum_steps: int = 1
+    micro_batch_size: int | None = None  # None: from global_batch, else 2
+    global_batch: int | None = None
+    virtual_stages: int = 2
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    lr: float | None = None
+    seed: int = 0
+    timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        from mbtune.pipeline.theory import SCHEDULE_NAMES
+
+        check_types(self)
+        object.__setattr__(self, "device", parse_device(self.device))
+        _require(self.schedule in SCHEDULE_NAMES, "schedule", self.schedule, " | ".join(SCHEDULE_NAMES))
+        for name in ("num_stages", "num_microbatches", "grad_accum_steps"):
+            _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
+        if self.micro_batch_size is not None and self.global_batch is not None:
+            raise ConfigError("--micro-batch-size and --global-batch both given",
+                              hint="Give one: the other follows from micro-batches and accumulation steps.")
+        for name in ("micro_batch_size", "global_batch"):
+            _require(getattr(self, name) is None or getattr(self, name) >= 1, name, getattr(self, name),
+                     "an integer >= 1")
+        _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
+        _require(self.precision in ("fp32", "bf16"), "precision", self.precision, "fp32 | bf16")
+        _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
+        _check_lr(self.lr)
+        _check_timeout(self.timeout_s, "timeout_s")
+        _check_timeout(self.load_timeout_s, "load_timeout_s")
+        if self.global_batch is not None:
+            _, reason = micro_batch_size_for(self.global_batch, num_microbatches=self.num_microbatches,
+                                             grad_accum_steps=self.grad_accum_steps)
+            if reason:
+                raise ConfigError(f"{reason}", field="global_batch",
+                                  hint="Pick a global batch that micro-batches x accumulation steps divide.")
+
+    @property
+    def point(self) -> SweepPoint:
+        """The configuration as a sweep point."""
+        from mbtune.pipeline.theory import stages_per_rank
+
+        size = self.micro_batch_size or 2
+        if self.global_batch is not None:
+            size, _ = micro_batch_size_for(self.global_batch, num_microbatches=self.num_microbatches,
+                                           grad_accum_steps=self.grad_accum_steps)
+        return SweepPoint(schedule=self.schedule, num_stages=self.num_stages, num_microbatches=self.num_microbatches,
+                          grad_accum_steps=self.grad_accum_steps, micro_batch_size=size,
+                          virtual_stages=stages_per_rank(self.schedule, self.virtual_stages))
 
 
 THRESHOLD_KEYS = ("min_ceiling", "min_safe_batch", "min_best_samples_per_s", "max_best_bubble")

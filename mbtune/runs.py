@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-from mbtune.config import ProbeConfig, QualifySpec, SweepConfig, TrialConfig, lr_for
+from mbtune.config import CheckConfig, ProbeConfig, QualifySpec, SweepConfig, TrialConfig, lr_for
 from mbtune.errors import (
     EXIT_COULD_NOT_RUN,
     BudgetTooSmallError,
@@ -499,6 +499,28 @@ def compare_files(a: Path, b: Path, *, allow_different_device: bool = False,
     check_same_device(device_model(first), device_model(second), allow=allow_different_device, what="the profiles")
     check_same_workload(first, second, allow=allow_different_workload)
     return compare_profiles(first, second)
+
+
+def check_config_from_profile(path: Path, rank: int, **settings: Any) -> CheckConfig:
+    """The CheckConfig of the rank-th row (1: the best) of a saved profile's sweep, on its workload, options,
+    precision and optimizer (the probe's, where it saved them); `settings` give the rest."""
+    from mbtune.profiles import load_profile
+
+    profile = load_profile(path)
+    sweep = profile.sweep
+    if sweep is None or not sweep.ranking:
+        raise ConfigError(f"{path} holds no ranked sweep rows to check",
+                          hint="Run mbtune sweep or tune first, or pass the configuration's flags instead of --from.")
+    if not 1 <= rank <= len(sweep.ranking):
+        raise ConfigError(f"--rank {rank} is out of range: {path} ranks {len(sweep.ranking)} row(s)",
+                          hint=f"Use --rank 1 to {len(sweep.ranking)}.")
+    point = sweep.results[sweep.ranking[rank - 1]].point
+    probe = profile.probe
+    return CheckConfig(workload=sweep.workload, workload_options=tuple(sorted(sweep.workload_options.items())),
+                       schedule=point.schedule, num_stages=point.num_stages, num_microbatches=point.num_microbatches,
+                       grad_accum_steps=point.grad_accum_steps, micro_batch_size=point.micro_batch_size,
+                       virtual_stages=max(2, point.virtual_stages), precision=probe.precision if probe else "fp32",
+                       optimizer=probe.optimizer if probe else "adamw", **settings)
 
 
 def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,

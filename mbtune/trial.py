@@ -80,7 +80,7 @@ def _train(workload: Workload, config: TrialConfig, backend: Any):
         inputs, targets = (t.to(device) for t in workload.make_batch(config.batch_size, generator))
         backend.synchronize()
         start = time.perf_counter()
-        with _autocast(config.precision, device):
+        with autocast_for(config.precision, device):
             loss = workload.loss(model(inputs), targets)
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -118,7 +118,7 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float) ->
     return torch.optim.AdamW(params, lr=lr)
 
 
-def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     if precision in _AUTOCAST_DTYPES:
         return torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[precision])
     return contextlib.nullcontext()

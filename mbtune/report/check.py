@@ -1,0 +1,35 @@
+"""`mbtune check` for people (a per-block table and a verdict) and machines (JSON)."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from mbtune.records import CheckResult
+from mbtune.report import print_json
+
+
+def print_check(console: Console, result: CheckResult, fmt: str) -> None:
+    """The verdict of one check, in the chosen format (table or json)."""
+    if fmt == "json":
+        print_json(result.to_dict())
+        return
+    table = Table(title=f"Check: {result.workload}, {result.point.label}, {result.precision}, against the plain "
+                        f"model on the same {result.point.global_batch} samples", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    for name in ("block", "max |diff|", "max |diff| / max |plain|", "ok"):
+        table.add_column(name, justify="left" if name == "ok" else "right")
+    for block in result.blocks:
+        table.add_row(str(block.block), f"{block.max_abs_diff:.3g}", f"{block.max_rel_diff:.3g}",
+                      "[green]yes[/]" if block.ok else "[bold red]no[/]")
+    table.caption = (f"a block passes when max |diff| <= {result.atol:g} + {result.rtol:g} x max |plain| "
+                     f"(the tolerance of {result.precision})")
+    console.print(table)
+    worst = result.worst
+    console.print(f"loss: pipeline {result.loss_pipeline:.6g}, plain {result.loss_plain:.6g} "
+                  f"(relative difference {result.loss_rel_diff:.2g})"
+                  + (f"; worst block {worst.block}: {worst.max_rel_diff:.2g} of its largest gradient" if worst else ""))
+    style = "bold green" if result.status == "PASS" else "bold red"
+    console.print(f"[{style}]check {result.status}[/]" + (f": {result.cause}. {result.hint}" if result.cause else
+                                                            ": the pipelined update is the plain model's"))

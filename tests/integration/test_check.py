@@ -1,0 +1,40 @@
+"""`mbtune check`: the real pipeline's update against the plain model's, on the same samples and seed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mbtune.check import PASS, VARYING_MEAN, check_update
+from mbtune.config import CheckConfig
+from tests.unit.test_cli import mbtune
+
+pytestmark = pytest.mark.integration
+
+MLP = (("layers", 2), ("width", 32))
+GPT = (("layers", 2), ("d_model", 32), ("heads", 2), ("seq_len", 8), ("vocab", 64))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved-1f1b", "zbv"])  # plain, looped, split backward
+def test_check_passes_where_the_pipeline_is_right(schedule):
+    result = check_update(CheckConfig(workload="mlp", workload_options=MLP, device="cpu", schedule=schedule,
+                                      num_stages=2, num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
+    assert result.status == PASS, (result.cause, result.blocks)
+    assert len(result.blocks) == 4 and all(b.ok for b in result.blocks) and not result.cause
+
+
+def test_check_passes_on_gpt_with_accumulation():
+    result = check_update(CheckConfig(workload="gpt", workload_options=GPT, device="cpu", schedule="1f1b",
+                                      num_stages=2, num_microbatches=2, grad_accum_steps=2, global_batch=8))
+    assert result.status == PASS and result.point.micro_batch_size == 2, (result.cause, result.blocks)
+
+
+def test_a_loss_averaged_over_a_varying_count_fails_and_says_how_to_fix_it():
+    result = mbtune("check", "-w", "tests.fixtures.workloads:masked_mean", "-d", "cpu", "--stages", "2",
+                    "--schedule", "1f1b", "-m", "4", "--micro-batch-size", "2", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    found = json.loads(result.stdout)
+    assert found["status"] == "FAIL" and found["cause"] == VARYING_MEAN
+    assert "one count for the whole global batch" in found["hint"]
+    assert max(b["max_rel_diff"] for b in found["blocks"]) > 0.01  # far beyond fp32's tolerance
