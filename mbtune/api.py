@@ -47,10 +47,11 @@ def sweep(*, save_to: str | Path | None = None, resume: bool = False, progress: 
     return report
 
 
-def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
+def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None, check: bool = True,
          **settings: Any) -> tuple[ProbeResult, SweepReport]:
-    """Probe, then sweep around the probed safe batch. Settings of both, by name; the probe's own trial steps
-    are `probe_steps` (`steps` are the sweep's measured steps)."""
+    """Probe, then sweep around the probed safe batch, then (with `check`) check the best row's update
+    against the plain model's (the report's `check`). Settings of both, by name; the probe's own trial
+    steps are `probe_steps` (`steps` are the sweep's measured steps)."""
     from mbtune.runs import run_tune
 
     probe_fields = {f.name for f in dataclasses.fields(ProbeConfig)}
@@ -65,7 +66,8 @@ def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: A
     if probe_steps is not None:
         probe_settings["steps"] = probe_steps
     outcome = run_tune(_config(ProbeConfig, probe_settings), _config(SweepConfig, {
-        k: v for k, v in named.items() if k in sweep_fields}), progress, profiles_dir=_folder(save_to), resume=resume)
+        k: v for k, v in named.items() if k in sweep_fields}), progress, profiles_dir=_folder(save_to), resume=resume,
+        check=check)
     assert outcome.probe is not None and outcome.sweep is not None
     return outcome.probe, outcome.sweep
 

@@ -258,6 +258,7 @@ def tune(
     seed: Seed = S.seed,
     point_timeout: PointTimeout = S.point_timeout_s,
     load_timeout: LoadTimeout = S.load_timeout_s,
+    check: Annotated[bool, typer.Option(help="Check the best row's update against the plain model's (mbtune check) and show the verdict.")] = True,
     profiles_dir: ProfilesDir = PROFILES,
     save: Save = True,
     resume: Resume = False,
@@ -266,7 +267,8 @@ def tune(
     format: Format = "table",
     output: Output = None,
 ) -> None:
-    """Probe the memory ceiling, then sweep pipeline configurations around the safe batch."""
+    """Probe the memory ceiling, then sweep pipeline configurations around the safe batch, then check the
+    best one's update against the plain model's."""
     from mbtune.runs import run_tune
 
     fmt = _check_output(_check_format(format), output)
@@ -284,7 +286,7 @@ def tune(
                                  virtual_stages=virtual_stages, optimizer=optimizer, precision=precision,
                                  threads=threads, point_timeout=point_timeout, load_timeout=load_timeout,
                                  lr=lr, reference_batch=reference_batch, seed=seed)
-    outcome = _with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p,
+    outcome = _with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p, check=check,
                                                          profiles_dir=_target(profiles_dir, save), resume=resume))
     _finish(fmt, outcome, plot=plot, trace=trace, output=output)
 

@@ -380,6 +380,8 @@ class SweepReport(Record):
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # what the run did that is worth knowing but not a problem
     lr_advice: tuple[LrAdvice, ...] = ()  # one per global batch that ran (lr.py)
+    check: CheckResult | None = None  # tune: the best row's update against the plain model's (check.py)
+    check_error: str = ""  # why that check could not run, where it could not
 
     @property
     def best(self) -> TrialResult | None:

@@ -386,11 +386,42 @@ def sweep_limits(probe: ProbeResult) -> SweepLimits:
 
 
 def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None,
-                  store: RunStore | None = None) -> tuple[ProbeResult, SweepReport]:
-    """Probe, then sweep around the probed safe batch."""
+                  store: RunStore | None = None, *, check: bool = True) -> tuple[ProbeResult, SweepReport]:
+    """Probe, then sweep around the probed safe batch, then (with `check`) check the best row's update
+    against the plain model's."""
     probe = probe_workload(probe_config, progress, store)
     sweep_config = replace(sweep_config, **sweep_limits(probe))
-    return probe, sweep_workload(sweep_config, progress, store)
+    sweep = sweep_workload(sweep_config, progress, store)
+    if check and sweep.best is not None and not sweep.interrupted:
+        sweep = _checked(sweep, sweep_config, progress)
+    return probe, sweep
+
+
+def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | None) -> SweepReport:
+    """The sweep with its best row checked (check.py); a check that cannot run says why, and Ctrl-C during
+    it keeps the sweep (as interrupted)."""
+    from mbtune.check import check_update
+
+    assert sweep.best is not None
+    point = sweep.best.point
+    if progress:
+        progress.start_trial(f"check {point.label}")
+    try:
+        result = check_update(CheckConfig(
+            workload=config.workload, workload_options=config.workload_options, device=config.device,
+            schedule=point.schedule, num_stages=point.num_stages, num_microbatches=point.num_microbatches,
+            grad_accum_steps=point.grad_accum_steps, micro_batch_size=point.micro_batch_size,
+            virtual_stages=max(2, point.virtual_stages), precision=config.precision, optimizer=config.optimizer,
+            lr=config.lr, seed=config.seed, timeout_s=config.point_timeout_s, load_timeout_s=config.load_timeout_s))
+    except (Interrupted, KeyboardInterrupt):
+        return replace(sweep, interrupted=True, check_error="interrupted")
+    except MbtuneError as exc:
+        if progress:
+            progress.end_trial(ERROR, exc.one_line())
+        return replace(sweep, check_error=exc.one_line())
+    if progress:
+        progress.end_trial(OK if result.status == "PASS" else ERROR, f"check {result.status}")
+    return replace(sweep, check=result)
 
 
 def limits_from_profile(path: str, config: SweepConfig) -> SweepLimits:
@@ -451,11 +482,11 @@ def run_sweep(config: SweepConfig, progress: TrialProgress | None = None, *, pro
 
 
 def run_tune(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None, *,
-             profiles_dir: Path | None, resume: bool = False) -> RunOutcome:
+             profiles_dir: Path | None, resume: bool = False, check: bool = True) -> RunOutcome:
     """tune_workload, journaled and saved: the probe and the sweep into one profile."""
     return _saved_run("tune", {"probe": probe_config, "sweep": sweep_config}, probe_config.workload,
                       probe_config.device, profiles_dir, resume, probe_config.command_line,
-                      lambda store: tune_workload(probe_config, sweep_config, progress, store))
+                      lambda store: tune_workload(probe_config, sweep_config, progress, store, check=check))
 
 
 def _saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, profiles_dir: Path | None,

@@ -190,14 +190,30 @@ def best_panel(report: SweepReport) -> Panel:
                      f" + {_pct(best.idle.overhead)} overhead")
     grid.add_row("peak memory", f"{fmt_bytes(best.max_peak_memory_bytes)} on the busiest stage")
     grid.add_row("headroom", _headroom(report, best))
+    if report.check is not None or report.check_error:
+        grid.add_row("check", _check_line(report))
     return Panel(grid, title=f"Best configuration ({report.objective})", title_align="left", expand=False)
+
+
+def _check_line(report: SweepReport) -> str:
+    """The best row's update against the plain model's (mbtune check), in one line."""
+    found = report.check
+    if found is None:
+        return f"[yellow]not run[/]: {report.check_error}"
+    worst = found.worst
+    figures = f"worst block {worst.block}: {worst.max_rel_diff:.2g} of its largest gradient" if worst else ""
+    if found.status == "PASS":
+        return f"[green]PASS[/]: the update is the plain model's ({figures}; tolerance {found.rtol:g} x max)"
+    return f"[bold red]FAIL[/]: {found.cause} ({figures}). {found.hint}"
 
 
 def _headroom(report: SweepReport, best: TrialResult) -> str:
     limit, peak = report.ceiling_peak_memory_bytes, best.max_peak_memory_bytes
     if limit is None or peak is None:
         return "n/a (no probe in this run; use mbtune tune)"
-    return (f"{1 - peak / limit:.0%} below the probed ceiling's peak ({fmt_bytes(limit)} at batch {report.ceiling}; "
+    share = 1 - peak / limit
+    where = f"{share:.0%} below" if share >= 0 else f"{-share:.0%} above"
+    return (f"{where} the probed ceiling's peak ({fmt_bytes(limit)} at batch {report.ceiling}; "
             f"safe batch {report.safe_batch})")
 
 

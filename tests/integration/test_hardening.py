@@ -182,3 +182,4 @@ def test_ctrl_c_mid_tune_then_resume_replays_probe_and_sweep(tmp_path):
     report = json.loads(resumed.stdout)
     assert report["probe"]["trials"][: len(probe_done)] == probe_done
     assert all(point in report["sweep"]["results"] for point in sweep_done) and len(report["sweep"]["results"]) == 2
+    assert report["sweep"]["check"]["status"] == "PASS"  # tune checks its best row's update
