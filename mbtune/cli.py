@@ -161,7 +161,8 @@ Schedules = Annotated[str | None, typer.Option("--schedules", help="Comma list o
 MicroBatches = Annotated[str | None, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts (default: p,2p,4p).")]
 Accum = Annotated[str, typer.Option("--accum", help="Comma list of gradient-accumulation steps.")]
 MicroBatchSize = Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default: probed safe batch / largest micro-batch count, else 4).")]
-GlobalBatch = Annotated[int | None, typer.Option("--global-batch", help="Fix the global batch instead; the micro-batch size follows per point.")]
+GlobalBatch = Annotated[str | None, typer.Option("--global-batch", help="Comma list of global batches, each held fixed and split every way the grid allows (the micro-batch size follows per point); default with a probe: the largest power of two the fewest micro-batches and accumulation steps hold at the safe batch.")]
+PlanGlobalBatch = Annotated[int | None, typer.Option("--global-batch", help="Fix the global batch instead; the micro-batch size follows per point.")]
 Objective = Annotated[str, typer.Option("--objective", help="Rank by throughput, memory or bubble.")]
 SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer steps per point (after warm-up).")]
 Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up optimizer steps per point (not timed).")]
@@ -181,7 +182,7 @@ def sweep(
     micro_batches: MicroBatches = None,
     accum: Accum = SWEEP_ACCUM,
     micro_batch_size: MicroBatchSize = S.micro_batch_size,
-    global_batch: GlobalBatch = S.global_batch,
+    global_batch: GlobalBatch = None,
     from_profile: Annotated[Path | None, typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")] = None,
     objective: Objective = S.objective,
     strategy: Strategy = S.strategy,
@@ -243,7 +244,7 @@ def tune(
     micro_batches: MicroBatches = None,
     accum: Accum = SWEEP_ACCUM,
     micro_batch_size: MicroBatchSize = S.micro_batch_size,
-    global_batch: GlobalBatch = S.global_batch,
+    global_batch: GlobalBatch = None,
     objective: Objective = S.objective,
     strategy: Strategy = S.strategy,
     steps: SweepSteps = S.measured_steps,
@@ -376,7 +377,7 @@ def plan(
     schedules: Schedules = None,
     data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline.")] = 1,
     micro_batch_size: MicroBatchSize = None,
-    global_batch: GlobalBatch = None,
+    global_batch: PlanGlobalBatch = None,
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = 1,
     blocks: Annotated[int | None, typer.Option("--blocks", help="Plan a model of this many of the workload's blocks (default: the profiled model's count).")] = None,
     virtual_stages: VirtualStages = 2,

@@ -275,7 +275,7 @@ class SweepConfig:
     micro_batches: tuple[int, ...] | None = None  # default: p, 2p, 4p
     accum_steps: tuple[int, ...] = (1, 2)
     micro_batch_size: int | None = None
-    global_batch: int | None = None
+    global_batch: tuple[int, ...] | None = None  # held fixed, each split every way the grid allows
     safe_batch: int | None = None  # from a probe: micro-batch sizes above it are skipped
     ceiling: int | None = None
     ceiling_peak_memory_bytes: int | None = None
@@ -301,10 +301,12 @@ class SweepConfig:
     def __post_init__(self) -> None:
         from mbtune.pipeline.theory import SCHEDULE_NAMES
 
+        if isinstance(self.global_batch, int) and not isinstance(self.global_batch, bool):
+            object.__setattr__(self, "global_batch", (self.global_batch,))  # one global batch, as before lists
         check_types(self)
         object.__setattr__(self, "device", parse_device(self.device))
         _require(self.num_stages >= 1, "num_stages", self.num_stages, "an integer >= 1")
-        for name in ("schedules", "micro_batches", "accum_steps"):
+        for name in ("schedules", "micro_batches", "accum_steps", "global_batch"):
             require_unique(getattr(self, name), name)
         _require(bool(self.schedules), "schedules", self.schedules, "at least one schedule")
         unknown = [s for s in self.schedules if s not in SCHEDULE_NAMES]
@@ -316,9 +318,11 @@ class SweepConfig:
         if self.micro_batch_size is not None and self.global_batch is not None:
             raise ConfigError("--micro-batch-size and --global-batch both given",
                               hint="Give one: the other follows from micro-batches and accumulation steps.")
-        for name in ("micro_batch_size", "global_batch", "safe_batch", "ceiling"):
+        for name in ("micro_batch_size", "safe_batch", "ceiling"):
             value = getattr(self, name)
             _require(value is None or value >= 1, name, value, "an integer >= 1")
+        _require(self.global_batch is None or (bool(self.global_batch) and min(self.global_batch) >= 1),
+                 "global_batch", self.global_batch, "integers >= 1")
         _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(self.measured_steps >= 1, "measured_steps", self.measured_steps, "an integer >= 1")
@@ -339,6 +343,25 @@ class SweepConfig:
     def micro_batch_counts(self) -> tuple[int, ...]:
         p = self.num_stages
         return self.micro_batches or tuple(sorted({p, 2 * p, 4 * p}))
+
+    @property
+    def global_batches(self) -> tuple[int, ...]:
+        """The global batches held fixed: the given ones; else, with a probed safe batch and no fixed
+        micro-batch size, the one the default rule picks (default_global_batch); else none (the micro-batch
+        size is fixed and the global batch varies from point to point)."""
+        if self.global_batch is not None:
+            return self.global_batch
+        if self.micro_batch_size is None and self.safe_batch is not None:
+            return (default_global_batch(self.safe_batch, self.micro_batch_counts, self.accum_steps),)
+        return ()
+
+
+def default_global_batch(safe_batch: int, micro_batch_counts: tuple[int, ...], accum_steps: tuple[int, ...]) -> int:
+    """The global batch a sweep holds fixed by default: the largest power of two that the fewest
+    micro-batches and accumulation steps of the grid hold at the probed safe batch. Every (micro-batches,
+    accumulation) pair of powers of two then splits it with a micro-batch size within the safe batch."""
+    most = safe_batch * min(micro_batch_counts) * min(accum_steps)
+    return 1 << (most.bit_length() - 1)
 
 
 @dataclass(frozen=True, kw_only=True)

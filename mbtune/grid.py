@@ -67,20 +67,22 @@ def _candidates(config: SweepConfig, p: int) -> list[tuple[SweepPoint, str | Non
     if config.points is not None:
         return [(replace(point, num_stages=min(point.num_stages, p)), None) for point in config.points]
     candidates = []
-    for schedule in config.schedules:
-        v = stages_per_rank(schedule, config.virtual_stages)
-        for m in config.micro_batch_counts:
-            for accum in config.accum_steps:
-                mbs, reason = _micro_batch_size(config, m, accum)
-                candidates.append((SweepPoint(schedule=schedule, num_stages=p, num_microbatches=m,
-                                              grad_accum_steps=accum, micro_batch_size=mbs, virtual_stages=v), reason))
+    for global_batch in config.global_batches or (None,):
+        for schedule in config.schedules:
+            v = stages_per_rank(schedule, config.virtual_stages)
+            for m in config.micro_batch_counts:
+                for accum in config.accum_steps:
+                    mbs, reason = _micro_batch_size(config, global_batch, m, accum)
+                    candidates.append((SweepPoint(schedule=schedule, num_stages=p, num_microbatches=m,
+                                                  grad_accum_steps=accum, micro_batch_size=mbs, virtual_stages=v),
+                                       reason))
     return candidates
 
 
-def _micro_batch_size(config: SweepConfig, m: int, accum: int) -> tuple[int, str | None]:
-    if config.global_batch is None:
+def _micro_batch_size(config: SweepConfig, global_batch: int | None, m: int, accum: int) -> tuple[int, str | None]:
+    if global_batch is None:
         return config.micro_batch_size or default_micro_batch_size(config), None
-    return micro_batch_size_for(config.global_batch, num_microbatches=m, grad_accum_steps=accum)
+    return micro_batch_size_for(global_batch, num_microbatches=m, grad_accum_steps=accum)
 
 
 def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_sample: int | None,
@@ -208,9 +210,11 @@ def merge_loads(loads: Sequence[MachineLoad | None]) -> MachineLoad | None:
                    other_gpu_processes=tuple(dict.fromkeys(p for k in known for p in k.other_gpu_processes)))
 
 
-def tied_with_best(results: Sequence[TrialResult], ranking: Sequence[int], objective: str) -> tuple[int, ...]:
+def tied_with_best(results: Sequence[TrialResult], ranking: Sequence[int], objective: str, *,
+                   same_global_batch: bool = False) -> tuple[int, ...]:
     """Ranked points whose measured range overlaps the best one's: on this evidence they are tied with
-    it. Throughput and bubble carry ranges; memory is ranked exactly."""
+    it. Throughput and bubble carry ranges; memory is ranked exactly. With global batches held fixed, only
+    rows of the best one's global batch can tie with it (another global batch is another recipe)."""
     if not ranking or objective == "memory":
         return ()
 
@@ -224,7 +228,9 @@ def tied_with_best(results: Sequence[TrialResult], ranking: Sequence[int], objec
     best = span(results[ranking[0]])
     if best is None:
         return ()
-    return tuple(i for i in ranking[1:] if (other := span(results[i])) and other[0] <= best[1] and best[0] <= other[1])
+    size = results[ranking[0]].point.global_batch
+    return tuple(i for i in ranking[1:] if (not same_global_batch or results[i].point.global_batch == size)
+                 and (other := span(results[i])) and other[0] <= best[1] and best[0] <= other[1])
 
 
 def median_step(step_times_s: Sequence[float]) -> int:
@@ -244,10 +250,14 @@ def step_timeline(reports: Sequence[StageReport], step: int = 0) -> tuple[Timeli
     return tuple(sorted(actions, key=lambda a: (a.start_s, a.rank)))
 
 
-def rank_results(results: Sequence[TrialResult], objective: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(ranking best first, Pareto front of throughput against peak memory), as indices of ok results."""
+def rank_results(results: Sequence[TrialResult], objective: str,
+                 global_batches: Sequence[int] = ()) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(ranking best first, Pareto front of throughput against peak memory), as indices of ok results.
+    With global batches held fixed, rows are ranked within each, in the order given: the first one's best
+    leads (comparing samples/s across global batches compares different training recipes)."""
     rate = {i: r.samples_per_s for i, r in enumerate(results) if r.ok and r.samples_per_s is not None}
     ok = list(rate)
+    group = {g: n for n, g in enumerate(global_batches)}
 
     def memory(i: int) -> float:
         peak = results[i].max_peak_memory_bytes
@@ -259,8 +269,34 @@ def rank_results(results: Sequence[TrialResult], objective: str) -> tuple[tuple[
         "bubble": lambda i: (results[i].bubble_measured if results[i].bubble_measured is not None else 1.0,
                              -rate[i]),
     }
-    ranking = tuple(sorted(ok, key=keys[objective]))
+    ranking = tuple(sorted(ok, key=lambda i: (group.get(results[i].point.global_batch, len(group)),
+                                              keys[objective](i))))
     pareto = tuple(i for i in ok if not any(
         rate[j] >= rate[i] and memory(j) <= memory(i) and (rate[j] > rate[i] or memory(j) < memory(i))
         for j in ok))
     return ranking, pareto
+
+
+def tradeoff(results: Sequence[TrialResult], ranking: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, int] | None]:
+    """The rows that show the best row's trade-off, and a cross-batch padding pair.
+
+    Rows: the best, and the best-ranked rows of the same schedule and global batch at the next smaller and
+    the next larger micro-batch size (bigger micro-batches compute a sample faster, more of them leave a
+    smaller bubble). Pair: (best, a row of the same schedule, global batch and micro-batch size with fewer
+    micro-batches and more accumulation steps) where the best has more micro-batches: one pipeline step of
+    more micro-batches fills the drain that the next accumulation step's would have left idle."""
+    if not ranking:
+        return (), None
+    best = results[ranking[0]].point
+    kin = [i for i in ranking if results[i].point.schedule == best.schedule
+           and results[i].point.global_batch == best.global_batch]
+    smaller = [i for i in kin if results[i].point.micro_batch_size < best.micro_batch_size]
+    larger = [i for i in kin if results[i].point.micro_batch_size > best.micro_batch_size]
+    nearest_smaller = max(smaller, key=lambda i: results[i].point.micro_batch_size, default=None)
+    nearest_larger = min(larger, key=lambda i: results[i].point.micro_batch_size, default=None)
+    rows = tuple(sorted({ranking[0], *(i for i in (nearest_smaller, nearest_larger) if i is not None)},
+                        key=lambda i: results[i].point.micro_batch_size))
+    padded = [i for i in kin if results[i].point.micro_batch_size == best.micro_batch_size
+              and results[i].point.num_microbatches < best.num_microbatches
+              and results[i].point.grad_accum_steps > best.grad_accum_steps]
+    return rows, ((ranking[0], padded[0]) if padded else None)

@@ -351,6 +351,15 @@ class TrialResult(Record):
         known = [b for b in self.peak_memory_bytes if b is not None]
         return max(known) if known else None
 
+    @property
+    def compute_per_sample_s(self) -> float | None:
+        """Busy compute seconds per sample, all ranks together: the arithmetic efficiency of the micro-batch
+        size with the bubble taken out (median step x ranks x (1 - measured bubble) / global batch)."""
+        if self.step_time_median_s is None or self.bubble_measured is None:
+            return None
+        point = self.point
+        return self.step_time_median_s * point.num_stages * (1 - self.bubble_measured) / point.global_batch
+
 
 @dataclass(frozen=True, kw_only=True)
 class SweepReport(Record):
@@ -368,6 +377,10 @@ class SweepReport(Record):
     ranking: tuple[int, ...] = ()  # indices into results, best first (ok points only)
     pareto: tuple[int, ...] = ()  # indices of the throughput-vs-peak-memory Pareto front
     ties: tuple[int, ...] = ()  # indices whose throughput range overlaps the best's (tied with it)
+    global_batches: tuple[int, ...] = ()  # held fixed, rows ranked within each; empty: the global batch varies
+    global_batch_default: bool = False  # the global batch is the default rule's (config.default_global_batch)
+    tradeoff: tuple[int, ...] = ()  # the best row and its neighbours in micro-batch size (grid.tradeoff)
+    padding: tuple[int, ...] = ()  # (best, a row it beats by more micro-batches and fewer accumulation steps)
     ceiling: int | None = None  # from the probe, when one ran
     safe_batch: int | None = None
     ceiling_peak_memory_bytes: int | None = None  # the probe's peak at its ceiling, same measure as stage peaks

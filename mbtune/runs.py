@@ -241,16 +241,21 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
 def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResult],
                   skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
                   warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
-    from mbtune.grid import rank_results, tied_with_best
+    from mbtune.grid import rank_results, tied_with_best, tradeoff
     from mbtune.lr import lr_advice
 
-    ranking, pareto = rank_results(results, config.objective)
+    fixed = config.global_batches
+    ranking, pareto = rank_results(results, config.objective, fixed)
+    rows, padding = tradeoff(results, ranking)
     advice = lr_advice(config.optimizer, (r.point.global_batch for r in results if r.ok), lr=config.lr,
                        reference_batch=config.reference_batch)
     return SweepReport(
         workload=config.workload, workload_options=dict(config.workload_options), device=info,
         objective=config.objective, results=tuple(results), skipped=skipped, ranking=ranking, pareto=pareto,
-        ties=tied_with_best(results, ranking, config.objective), repeats=config.repeats, strategy=config.strategy,
+        ties=tied_with_best(results, ranking, config.objective, same_global_batch=bool(fixed)),
+        global_batches=fixed, global_batch_default=config.global_batch is None and bool(fixed),
+        tradeoff=rows, padding=padding or (),
+        repeats=config.repeats, strategy=config.strategy,
         num_grid_points=num_grid_points, ceiling=config.ceiling,
         safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
         warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,

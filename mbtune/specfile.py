@@ -209,6 +209,8 @@ def _fields(path: Path, data: dict[str, Any], section: str, config: type) -> dic
             raise ConfigError(f"spec {path}: [{section}] sets {name} twice, as {keys[name]} and as {key}",
                               hint="Keep one of them.")
         keys[name] = key
+        if name == "global_batch" and isinstance(value, int) and not isinstance(value, bool):
+            value = [value]  # one global batch, as specs wrote it before lists
         fields[name] = _value(path, f"[{section}] {key}", hints[name], value)
     if unknown:
         known = sorted(param_for(name) for name in names)

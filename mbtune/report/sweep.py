@@ -43,7 +43,8 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     spread = (f"ranges: min-max over {report.repeats} repeats" if report.repeats > 1
               else "ranges: min-max over the measured steps (--repeats N for fresh-process repeats)")
     table.caption = "  ".join(["bubble: measured / theoretical", spread, "* Pareto front (throughput vs peak memory)",
-                               "= tied with the best (ranges overlap)", "! see warnings", *_lr_caption(report), *notes])
+                               "= tied with the best (ranges overlap)", "! see warnings", *_global_batch_note(report),
+                               *_lr_caption(report), *notes])
     return table
 
 
@@ -56,6 +57,22 @@ _MISSING_NOTES = {"MFU": "MFU: peak FLOPs unknown for this device",
                   "kernel active": "kernel active (NVML): n/a here"}
 # Least important first: these columns are dropped, in order, until the table fits.
 _GIVE_WAY = ("tokens/s", "kernel active", "MFU", "lr", "global", "step (cv)")
+
+
+def ranked_by(report: SweepReport) -> str:
+    """What the ranking compares: rows within a fixed global batch, or rows whose global batch varies."""
+    if not report.global_batches:
+        return f"ranked by {report.objective} across global batches"
+    return f"ranked by {report.objective} within global batch {', '.join(map(str, report.global_batches))}"
+
+
+def _global_batch_note(report: SweepReport) -> list[str]:
+    if not report.global_batches:
+        return ["global batch: varies from row to row (a fixed micro-batch size); --global-batch holds it fixed"]
+    if report.global_batch_default:
+        return [f"global batch {report.global_batches[0]}: the default, the largest power of two the fewest "
+                "micro-batches and accumulation steps hold at the probed safe batch (--global-batch sets it)"]
+    return []
 
 
 def _row_order(report: SweepReport) -> list[int]:
@@ -81,7 +98,7 @@ def _natural_width(console: Console, table: Table) -> int:
 
 def _build_table(report: SweepReport, rows: list[dict[str, str]], order: list[int],
                  columns: list[tuple[str, JustifyMethod]]) -> Table:
-    table = Table(title=f"Sweep: {report.workload}, ranked by {report.objective}", title_justify="left",
+    table = Table(title=f"Sweep: {report.workload}, {ranked_by(report)}", title_justify="left",
                   box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
     for header, justify in columns:
         table.add_column(header, justify=justify, no_wrap=True)
@@ -106,8 +123,8 @@ def _bare_pct(value: float) -> str:
 
 def _lr_cell(report: SweepReport, result: TrialResult) -> str:
     advice = report.advice_for(result.point.global_batch)
-    if advice is None:
-        return ""
+    if advice is None or (len(report.lr_advice) == 1 and advice.lr is None):
+        return ""  # one global batch and no recipe: nothing to scale
     return f"{advice.lr:.3g}" if advice.lr is not None else f"x{advice.scale:.2f}"
 
 
@@ -115,7 +132,7 @@ def _lr_caption(report: SweepReport) -> list[str]:
     """What the lr column holds: the rule, and what it scales from."""
     from mbtune.lr import WARMUP_NOTE
 
-    if not report.lr_advice:
+    if not report.lr_advice or (len(report.lr_advice) == 1 and report.lr_advice[0].lr is None):
         return []
     first = report.lr_advice[0]
     base = next((a.lr / a.scale for a in report.lr_advice if a.lr is not None and a.scale), None)
@@ -195,6 +212,41 @@ def best_panel(report: SweepReport) -> Panel:
     return Panel(grid, title=f"Best configuration ({report.objective})", title_align="left", expand=False)
 
 
+def tradeoff_table(report: SweepReport) -> Table:
+    """The best row beside its neighbours in micro-batch size (same schedule and global batch): why a bigger
+    micro-batch won or lost. Under it, where more micro-batches with fewer accumulation steps won at the
+    same micro-batch size, the figures that say so."""
+    best = report.results[report.ranking[0]]
+    table = Table(title=f"The trade-off at global batch {best.point.global_batch} ({best.point.schedule}): bigger "
+                        "micro-batches compute a sample faster, more of them leave a smaller bubble",
+                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for header in ("mbs", "m x acc", "samples/s", "bubble", "compute/sample", "peak mem", ""):
+        table.add_column(header, justify="left" if header == "" else "right", no_wrap=True)
+    rows = list(report.tradeoff) + [i for i in report.padding if i not in report.tradeoff]
+    for index in rows:
+        r = report.results[index]
+        table.add_row(str(r.point.micro_batch_size), f"{r.point.num_microbatches} x {r.point.grad_accum_steps}",
+                      fmt_rate(r.samples_per_s), _pct(r.bubble_measured), _per_sample(r.compute_per_sample_s),
+                      fmt_bytes(r.max_peak_memory_bytes), "best" if index == report.ranking[0] else "",
+                      style="bold green" if index == report.ranking[0] else "")
+    if report.padding:
+        won, lost = (report.results[i] for i in report.padding)
+        table.caption = (f"m={won.point.num_microbatches} x accum={won.point.grad_accum_steps} beats "
+                         f"m={lost.point.num_microbatches} x accum={lost.point.grad_accum_steps} at the same "
+                         f"micro-batch size: one pipeline step of more micro-batches fills the drain that the next "
+                         f"accumulation step's would leave idle (bubble {_pct(won.bubble_measured)} against "
+                         f"{_pct(lost.bubble_measured)}, {fmt_rate(won.samples_per_s)} against "
+                         f"{fmt_rate(lost.samples_per_s)} samples/s, peak memory {fmt_bytes(won.max_peak_memory_bytes)} "
+                         f"against {fmt_bytes(lost.max_peak_memory_bytes)})")
+    return table
+
+
+def _per_sample(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    return f"{seconds * 1e6:.1f} us" if seconds < 1e-3 else fmt_seconds(seconds)
+
+
 def _check_line(report: SweepReport) -> str:
     """The best row's update against the plain model's (mbtune check), in one line."""
     found = report.check
@@ -229,6 +281,8 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
     if report.skipped:
         console.print(skipped_table(report))
     console.print(best_panel(report))
+    if len(report.tradeoff) > 1 or report.padding:
+        console.print(tradeoff_table(report))
     if report.best is not None and report.best.timeline:
         from mbtune.report.timeline import timeline_renderable
 

@@ -42,7 +42,7 @@ def test_requalifying_the_same_machine_gives_a_verdict_its_exit_code_and_junit(b
     checks = {c["name"]: c for c in verdict["checks"]}
     assert list(checks) == ["probe ran", "ceiling", "safe batch", "best throughput (samples/s)",
                             "throughput, all common points (geometric mean of now/baseline ratios)",
-                            "throughput gpipe p=2 m=2 accum=1 mbs=13"]
+                            "throughput gpipe p=2 m=2 accum=1 mbs=16"]  # global batch 32 (the default rule at safe batch 27)
     assert checks["ceiling"]["status"] == "PASS" and checks["ceiling"]["spread_pct"] == 0.0
     assert [c["gating"] for c in checks.values()] == [True] * 5 + [False]
     tests, failures, errors = junit(tmp_path / "q.xml")

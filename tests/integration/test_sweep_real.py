@@ -116,7 +116,10 @@ def test_sweep_takes_the_safe_batch_from_the_saved_probe(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["safe_batch"] == 13 and report["ceiling"] == 16
-    assert {r["point"]["micro_batch_size"] for r in report["results"]} == {3}  # 13 // 4 micro-batches
+    # The global batch is held at the default: the largest power of two 2 micro-batches hold at 13 (16),
+    # split every way the grid allows, each micro-batch size within the safe batch.
+    assert report["global_batches"] == [16] and report["global_batch_default"] is True
+    assert {r["point"]["micro_batch_size"] for r in report["results"]} == {8, 4}
     assert any("bounded by the safe batch 13" in w for w in report["warnings"])
     too_big = mbtune("sweep", *quick, "--schedules", "gpipe", "-m", "2", "--accum", "1", "--micro-batch-size", "32",
                      "--format", "json", "--no-save")

@@ -1,0 +1,70 @@
+"""A fixed global batch, split every way the grid allows; the default rule; ranking within a global batch;
+the trade-off rows and the cross-batch padding pair."""
+
+from __future__ import annotations
+
+import pytest
+
+from mbtune.config import SweepConfig, default_global_batch
+from mbtune.grid import plan_grid, rank_results, tied_with_best, tradeoff
+from mbtune.records import SweepPoint, TrialResult
+
+
+@pytest.mark.parametrize("sizes", [(16,), (12, 48), (64, 7)])
+def test_every_point_multiplies_to_its_global_batch_and_the_rest_say_why(sizes):
+    config = SweepConfig(workload="mlp", num_stages=2, schedules=("gpipe", "1f1b"), micro_batches=(2, 3, 4),
+                         accum_steps=(1, 2, 3), global_batch=sizes, safe_batch=16)
+    grid = plan_grid(config, num_blocks=6)
+    made = [p.micro_batch_size * p.num_microbatches * p.grad_accum_steps * p.data_parallel_size for p in grid.points]
+    assert made == [p.global_batch for p in grid.points] and set(made) <= set(sizes)
+    assert all(p.micro_batch_size <= 16 for p in grid.points)
+    for skipped in grid.skipped:
+        assert "does not divide" in skipped.reason or "above the probed safe batch 16" in skipped.reason
+    assert len(grid.points) + len(grid.skipped) == len(sizes) * 2 * 3 * 3
+
+
+@pytest.mark.parametrize(("safe", "counts", "accum", "expected"), [
+    (68, (2, 4, 8), (1, 2), 128), (100, (2, 4, 8), (1, 2), 128), (27, (2,), (1,), 32), (1, (1,), (1,), 1)])
+def test_the_default_global_batch_is_the_largest_power_of_two_the_smallest_split_holds(safe, counts, accum, expected):
+    size = default_global_batch(safe, counts, accum)
+    assert size == expected and size & (size - 1) == 0
+    assert size // (min(counts) * min(accum)) <= safe < 2 * size // (min(counts) * min(accum))
+
+
+def test_a_probed_sweep_holds_the_default_global_batch_and_a_fixed_micro_batch_size_lets_it_vary():
+    probed = SweepConfig(workload="mlp", num_stages=2, safe_batch=68)
+    assert probed.global_batches == (128,)
+    grid = plan_grid(probed, num_blocks=6)
+    assert {p.global_batch for p in grid.points} == {128} and grid.points
+    fixed = SweepConfig(workload="mlp", num_stages=2, safe_batch=68, micro_batch_size=4)
+    assert fixed.global_batches == () and len({p.global_batch for p in plan_grid(fixed, num_blocks=6).points}) > 1
+    assert SweepConfig(workload="mlp", global_batch=32).global_batch == (32,)  # one, as before lists
+
+
+def _result(m, accum, mbs, rate, *, schedule="1f1b", bubble=0.2, memory=100):
+    point = SweepPoint(schedule=schedule, num_stages=2, num_microbatches=m, grad_accum_steps=accum,
+                       micro_batch_size=mbs)
+    return TrialResult(point=point, status="ok", samples_per_s=rate, samples_per_s_min=rate, samples_per_s_max=rate,
+                       bubble_measured=bubble, peak_memory_bytes=(memory,), step_time_median_s=point.global_batch / rate)
+
+
+def test_rows_are_ranked_within_their_global_batch_in_the_order_given():
+    results = [_result(2, 1, 8, 500.0), _result(2, 1, 32, 900.0), _result(4, 1, 4, 400.0)]  # G 16, 64, 16
+    ranking, _ = rank_results(results, "throughput", (16, 64))
+    assert ranking == (0, 2, 1)  # 64's faster row comes after every row of 16
+    assert rank_results(results, "throughput")[0] == (1, 0, 2)  # without fixed batches: across them
+    tied = [_result(2, 1, 8, 500.0), _result(2, 1, 32, 500.0)]
+    assert tied_with_best(tied, (0, 1), "throughput", same_global_batch=True) == ()
+    assert tied_with_best(tied, (0, 1), "throughput") == (1,)
+
+
+def test_the_tradeoff_rows_are_the_best_and_its_neighbours_and_padding_is_found():
+    results = [_result(4, 1, 8, 900.0, bubble=0.20), _result(2, 2, 8, 700.0, bubble=0.33),
+               _result(8, 1, 4, 600.0), _result(2, 1, 16, 650.0), _result(1, 1, 32, 300.0),
+               _result(4, 1, 8, 100.0, schedule="gpipe")]
+    ranking, _ = rank_results(results, "throughput", (32,))
+    assert ranking[0] == 0
+    rows, padding = tradeoff(results, ranking)
+    assert rows == (2, 0, 3)  # micro-batch sizes 4, 8 (the best), 16: same schedule and global batch
+    assert padding == (0, 1)  # 4 x 1 beat 2 x 2 at micro-batch size 8
+    assert tradeoff(results[1:2], (0,)) == ((0,), None)
