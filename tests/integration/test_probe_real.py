@@ -56,7 +56,8 @@ def test_probe_finds_the_brute_force_ceiling(budget):
     assert result.safe_batch_verified and result.safe_batch <= result.ceiling
     assert sizes.count((result.safe_batch, "ok")) >= result.confirm, why
     model = result.memory_model
-    assert model is not None and (not model.resolved or model.per_sample_bytes > 0), why
+    # (With one size that ran, as when the ceiling is the first granule, there is no fit at all.)
+    assert model is None or not model.resolved or model.per_sample_bytes > 0, why
     # The band where one size both fits and fails can move a result by a granule, never more.
     assert abs(result.ceiling - truth) <= GRANULE, why
     assert result.device.backend == "cpu"
