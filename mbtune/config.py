@@ -413,6 +413,13 @@ class CheckConfig:
                 raise ConfigError(f"{reason}", field="global_batch",
                                   hint="Pick a global batch that micro-batches x accumulation steps divide.")
 
+    @classmethod
+    def for_point(cls, point: SweepPoint, **settings: Any) -> CheckConfig:
+        """The check of one sweep point; `settings` give the workload and the rest."""
+        return cls(schedule=point.schedule, num_stages=point.num_stages, num_microbatches=point.num_microbatches,
+                   grad_accum_steps=point.grad_accum_steps, micro_batch_size=point.micro_batch_size,
+                   virtual_stages=max(2, point.virtual_stages), **settings)
+
     @property
     def point(self) -> SweepPoint:
         """The configuration as a sweep point."""

@@ -412,12 +412,10 @@ def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | 
     if progress:
         progress.start_trial(f"check {point.label}")
     try:
-        result = check_update(CheckConfig(
-            workload=config.workload, workload_options=config.workload_options, device=config.device,
-            schedule=point.schedule, num_stages=point.num_stages, num_microbatches=point.num_microbatches,
-            grad_accum_steps=point.grad_accum_steps, micro_batch_size=point.micro_batch_size,
-            virtual_stages=max(2, point.virtual_stages), precision=config.precision, optimizer=config.optimizer,
-            lr=config.lr, seed=config.seed, timeout_s=config.point_timeout_s, load_timeout_s=config.load_timeout_s))
+        result = check_update(CheckConfig.for_point(
+            point, workload=config.workload, workload_options=config.workload_options, device=config.device,
+            precision=config.precision, optimizer=config.optimizer, lr=config.lr, seed=config.seed,
+            timeout_s=config.point_timeout_s, load_timeout_s=config.load_timeout_s))
     except (Interrupted, KeyboardInterrupt):
         return replace(sweep, interrupted=True, check_error="interrupted")
     except MbtuneError as exc:
@@ -552,11 +550,10 @@ def check_config_from_profile(path: Path, rank: int, **settings: Any) -> CheckCo
                           hint=f"Use --rank 1 to {len(sweep.ranking)}.")
     point = sweep.results[sweep.ranking[rank - 1]].point
     probe = profile.probe
-    return CheckConfig(workload=sweep.workload, workload_options=tuple(sorted(sweep.workload_options.items())),
-                       schedule=point.schedule, num_stages=point.num_stages, num_microbatches=point.num_microbatches,
-                       grad_accum_steps=point.grad_accum_steps, micro_batch_size=point.micro_batch_size,
-                       virtual_stages=max(2, point.virtual_stages), precision=probe.precision if probe else "fp32",
-                       optimizer=probe.optimizer if probe else "adamw", **settings)
+    return CheckConfig.for_point(point, workload=sweep.workload,
+                                 workload_options=tuple(sorted(sweep.workload_options.items())),
+                                 precision=probe.precision if probe else "fp32",
+                                 optimizer=probe.optimizer if probe else "adamw", **settings)
 
 
 def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
