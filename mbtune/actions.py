@@ -25,8 +25,12 @@ BACKWARD = "backward"  # full backward: input and weight gradients together
 BACKWARD_INPUT = "backward_input"  # zero-bubble schedules: the input-gradient part of a backward
 BACKWARD_WEIGHT = "backward_weight"  # ... and its weight-gradient part
 LOSS = "loss"  # timed after the last stage's forward; not a compute action of its own in the schedules
+# Data parallel: a rank's gradient all-reduce over the replicas, after its pipeline step and before the
+# update. Timelines show it; it is no stage's compute and crosses no stage boundary.
+ALLREDUCE = "allreduce"
 COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 ACTION_KINDS = (*COMPUTE_KINDS, LOSS)
+TIMELINE_KINDS = (*ACTION_KINDS, ALLREDUCE)
 
 # Per kind that takes an input from a neighbour stage: the kinds whose result that input is.
 _PRODUCER_KINDS: dict[str, tuple[str, ...]] = {

@@ -43,7 +43,8 @@ def check_update(config: CheckConfig) -> CheckResult:
     device = "cuda" if config.device.startswith("cuda") else "cpu"
     spec = PipelineSpec(
         workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
-        num_ranks=point.num_stages, virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
+        num_ranks=point.num_stages, data_parallel=point.data_parallel_size,
+        virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
         num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
         grad_accum_steps=point.grad_accum_steps, warmup_steps=0, measured_steps=1, seed=config.seed, device=device,
         optimizer=config.optimizer, learning_rate=lr_for(config.optimizer, config.lr), precision=config.precision,
@@ -59,7 +60,7 @@ def check_update(config: CheckConfig) -> CheckResult:
         raise HarnessError(f"the plain model's step ended as {plain.status}: "
                            f"{(plain.error or 'no error text').strip().splitlines()[-1]}", detail=plain.error_tail)
     grads: dict[str, Any] = {}
-    for report in outcome.reports:
+    for report in outcome.pipeline_reports:  # all-reduced: every replica holds the same gradients
         grads.update(report.grads or {})
     return compare(config, grads, float(outcome.loss or math.nan), plain.value)
 
@@ -127,7 +128,7 @@ def _arrays(tensors: dict[str, Any]) -> dict[str, Any]:
 def plain_gradients(spec: Any) -> dict[str, Any]:
     """In a fresh process: the plain model's loss and gradients on one optimizer step's samples at once,
     and its gradients of the loss as the pipeline forms it (each micro-batch's loss over micro-batches x
-    accumulation steps, summed). The same weights and samples as the pipeline's ranks."""
+    accumulation steps x replicas, summed). The same weights and samples as the pipeline's ranks."""
     import torch
 
     from mbtune.pipeline.runner import step_batch
@@ -139,7 +140,7 @@ def plain_gradients(spec: Any) -> dict[str, Any]:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model = workload.build(seed=spec.seed).to(device)
     model.train()
-    batches = [step_batch(workload, spec.pipeline_batch_size, seed=spec.seed, step_index=0, accum_index=a)
+    batches = [step_batch(workload, spec.replicas_batch_size, seed=spec.seed, step_index=0, accum_index=a)
                for a in range(spec.grad_accum_steps)]
     inputs = torch.cat([b[0] for b in batches]).to(device)
     targets = torch.cat([b[1] for b in batches]).to(device)
@@ -148,10 +149,10 @@ def plain_gradients(spec: Any) -> dict[str, Any]:
     loss.backward()
     whole = _numpy_grads(model)
     model.zero_grad(set_to_none=True)
-    parts = spec.num_microbatches * spec.grad_accum_steps
+    chunks = spec.num_microbatches * spec.data_parallel  # each replica's micro-batches, replica after replica
+    parts = chunks * spec.grad_accum_steps
     for batch_inputs, batch_targets in batches:
-        for x, y in zip(batch_inputs.to(device).chunk(spec.num_microbatches),
-                        batch_targets.to(device).chunk(spec.num_microbatches)):
+        for x, y in zip(batch_inputs.to(device).chunk(chunks), batch_targets.to(device).chunk(chunks)):
             with autocast_for(spec.precision, device):
                 part = workload.loss(model(x), y) / parts
             part.backward()

@@ -44,7 +44,8 @@ P, S, C = ProbeConfig, SweepConfig, CheckConfig  # every default is the config's
 PROFILES = Path("profiles")  # where saved profiles go, relative to the current folder
 
 
-SWEEP_ACCUM, PLAN_MICRO_BATCHES = (",".join(map(str, v)) for v in (S.accum_steps, DEFAULT_PLAN_MICRO_BATCHES))
+SWEEP_ACCUM, SWEEP_DATA_PARALLEL, PLAN_MICRO_BATCHES = (
+    ",".join(map(str, v)) for v in (S.accum_steps, S.data_parallel, DEFAULT_PLAN_MICRO_BATCHES))
 
 app = typer.Typer(
     name="mbtune", no_args_is_help=True, add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -161,6 +162,8 @@ Schedules = Annotated[str | None, typer.Option("--schedules", help="Comma list o
 MicroBatches = Annotated[str | None, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts (default: p,2p,4p).")]
 Accum = Annotated[str, typer.Option("--accum", help="Comma list of gradient-accumulation steps.")]
 MicroBatchSize = Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default: probed safe batch / largest micro-batch count, else 4).")]
+MicroBatchSizes = Annotated[str | None, typer.Option("--micro-batch-size", help="Comma list of fixed micro-batch sizes; the global batch then varies from row to row (default: the global batch is held fixed, see --global-batch).")]
+DataParallel = Annotated[str, typer.Option("--data-parallel", help="Comma list of data-parallel replica counts: each runs stages x N processes, gradients all-reduced across replicas every optimizer step.")]
 GlobalBatch = Annotated[str | None, typer.Option("--global-batch", help="Comma list of global batches, each held fixed and split every way the grid allows (the micro-batch size follows per point); default with a probe: the largest power of two the fewest micro-batches and accumulation steps hold at the safe batch.")]
 PlanGlobalBatch = Annotated[int | None, typer.Option("--global-batch", help="Fix the global batch instead; the micro-batch size follows per point.")]
 Objective = Annotated[str, typer.Option("--objective", help="Rank by throughput, memory or bubble.")]
@@ -181,8 +184,9 @@ def sweep(
     schedules: Schedules = None,
     micro_batches: MicroBatches = None,
     accum: Accum = SWEEP_ACCUM,
-    micro_batch_size: MicroBatchSize = S.micro_batch_size,
+    micro_batch_size: MicroBatchSizes = None,
     global_batch: GlobalBatch = None,
+    data_parallel: DataParallel = SWEEP_DATA_PARALLEL,
     from_profile: Annotated[Path | None, typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")] = None,
     objective: Objective = S.objective,
     strategy: Strategy = S.strategy,
@@ -215,7 +219,7 @@ def sweep(
     config = _sweep_config(
         workload=workload, option=option, device=device, stages=stages, schedules=schedules,
         micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
-        from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
+        data_parallel=data_parallel, from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
         optimizer=optimizer, precision=precision, threads=threads, point_timeout=point_timeout,
         load_timeout=load_timeout, profiles_dir=profiles_dir, strategy=strategy, repeats=repeats, lr=lr,
         reference_batch=reference_batch, seed=seed,
@@ -243,8 +247,9 @@ def tune(
     schedules: Schedules = None,
     micro_batches: MicroBatches = None,
     accum: Accum = SWEEP_ACCUM,
-    micro_batch_size: MicroBatchSize = S.micro_batch_size,
+    micro_batch_size: MicroBatchSizes = None,
     global_batch: GlobalBatch = None,
+    data_parallel: DataParallel = SWEEP_DATA_PARALLEL,
     objective: Objective = S.objective,
     strategy: Strategy = S.strategy,
     steps: SweepSteps = S.measured_steps,
@@ -282,7 +287,8 @@ def tune(
                                  lr=lr, seed=seed)
     sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
                                  schedules=schedules, micro_batches=micro_batches, accum=accum,
-                                 micro_batch_size=micro_batch_size, global_batch=global_batch, objective=objective,
+                                 micro_batch_size=micro_batch_size, global_batch=global_batch,
+                                 data_parallel=data_parallel, objective=objective,
                                  strategy=strategy, steps=steps, warmup=warmup, repeats=repeats,
                                  virtual_stages=virtual_stages, optimizer=optimizer, precision=precision,
                                  threads=threads, point_timeout=point_timeout, load_timeout=load_timeout,
@@ -425,6 +431,7 @@ def check(
     schedule: Annotated[str, typer.Option("--schedule", help="One schedule: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble or zbv.")] = C.schedule,
     micro_batches: Annotated[int, typer.Option("--micro-batches", "-m", help="Micro-batches per pipeline step.")] = C.num_microbatches,
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = C.grad_accum_steps,
+    data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline (gradients all-reduced).")] = C.data_parallel,
     micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default 2, or from --global-batch).")] = C.micro_batch_size,
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="Samples per optimizer step; the micro-batch size follows.")] = C.global_batch,
     virtual_stages: VirtualStages = C.virtual_stages,
@@ -453,8 +460,8 @@ def check(
     else:
         config = CheckConfig(workload=workload, workload_options=parse_options(option or []), device=device,
                              schedule=schedule, num_stages=stages, num_microbatches=micro_batches,
-                             grad_accum_steps=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
-                             virtual_stages=virtual_stages, precision=precision, optimizer=optimizer, lr=lr, seed=seed,
+                             grad_accum_steps=accum, data_parallel=data_parallel, micro_batch_size=micro_batch_size,
+                             global_batch=global_batch, virtual_stages=virtual_stages, precision=precision, optimizer=optimizer, lr=lr, seed=seed,
                              timeout_s=timeout, load_timeout_s=load_timeout)
     result = check_update(config)
     print_check(make_console(), result, fmt)

@@ -33,8 +33,8 @@ def _probe_config(*, option: list[str] | None, memory_budget: str | None, **fiel
 
 def _sweep_config(*, workload: str, option: list[str] | None, device: str, stages: int, schedules: str | None,
                   micro_batches: str | None, accum: str, objective: str, steps: int, optimizer: str,
-                  point_timeout: float, load_timeout: float, micro_batch_size: int | None = None,
-                  global_batch: str | None = None, from_profile: Path | None = None, warmup: int = 1,
+                  point_timeout: float, load_timeout: float, micro_batch_size: str | None = None,
+                  global_batch: str | None = None, data_parallel: str = "1", from_profile: Path | None = None, warmup: int = 1,
                   virtual_stages: int = 2, threads: int | None = None, profiles_dir: Path | None = None,
                   precision: str = "fp32", strategy: str = "grid", repeats: int = 1, lr: float | None = None,
                   reference_batch: int | None = None, seed: int = 0) -> SweepConfig:
@@ -45,7 +45,9 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
         workload=workload, workload_options=parse_options(option or []), device=device, num_stages=stages,
         schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
         micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
-        micro_batch_size=micro_batch_size, global_batch=parse_list(global_batch, name="--global-batch"),
+        micro_batch_size=parse_list(micro_batch_size, name="--micro-batch-size"),
+        global_batch=parse_list(global_batch, name="--global-batch"),
+        data_parallel=parse_list(data_parallel, name="--data-parallel"),
         objective=objective, measured_steps=steps,
         warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, precision=precision, threads=threads,
         strategy=strategy, repeats=repeats, point_timeout_s=point_timeout, load_timeout_s=load_timeout, lr=lr,

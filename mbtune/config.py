@@ -274,8 +274,9 @@ class SweepConfig:
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
     micro_batches: tuple[int, ...] | None = None  # default: p, 2p, 4p
     accum_steps: tuple[int, ...] = (1, 2)
-    micro_batch_size: int | None = None
+    micro_batch_size: tuple[int, ...] | None = None  # fixed sizes (the global batch then varies)
     global_batch: tuple[int, ...] | None = None  # held fixed, each split every way the grid allows
+    data_parallel: tuple[int, ...] = (1,)  # replicas of the pipeline (world = stages x replicas processes)
     safe_batch: int | None = None  # from a probe: micro-batch sizes above it are skipped
     ceiling: int | None = None
     ceiling_peak_memory_bytes: int | None = None
@@ -301,12 +302,15 @@ class SweepConfig:
     def __post_init__(self) -> None:
         from mbtune.pipeline.theory import SCHEDULE_NAMES
 
-        if isinstance(self.global_batch, int) and not isinstance(self.global_batch, bool):
-            object.__setattr__(self, "global_batch", (self.global_batch,))  # one global batch, as before lists
+        for name in ("global_batch", "micro_batch_size", "data_parallel"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, (value,))  # one value, as before lists
         check_types(self)
         object.__setattr__(self, "device", parse_device(self.device))
         _require(self.num_stages >= 1, "num_stages", self.num_stages, "an integer >= 1")
-        for name in ("schedules", "micro_batches", "accum_steps", "global_batch"):
+        for name in ("schedules", "micro_batches", "accum_steps", "global_batch", "micro_batch_size",
+                     "data_parallel"):
             require_unique(getattr(self, name), name)
         _require(bool(self.schedules), "schedules", self.schedules, "at least one schedule")
         unknown = [s for s in self.schedules if s not in SCHEDULE_NAMES]
@@ -318,11 +322,14 @@ class SweepConfig:
         if self.micro_batch_size is not None and self.global_batch is not None:
             raise ConfigError("--micro-batch-size and --global-batch both given",
                               hint="Give one: the other follows from micro-batches and accumulation steps.")
-        for name in ("micro_batch_size", "safe_batch", "ceiling"):
+        for name in ("safe_batch", "ceiling"):
             value = getattr(self, name)
             _require(value is None or value >= 1, name, value, "an integer >= 1")
-        _require(self.global_batch is None or (bool(self.global_batch) and min(self.global_batch) >= 1),
-                 "global_batch", self.global_batch, "integers >= 1")
+        for name in ("global_batch", "micro_batch_size"):
+            value = getattr(self, name)
+            _require(value is None or (bool(value) and min(value) >= 1), name, value, "integers >= 1")
+        _require(bool(self.data_parallel) and min(self.data_parallel) >= 1, "data_parallel", self.data_parallel,
+                 "integers >= 1")
         _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(self.measured_steps >= 1, "measured_steps", self.measured_steps, "an integer >= 1")
@@ -352,15 +359,18 @@ class SweepConfig:
         if self.global_batch is not None:
             return self.global_batch
         if self.micro_batch_size is None and self.safe_batch is not None:
-            return (default_global_batch(self.safe_batch, self.micro_batch_counts, self.accum_steps),)
+            return (default_global_batch(self.safe_batch, self.micro_batch_counts, self.accum_steps,
+                                         self.data_parallel),)
         return ()
 
 
-def default_global_batch(safe_batch: int, micro_batch_counts: tuple[int, ...], accum_steps: tuple[int, ...]) -> int:
+def default_global_batch(safe_batch: int, micro_batch_counts: tuple[int, ...], accum_steps: tuple[int, ...],
+                         data_parallel: tuple[int, ...] = (1,)) -> int:
     """The global batch a sweep holds fixed by default: the largest power of two that the fewest
-    micro-batches and accumulation steps of the grid hold at the probed safe batch. Every (micro-batches,
-    accumulation) pair of powers of two then splits it with a micro-batch size within the safe batch."""
-    most = safe_batch * min(micro_batch_counts) * min(accum_steps)
+    micro-batches, accumulation steps and replicas of the grid hold at the probed safe batch. Every
+    (micro-batches, accumulation, replicas) combination of powers of two then splits it with a micro-batch
+    size within the safe batch."""
+    most = safe_batch * min(micro_batch_counts) * min(accum_steps) * min(data_parallel)
     return 1 << (most.bit_length() - 1)
 
 
@@ -376,6 +386,7 @@ class CheckConfig:
     num_stages: int = 2  # pipeline ranks
     num_microbatches: int = 4
     grad_accum_steps: int = 1
+    data_parallel: int = 1  # replicas of the pipeline, gradients all-reduced
     micro_batch_size: int | None = None  # None: from global_batch, else 2
     global_batch: int | None = None
     virtual_stages: int = 2
@@ -392,7 +403,7 @@ class CheckConfig:
         check_types(self)
         object.__setattr__(self, "device", parse_device(self.device))
         _require(self.schedule in SCHEDULE_NAMES, "schedule", self.schedule, " | ".join(SCHEDULE_NAMES))
-        for name in ("num_stages", "num_microbatches", "grad_accum_steps"):
+        for name in ("num_stages", "num_microbatches", "grad_accum_steps", "data_parallel"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
         if self.micro_batch_size is not None and self.global_batch is not None:
             raise ConfigError("--micro-batch-size and --global-batch both given",
@@ -408,17 +419,19 @@ class CheckConfig:
         _check_timeout(self.load_timeout_s, "load_timeout_s")
         if self.global_batch is not None:
             _, reason = micro_batch_size_for(self.global_batch, num_microbatches=self.num_microbatches,
-                                             grad_accum_steps=self.grad_accum_steps)
+                                             grad_accum_steps=self.grad_accum_steps,
+                                             data_parallel_size=self.data_parallel)
             if reason:
                 raise ConfigError(f"{reason}", field="global_batch",
-                                  hint="Pick a global batch that micro-batches x accumulation steps divide.")
+                                  hint="Pick a global batch that micro-batches x accumulation steps x replicas "
+                                       "divide.")
 
     @classmethod
     def for_point(cls, point: SweepPoint, **settings: Any) -> CheckConfig:
         """The check of one sweep point; `settings` give the workload and the rest."""
         return cls(schedule=point.schedule, num_stages=point.num_stages, num_microbatches=point.num_microbatches,
-                   grad_accum_steps=point.grad_accum_steps, micro_batch_size=point.micro_batch_size,
-                   virtual_stages=max(2, point.virtual_stages), **settings)
+                   grad_accum_steps=point.grad_accum_steps, data_parallel=point.data_parallel_size,
+                   micro_batch_size=point.micro_batch_size, virtual_stages=max(2, point.virtual_stages), **settings)
 
     @property
     def point(self) -> SweepPoint:
@@ -428,10 +441,12 @@ class CheckConfig:
         size = self.micro_batch_size or 2
         if self.global_batch is not None:
             size, _ = micro_batch_size_for(self.global_batch, num_microbatches=self.num_microbatches,
-                                           grad_accum_steps=self.grad_accum_steps)
+                                           grad_accum_steps=self.grad_accum_steps,
+                                           data_parallel_size=self.data_parallel)
         return SweepPoint(schedule=self.schedule, num_stages=self.num_stages, num_microbatches=self.num_microbatches,
                           grad_accum_steps=self.grad_accum_steps, micro_batch_size=size,
-                          virtual_stages=stages_per_rank(self.schedule, self.virtual_stages))
+                          virtual_stages=stages_per_rank(self.schedule, self.virtual_stages),
+                          data_parallel_size=self.data_parallel)
 
 
 THRESHOLD_KEYS = ("min_ceiling", "min_safe_batch", "min_best_samples_per_s", "max_best_bubble")

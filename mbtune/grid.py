@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from mbtune.actions import ALLREDUCE
 from mbtune.config import SweepConfig
 from mbtune.device.load import busy_warning
 from mbtune.pipeline.theory import check_point, stages_per_rank, theoretical_bubble
@@ -47,13 +48,18 @@ def default_micro_batch_size(config: SweepConfig) -> int:
     return max(1, config.safe_batch // max(config.micro_batch_counts))
 
 
-def plan_grid(config: SweepConfig, *, num_blocks: int, num_stages: int | None = None) -> Grid:
-    """Every (schedule, micro-batches, accumulation) point, or the config's explicit points, split into
-    runnable and skipped (with the reason)."""
+def plan_grid(config: SweepConfig, *, num_blocks: int, num_stages: int | None = None,
+              max_processes: int | None = None) -> Grid:
+    """Every (schedule, micro-batches, accumulation, replicas, micro-batch size) point, or the config's
+    explicit points, split into runnable and skipped (with the reason). `max_processes`: the most ranks
+    the device can hold (GPUs: one rank each)."""
     points, skipped = [], []
     for point, reason in _candidates(config, num_stages or config.num_stages):
         reason = reason or check_point(point.schedule, point.virtual_stages * point.num_stages, point.num_stages,
                                        point.num_microbatches, num_blocks=num_blocks)
+        if reason is None and max_processes is not None and point.num_processes > max_processes:
+            reason = (f"{point.num_stages} stages x {point.data_parallel_size} replicas need {point.num_processes} "
+                      f"GPUs, {max_processes} visible")
         if reason is None and config.safe_batch is not None and point.micro_batch_size > config.safe_batch:
             reason = f"micro-batch size {point.micro_batch_size} is above the probed safe batch {config.safe_batch}"
         if reason:
@@ -72,17 +78,19 @@ def _candidates(config: SweepConfig, p: int) -> list[tuple[SweepPoint, str | Non
             v = stages_per_rank(schedule, config.virtual_stages)
             for m in config.micro_batch_counts:
                 for accum in config.accum_steps:
-                    mbs, reason = _micro_batch_size(config, global_batch, m, accum)
-                    candidates.append((SweepPoint(schedule=schedule, num_stages=p, num_microbatches=m,
-                                                  grad_accum_steps=accum, micro_batch_size=mbs, virtual_stages=v),
-                                       reason))
+                    for dp in config.data_parallel:
+                        for mbs, reason in _micro_batch_sizes(config, global_batch, m, accum, dp):
+                            candidates.append((SweepPoint(schedule=schedule, num_stages=p, num_microbatches=m,
+                                                          grad_accum_steps=accum, micro_batch_size=mbs,
+                                                          virtual_stages=v, data_parallel_size=dp), reason))
     return candidates
 
 
-def _micro_batch_size(config: SweepConfig, global_batch: int | None, m: int, accum: int) -> tuple[int, str | None]:
+def _micro_batch_sizes(config: SweepConfig, global_batch: int | None, m: int, accum: int,
+                       dp: int) -> list[tuple[int, str | None]]:
     if global_batch is None:
-        return config.micro_batch_size or default_micro_batch_size(config), None
-    return micro_batch_size_for(global_batch, num_microbatches=m, grad_accum_steps=accum)
+        return [(size, None) for size in config.micro_batch_size or (default_micro_batch_size(config),)]
+    return [micro_batch_size_for(global_batch, num_microbatches=m, grad_accum_steps=accum, data_parallel_size=dp)]
 
 
 def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_sample: int | None,
@@ -105,7 +113,9 @@ def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_s
         warnings.append(f"step time varies {cv:.0f}% (over {STABILITY_CV_PCT:.0f}%): results unstable; "
                         "run more --steps or on a quieter machine")
     typical = median_step(steps)
-    bubbles = step_bubbles(outcome.reports)
+    pipeline = outcome.pipeline_reports
+    bubbles = step_bubbles(pipeline)
+    allreduce = outcome.allreduce_times_s
     return TrialResult(
         point=point, status=OK, step_times_s=steps, step_time_median_s=median, step_time_cv_pct=cv,
         samples_per_s=samples_per_s, repeat_step_time_medians_s=(median,),
@@ -117,8 +127,9 @@ def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_s
         bubble_measured=measured, bubble_theoretical=theory,
         excess_idle_pct=100.0 * (measured - theory) if measured is not None else None,
         idle=outcome.idle_shares,
-        peak_memory_bytes=tuple(r.peak_memory_bytes for r in outcome.reports), loss=outcome.loss,
-        warnings=tuple(warnings), timeline=step_timeline(outcome.reports, typical), timeline_step=typical,
+        peak_memory_bytes=outcome.peak_memory_bytes, loss=outcome.loss,
+        allreduce_s=statistics.median(allreduce) if allreduce else None,
+        warnings=tuple(warnings), timeline=step_timeline(pipeline, typical), timeline_step=typical,
         wall_s=outcome.wall_s, cuda_step_times_s=tuple(outcome.cuda_step_times_s),
     )
 
@@ -241,12 +252,17 @@ def median_step(step_times_s: Sequence[float]) -> int:
 
 
 def step_timeline(reports: Sequence[StageReport], step: int = 0) -> tuple[TimelineAction, ...]:
-    """The compute actions of one measured step, every rank, in start order."""
+    """The compute actions of one measured step, every rank, in start order; with data parallelism each
+    rank's gradient all-reduce too (kind allreduce, on the rank's first stage, micro-batch -1)."""
     actions = [
         TimelineAction(rank=report.rank, stage=a.stage, kind=a.kind, microbatch=a.microbatch, accum=a.accum,
                        start_s=a.start_s, end_s=a.end_s)
         for report in reports for a in report.actions if a.step == step
     ]
+    actions += [TimelineAction(rank=report.rank, stage=min(report.stage_indices), kind=ALLREDUCE, microbatch=-1,
+                               accum=-1, start_s=report.allreduce_spans_s[step][0],
+                               end_s=report.allreduce_spans_s[step][1])
+                for report in reports if step < len(report.allreduce_spans_s)]
     return tuple(sorted(actions, key=lambda a: (a.start_s, a.rank)))
 
 

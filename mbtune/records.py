@@ -206,8 +206,14 @@ class SweepPoint(Record):
 
     @property
     def label(self) -> str:
+        replicas = f" dp={self.data_parallel_size}" if self.data_parallel_size > 1 else ""
         return (f"{self.schedule} p={self.num_stages} m={self.num_microbatches} "
-                f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}")
+                f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}{replicas}")
+
+    @property
+    def num_processes(self) -> int:
+        """One process per pipeline rank of every replica."""
+        return self.num_stages * self.data_parallel_size
 
 
 def micro_batch_size_for(global_batch: int, *, num_microbatches: int, grad_accum_steps: int,
@@ -315,8 +321,9 @@ class TrialResult(Record):
     bubble_theoretical: float | None = None
     excess_idle_pct: float | None = None  # measured minus theoretical bubble: communication and imbalance
     idle: IdleShares | None = None  # the measured bubble split into schedule, transfer and overhead
-    peak_memory_bytes: tuple[int | None, ...] = ()  # per rank
+    peak_memory_bytes: tuple[int | None, ...] = ()  # per pipeline rank (the highest over data-parallel replicas)
     loss: float | None = None
+    allreduce_s: float | None = None  # data parallel: median gradient all-reduce per step, inside the step time
     nvml: NvmlSummary | None = None
     ran_as: str = ""
     warnings: tuple[str, ...] = ()
@@ -353,12 +360,14 @@ class TrialResult(Record):
 
     @property
     def compute_per_sample_s(self) -> float | None:
-        """Busy compute seconds per sample, all ranks together: the arithmetic efficiency of the micro-batch
-        size with the bubble taken out (median step x ranks x (1 - measured bubble) / global batch)."""
+        """Busy compute seconds per sample, all ranks of all replicas together: the arithmetic efficiency of
+        the micro-batch size with the bubble and the all-reduce taken out ((median step - all-reduce) x
+        processes x (1 - measured bubble) / global batch)."""
         if self.step_time_median_s is None or self.bubble_measured is None:
             return None
         point = self.point
-        return self.step_time_median_s * point.num_stages * (1 - self.bubble_measured) / point.global_batch
+        busy = (self.step_time_median_s - (self.allreduce_s or 0.0)) * point.num_processes
+        return busy * (1 - self.bubble_measured) / point.global_batch
 
 
 @dataclass(frozen=True, kw_only=True)

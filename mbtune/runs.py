@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -201,9 +202,9 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     device = resolve_device(config.device)
     info = describe(device)
     log.info("sweep of %s (%d blocks) on %s", config.workload, workload.num_blocks, info.name)
-    num_stages, threads, warnings = _placement(config, device)
+    num_stages, threads, max_processes, warnings = _placement(config, device)
     config = _with_saved_limits(config, info, warnings)
-    grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages)
+    grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages, max_processes=max_processes)
     peak = peak_flops(info.name, config.precision)
     results: list[TrialResult] = []
     done = {r.point: r for r in map(TrialResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
@@ -215,7 +216,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
             progress.start_trial(point.label)
         result, detail = done.get(point), REPLAYED
         if result is None:
-            result = _run_repeats(point, config, device, threads, workload, peak * num_stages if peak else None)
+            result = _run_repeats(point, config, device, threads, workload, peak * point.num_processes if peak else None)
             detail = _result_detail(result)
             if store:
                 store.record(SWEEP_POINT, result.to_dict())
@@ -302,10 +303,10 @@ def _with_saved_limits(config: SweepConfig, info: DeviceInfo, warnings: list[str
     return replace(config, **sweep_limits(probe))
 
 
-def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, list[str]]:
-    """Stages that really run, torch threads per stage process, and what the user should know."""
-    import os
-
+def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, int | None, list[str]]:
+    """Stages that really run, torch threads per rank process (None: per point, cores over its
+    processes), the most processes a point may have (GPUs: one rank each; None: no limit), and what the
+    user should know."""
     warnings: list[str] = []
     p = config.num_stages
     if device.startswith("cuda"):
@@ -318,11 +319,14 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, list[
                 f"holding every stage on cuda:0 (micro-batching and accumulation are real; a {p}-GPU pipeline "
                 "bubble is not measured; see the theoretical column)")
             p = 1
-        return p, config.threads, warnings
+        return p, config.threads, gpus, warnings
     cores = os.cpu_count() or 1
-    if p > cores:
-        warnings.append(f"{p} stages on {cores} CPU cores oversubscribe the machine: timings are distorted")
-    return p, config.threads or max(1, cores // p), warnings
+    most = p * max(config.data_parallel)
+    if most > cores:
+        replicas = f" x {max(config.data_parallel)} data-parallel replicas" if most > p else ""
+        warnings.append(f"{p} stages{replicas} ({most} processes) on {cores} CPU cores oversubscribe the machine: "
+                        "timings are distorted")
+    return p, config.threads, None, warnings
 
 
 def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
@@ -343,9 +347,12 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     from mbtune.grid import summarize_point
     from mbtune.pipeline import PipelineSpec, run_pipeline_point
 
+    if threads is None and not device.startswith("cuda"):
+        threads = max(1, (os.cpu_count() or 1) // point.num_processes)
     spec = PipelineSpec(
         workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
-        num_ranks=point.num_stages, virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
+        num_ranks=point.num_stages, data_parallel=point.data_parallel_size,
+        virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
         num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
         grad_accum_steps=point.grad_accum_steps, warmup_steps=config.warmup_steps,
         measured_steps=config.measured_steps, seed=config.seed, device="cuda" if device.startswith("cuda") else "cpu",
@@ -354,17 +361,19 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     )
     # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
     # are summarised (the ranks report when those ran).
-    gpus = range(spec.num_ranks) if spec.device == "cuda" else ()
+    gpus = range(spec.world_size) if spec.device == "cuda" else ()
     with NvmlSampler(cuda_indices=gpus) as sampler, LoadMeter() as meter:
         outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
     result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
                              flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
     window, uuids = outcome.measured_window_unix_s, outcome.device_uuids
-    load = meter.load(rank_cpu_s=outcome.rank_cpu_time_s, our_pids=outcome.pids, num_ranks=spec.num_ranks,
+    load = meter.load(rank_cpu_s=outcome.rank_cpu_time_s, our_pids=outcome.pids, num_ranks=spec.world_size,
                       gpu_pids=sampler.compute_pids(uuids, window) if gpus else None)
     warning = busy_warning(point.label, load)
     backend = "nccl" if spec.device == "cuda" else "gloo"
-    ran_as = f"{point.num_stages} process(es), {backend}"
+    ran_as = f"{spec.world_size} process(es), {backend}"
+    if spec.data_parallel > 1:
+        ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel} replicas, gradients all-reduced)"
     return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
                    warnings=result.warnings + ((warning,) if warning else ()))
 

@@ -14,7 +14,8 @@ layers = 8
 [probe]                          # any `mbtune probe` setting: margin, granularity, precision, ...
 granularity = 8
 
-[sweep]                          # stages, schedules, micro_batches, accum, micro_batch_size, global_batch, steps
+[sweep]                          # stages, schedules, micro_batches, accum, micro_batch_size, global_batch,
+                                 # data_parallel, steps
 stages = 1
 schedules = ["gpipe", "1f1b"]
 micro_batches = [2, 4, 8]
@@ -209,8 +210,10 @@ def _fields(path: Path, data: dict[str, Any], section: str, config: type) -> dic
             raise ConfigError(f"spec {path}: [{section}] sets {name} twice, as {keys[name]} and as {key}",
                               hint="Keep one of them.")
         keys[name] = key
-        if name == "global_batch" and isinstance(value, int) and not isinstance(value, bool):
-            value = [value]  # one global batch, as specs wrote it before lists
+        if (name in ("global_batch", "micro_batch_size", "data_parallel") and isinstance(value, int)
+                and not isinstance(value, bool) and typing.get_origin(hints[name]) is not None
+                and int not in typing.get_args(hints[name])):
+            value = [value]  # one value, as specs wrote it before lists
         fields[name] = _value(path, f"[{section}] {key}", hints[name], value)
     if unknown:
         known = sorted(param_for(name) for name in names)

@@ -71,7 +71,8 @@ class _Ranks:
 def run_pipeline_point(
     spec: PipelineSpec, *, timeout_s: float = 300.0, start_method: str = "forkserver", grace_s: float = 3.0
 ) -> PipelineOutcome:
-    """Run one point on `spec.num_ranks` fresh processes and return every rank's report, or why not.
+    """Run one point on `spec.world_size` fresh processes (pipeline ranks x data-parallel replicas) and
+    return every process's report, or why not.
 
     Status: ok, oom (a rank ran out of memory), nonfinite (the loss was NaN or infinite), error (a rank
     raised), killed (a rank died by SIGKILL without a word, e.g. the kernel's OOM killer), timeout (the
@@ -93,7 +94,7 @@ def run_pipeline_point(
             context.Process(target=_rank_main, name=f"mbtune-pp-rank{rank}", daemon=True,
                             args=(spec, rank, os.path.join(tmp, "store"), messages, hang_rank,
                                   _stderr_file(tmp, rank)))
-            for rank in range(spec.num_ranks)
+            for rank in range(spec.world_size)
         ]
         ranks = _Ranks(procs=procs, tmp=tmp)
         outcome = PipelineOutcome(status=ERROR, error="the launcher failed before collecting results")

@@ -1,9 +1,10 @@
 """The code one stage process runs: join the group, build this rank's stages, run timed pipelined steps.
 
-Every optimizer step is `grad_accum_steps` schedule steps whose gradients add up, then one update. The loss
-of each micro-batch is divided by (micro-batches x accumulation steps), so the summed gradients equal those
-of the unpipelined model on one batch of micro_batch_size x num_microbatches x grad_accum_steps samples
-(the workload's loss is a mean over the batch).
+Every optimizer step is `grad_accum_steps` schedule steps whose gradients add up, then (with data-parallel
+replicas) one all-reduce of the gradients over the replicas that hold the same stages, then one update. The
+loss of each micro-batch is divided by (micro-batches x accumulation steps x replicas), so the summed
+gradients equal those of the unpipelined model on one batch of the global batch's samples (the workload's
+loss is a mean over the batch). Each replica takes its own slice of every step's samples.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from mbtune.workloads import Workload, load_workload
 
 # A rank asked to hang (tests only) sleeps this long; the launcher's deadline must end it.
 HANG_S = 3600.0
+# Gradients are all-reduced in buckets of at most this many bytes (DDP's default bucket size), so the
+# reduction never needs a second copy of every gradient at once.
+BUCKET_BYTES = 25 * 1024 * 1024
 
 
 def step_batch(
@@ -48,6 +52,7 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int |
              on_placed: Callable[[tuple[int, ...]], None] | None = None) -> StageReport:
     """Run this rank's share of the point and report what it measured.
 
+    `rank` is this process's rank in the world (spec.place says which pipeline rank of which replica);
     `store_path` names a torch FileStore file that is fresh for this point (no ports, no races);
     `hang_rank` makes that rank sleep before its first step, to test deadlines; `on_placed` is told the
     global block indices this rank holds as soon as they are known, so a failure can name them. A NaN or
@@ -58,17 +63,32 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int |
     device = _rank_device(spec, rank)
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
-        store=dist.FileStore(store_path, spec.num_ranks),
+        store=dist.FileStore(store_path, spec.world_size),
         rank=rank,
-        world_size=spec.num_ranks,
+        world_size=spec.world_size,
         timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
     )
-    report = _RankRun(spec, rank, device, on_placed).run(hang=hang_rank == rank)
+    pipeline_group, replica_group = _groups(spec, rank)
+    report = _RankRun(spec, rank, device, on_placed, pipeline_group=pipeline_group,
+                      replica_group=replica_group).run(hang=hang_rank == rank)
     # Only on success: tearing the group down on failure would let peers fail (and report) before we do.
     dist.destroy_process_group()
     # This process's whole CPU time (a forked rank starts from zero), so the parent can tell the point's
     # own CPU use from other processes'.
     return replace(report, cpu_time_s=time.process_time())
+
+
+def _groups(spec: PipelineSpec, rank: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """This process's pipeline group (its replica's ranks) and replica group (the ranks of the other
+    replicas that hold the same stages); both None without data parallelism (the world is the pipeline).
+    Every process creates every group, in the same order, as torch requires."""
+    if spec.data_parallel == 1:
+        return None, None
+    p, d = spec.num_ranks, spec.data_parallel
+    pipelines = [dist.new_group([replica * p + i for i in range(p)]) for replica in range(d)]
+    replicas = [dist.new_group([replica * p + i for replica in range(d)]) for i in range(p)]
+    pipeline_rank, replica = spec.place(rank)
+    return pipelines[replica], replicas[pipeline_rank]
 
 
 def _set_threads(threads: int) -> None:
@@ -96,6 +116,7 @@ class _StepTimes:
     pipeline_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     cuda_step_s: list[float] = field(default_factory=list)  # CUDA events: origin to the step's last work
+    allreduce_spans_s: list[tuple[float, float]] = field(default_factory=list)  # from the step's origin
     first_start_unix_s: float | None = None  # time.time() as the first step started (NVML samples use it)
     last_end_unix_s: float | None = None  # time.time() as the last step ended
 
@@ -119,12 +140,16 @@ def _with_precision(module: nn.Module, precision: str, device: torch.device) -> 
 class _RankRun:
     """One rank's stages, schedule, optimizer and timers."""
 
-    def __init__(self, spec: PipelineSpec, rank: int, device: torch.device,
-                 on_placed: Callable[[tuple[int, ...]], None] | None = None) -> None:
-        self.spec, self.rank, self.device = spec, rank, device
+    def __init__(self, spec: PipelineSpec, process: int, device: torch.device,
+                 on_placed: Callable[[tuple[int, ...]], None] | None = None, *,
+                 pipeline_group: dist.ProcessGroup | None = None,
+                 replica_group: dist.ProcessGroup | None = None) -> None:
+        self.spec, self.device = spec, device
+        self.rank, self.replica = spec.place(process)
+        self.replica_group = replica_group
         self.workload = load_workload(spec.workload, spec.workload_options)
         all_blocks = stage_blocks(spec, self.workload)
-        self.stage_indices = stages_of_rank(spec.schedule, spec.num_ranks, spec.num_model_stages, rank)
+        self.stage_indices = stages_of_rank(spec.schedule, spec.num_ranks, spec.num_model_stages, self.rank)
         self.blocks = tuple(all_blocks[s] for s in self.stage_indices)
         if on_placed is not None:
             on_placed(tuple(b for blocks in self.blocks for b in blocks))
@@ -133,7 +158,7 @@ class _RankRun:
         self.has_last = spec.num_model_stages - 1 in self.stage_indices
         self.timer = ActionTimer(new_event=_timing_event if device.type == "cuda" else None)
         stages = [build_stage(_with_precision(m, spec.precision, device), stage_index=s,
-                              num_model_stages=spec.num_model_stages, device=device)
+                              num_model_stages=spec.num_model_stages, device=device, group=pipeline_group)
                   for m, s in zip(self.modules, self.stage_indices)]
         for stage in stages:
             self.timer.instrument(stage)
@@ -144,7 +169,8 @@ class _RankRun:
 
     def _scaled_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         self.output_dtype = str(output.dtype).removeprefix("torch.")
-        return self.workload.loss(output, target) / (self.spec.num_microbatches * self.spec.grad_accum_steps)
+        spec = self.spec
+        return self.workload.loss(output, target) / (spec.num_microbatches * spec.grad_accum_steps * spec.data_parallel)
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -188,6 +214,9 @@ class _RankRun:
             self.timer.stop()
         self._barrier()
         pipeline_end = time.perf_counter()
+        if self.replica_group is not None:
+            self._all_reduce()
+            times.allreduce_spans_s.append((pipeline_end - start, time.perf_counter() - start))
         grads = self._gradients() if capture else None
         if self.optimizer is not None:
             self.optimizer.step()
@@ -216,13 +245,38 @@ class _RankRun:
         args: tuple[torch.Tensor, ...] = ()
         target = None
         if self.has_first or self.has_last:
-            inputs, targets = step_batch(self.workload, spec.pipeline_batch_size, seed=spec.seed,
+            inputs, targets = step_batch(self.workload, spec.replicas_batch_size, seed=spec.seed,
                                          step_index=step, accum_index=accum)
+            mine = slice(self.replica * spec.pipeline_batch_size, (self.replica + 1) * spec.pipeline_batch_size)
+            inputs, targets = inputs[mine], targets[mine]
             args = (inputs.to(self.device),) if self.has_first else ()
             target = targets.to(self.device) if self.has_last else None
         losses: list[torch.Tensor] | None = [] if self.has_last else None
         run_schedule_step(self.schedule, args, target=target, losses=losses)
         return losses or []
+
+    def _all_reduce(self) -> None:
+        """Sum this rank's gradients over the replicas that hold the same stages, bucket by bucket (each
+        flattened into one tensor, reduced, copied back), and wait until it is done."""
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for grad in [p.grad for m in self.modules for p in m.parameters() if p.grad is not None]:
+            bucket.append(grad)
+            size += grad.numel() * grad.element_size()
+            if size >= BUCKET_BYTES:
+                self._reduce_bucket(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._reduce_bucket(bucket)
+        self._synchronize()
+
+    def _reduce_bucket(self, grads: list[torch.Tensor]) -> None:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.replica_group)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
 
     def _gradients(self) -> dict[str, torch.Tensor]:
         """This rank's gradients on the CPU, named as in the whole model (`<block>.<param>`)."""
@@ -237,11 +291,12 @@ class _RankRun:
     def _report(self, warmup: _StepTimes, measured: _StepTimes, grads: dict[str, torch.Tensor] | None) -> StageReport:
         peak, source = _peak_memory(self.device)
         return StageReport(
-            rank=self.rank, num_ranks=self.spec.num_ranks, device=str(self.device),
+            rank=self.rank, num_ranks=self.spec.num_ranks, replica=self.replica, device=str(self.device),
             stage_indices=self.stage_indices, block_indices=self.blocks,
             num_parameters=sum(p.numel() for m in self.modules for p in m.parameters()),
             step_times_s=tuple(measured.step_s), pipeline_times_s=tuple(measured.pipeline_s),
             warmup_step_times_s=tuple(warmup.step_s), actions=tuple(self.timer.records),
+            allreduce_spans_s=tuple(measured.allreduce_spans_s),
             losses=tuple(measured.losses), peak_memory_bytes=peak, memory_source=source, grads=grads,
             output_dtype=self.output_dtype, cuda_step_times_s=tuple(measured.cuda_step_s),
             measured_window_unix_s=(measured.first_start_unix_s, measured.last_end_unix_s)

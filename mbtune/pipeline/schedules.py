@@ -35,10 +35,12 @@ def schedule_class(schedule: str) -> type:
     return getattr(torch_schedules, schedule_info(schedule).torch_class)
 
 
-def build_stage(module: nn.Module, *, stage_index: int, num_model_stages: int, device: torch.device) -> PipelineStage:
+def build_stage(module: nn.Module, *, stage_index: int, num_model_stages: int, device: torch.device,
+                group: Any = None) -> PipelineStage:
     """Wrap one stage's module; shapes are inferred by torch from the first micro-batch. `num_model_stages`
-    counts every stage of the model over all ranks (virtual stages included), what torch calls num_stages."""
-    return PipelineStage(module, stage_index, num_model_stages, device)
+    counts every stage of the model over all ranks (virtual stages included), what torch calls num_stages;
+    `group` is the process group of this stage's pipeline (None: the whole world)."""
+    return PipelineStage(module, stage_index, num_model_stages, device, group=group)
 
 
 def build_schedule(schedule: str, stages: Sequence[PipelineStage], *, num_microbatches: int, loss_fn: LossFn) -> Any:

@@ -18,14 +18,17 @@ BALANCES = ("parameters", "blocks")
 class PipelineSpec:
     """One pipelined point: workload, schedule, batch shape, how many steps to time, and where to run.
 
-    Each optimizer step runs `grad_accum_steps` pipeline steps of `num_microbatches` micro-batches of
-    `micro_batch_size` samples; gradients add up to those of one batch of `global_batch_size` samples.
+    Each optimizer step runs, on each of `data_parallel` replicas, `grad_accum_steps` pipeline steps of
+    `num_microbatches` micro-batches of `micro_batch_size` samples; the replicas' gradients are all-reduced,
+    and add up to those of one batch of `global_batch_size` samples. Process r is pipeline rank
+    r % num_ranks of replica r // num_ranks.
     """
 
     workload: str
     workload_options: tuple[tuple[str, Any], ...] = ()
     schedule: str = "1f1b"
-    num_ranks: int = 2
+    num_ranks: int = 2  # pipeline ranks of one replica
+    data_parallel: int = 1  # replicas of the pipeline; world = num_ranks x data_parallel processes
     virtual_stages: int | None = None  # stages per rank for the looped schedules (default 2)
     num_microbatches: int = 4
     micro_batch_size: int = 1
@@ -44,6 +47,7 @@ class PipelineSpec:
 
     def __post_init__(self) -> None:
         _require(self.num_ranks >= 1, "num_ranks", self.num_ranks, "an integer >= 1")
+        _require(self.data_parallel >= 1, "data_parallel", self.data_parallel, "an integer >= 1")
         _require(self.num_microbatches >= 1, "num_microbatches", self.num_microbatches, "an integer >= 1")
         _require(self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size, "an integer >= 1")
         _require(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "an integer >= 1")
@@ -84,9 +88,23 @@ class PipelineSpec:
         return self.micro_batch_size * self.num_microbatches
 
     @property
+    def replicas_batch_size(self) -> int:
+        """Samples one pipeline step pushes through all replicas together (each takes its slice)."""
+        return self.pipeline_batch_size * self.data_parallel
+
+    @property
     def global_batch_size(self) -> int:
-        """Samples per optimizer step."""
-        return self.pipeline_batch_size * self.grad_accum_steps
+        """Samples per optimizer step, over every replica."""
+        return self.replicas_batch_size * self.grad_accum_steps
+
+    @property
+    def world_size(self) -> int:
+        """Processes: pipeline ranks x data-parallel replicas."""
+        return self.num_ranks * self.data_parallel
+
+    def place(self, process: int) -> tuple[int, int]:
+        """(pipeline rank, replica) of process `process` of the world."""
+        return process % self.num_ranks, process // self.num_ranks
 
     @property
     def total_steps(self) -> int:

@@ -38,7 +38,7 @@ class ActionRecord(Record):
 class StageReport(Record):
     """Everything one rank measured. Step lists cover the measured steps only, unless named warmup."""
 
-    rank: int
+    rank: int  # pipeline rank, within its replica
     num_ranks: int
     device: str
     stage_indices: tuple[int, ...]
@@ -61,6 +61,13 @@ class StageReport(Record):
     measured_window_unix_s: tuple[float, float] | None = None
     cpu_time_s: float | None = None  # this rank process's CPU time over its whole life
     device_uuid: str | None = None  # CUDA: the GPU this rank ran on ("GPU-..."), as NVML names it
+    replica: int = 0  # which data-parallel replica of the pipeline
+    # Data parallel only: per measured step, (start, end) of the gradient all-reduce from the step's origin.
+    allreduce_spans_s: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def allreduce_times_s(self) -> tuple[float, ...]:
+        return tuple(end - start for start, end in self.allreduce_spans_s)
 
     @property
     def loss(self) -> float | None:
@@ -89,6 +96,28 @@ class PipelineOutcome(Record):
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    @property
+    def pipeline_reports(self) -> tuple[StageReport, ...]:
+        """The reports of one pipeline (replica 0), by pipeline rank: what the bubble, the idle shares and
+        the timeline are read from (every replica runs the same schedule on its own samples)."""
+        return tuple(sorted((r for r in self.reports if r.replica == 0), key=lambda r: r.rank))
+
+    @property
+    def peak_memory_bytes(self) -> tuple[int | None, ...]:
+        """Per pipeline rank, the highest peak over the replicas (None where one did not say)."""
+        peaks: dict[int, list[int | None]] = defaultdict(list)
+        for report in self.reports:
+            peaks[report.rank].append(report.peak_memory_bytes)
+        return tuple(None if None in found else max(p for p in found if p is not None)
+                     for _, found in sorted(peaks.items()))
+
+    @property
+    def allreduce_times_s(self) -> tuple[float, ...]:
+        """Data parallel only: per measured step, the slowest rank's gradient all-reduce; () without."""
+        if not self.reports or not all(r.allreduce_spans_s for r in self.reports):
+            return ()
+        return tuple(max(times) for times in zip(*(r.allreduce_times_s for r in self.reports)))
 
     @property
     def step_times_s(self) -> tuple[float, ...]:
@@ -127,15 +156,18 @@ class PipelineOutcome(Record):
 
     @property
     def loss(self) -> float | None:
-        return next((r.loss for r in self.reports if r.loss is not None), None)
+        """The optimizer step's loss: the sum over the replicas' last stages (each replica's loss is already
+        divided by the replicas, so the sum is the global batch's mean)."""
+        losses = [r.loss for r in self.reports if r.loss is not None]
+        return sum(losses) if losses else None
 
     @property
     def measured_bubble(self) -> float | None:
-        return bubble_from_reports(self.reports)
+        return bubble_from_reports(self.pipeline_reports)
 
     @property
     def idle_shares(self) -> IdleShares | None:
-        return idle_shares(self.reports)
+        return idle_shares(self.pipeline_reports)
 
 
 def measured_bubble(busy_s_by_rank: Sequence[float], wall_s: float) -> float:

@@ -20,8 +20,10 @@ another step is first scaled by the point's median step over that step, see typi
   estimates it). With the offset taken out, every hand-over whose receiver was idle when the data left is a
   sample; their trimmed mean less the sender's `send_s` is the transfer time (a mean, not the minimum: on a
   busy machine hand-overs have a long tail, and a step pays for it).
-- Update. The measured step minus the end of its last action: optimizer step and barriers, charged per
-  parameter of the rank that holds the most.
+- Update. The measured step minus the end of its last action and its all-reduce: optimizer step and
+  barriers, charged per parameter of the rank that holds the most.
+- All-reduce (data-parallel points). The ring volume of the gradients of the rank that holds the most
+  over the measured all-reduce time: an effective bandwidth, the median over the points.
 - Spread. Every measured action over its fitted stage cost, every hand-over over the fitted transfer and
   every rank gap over its mean, kept as quantiles: the simulator draws from them (see planner.py), since a
   pipeline waits for the slowest of the actions it joins and costs that are only ever average predict a
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mbtune.actions import (
+    ACTION_KINDS,
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
@@ -66,6 +69,12 @@ from mbtune.planning.simulate import peak_in_flight
 from mbtune.records import SweepPoint, TimelineAction, TrialResult
 
 STATE_BYTES_PER_PARAMETER = {"adamw": 16.0, "sgd": 8.0}  # fp32 weights + gradients (+ AdamW's two moments)
+GRAD_BYTES_PER_PARAMETER = 4  # fp32 gradients are what data-parallel replicas all-reduce
+
+
+def allreduce_volume_bytes(parameters: int, replicas: int) -> float:
+    """Bytes one rank sends in a ring all-reduce of its gradients over the replicas: 2(d-1)/d of them."""
+    return 2 * (replicas - 1) / replicas * parameters * GRAD_BYTES_PER_PARAMETER
 
 
 def point_split(point: SweepPoint, facts: BlockFacts) -> tuple[tuple[int, ...], ...]:
@@ -102,6 +111,7 @@ class _Samples:
     transfer_gaps: dict[int, list[float]]  # size -> skew-cancelled hand-over gap (send_s not yet taken off)
     start: list[float]
     update_per_parameter: list[float]
+    allreduce_bytes_per_s: list[float]
     actions: list[tuple[tuple[int, ...], str, int, float]]  # (the stage's blocks, kind, size, seconds)
 
 
@@ -115,7 +125,8 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
     runs = usable(results)
     if not runs:
         raise ValueError("no point with a measured timeline to calibrate from; run a sweep first")
-    samples = _Samples(defaultdict(lambda: defaultdict(list)), defaultdict(list), [], [], defaultdict(list), [], [], [])
+    samples = _Samples(defaultdict(lambda: defaultdict(list)), defaultdict(list), [], [], defaultdict(list), [], [], [],
+                       [])
     for result in runs:
         _read(result, facts, samples)
     send_s = trimmed_mean(samples.send) if samples.send else 0.0
@@ -132,7 +143,8 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
         base_bytes=_base_bytes(runs, facts, state, orders_of), state_bytes_per_parameter=state,
         micro_batch_sizes=tuple(sorted({r.point.micro_batch_size for r in runs})), num_points=len(runs),
         split_backward_measured=split_measured, spread=_spread(samples, blocks, transfer, send_s, gap_s),
-        notes=notes,
+        notes=notes, allreduce_bytes_per_s=median_or(samples.allreduce_bytes_per_s) or None,
+        allreduce_points=len(samples.allreduce_bytes_per_s),
     )
 
 
@@ -180,6 +192,8 @@ def _spans(timeline: Sequence[TimelineAction], scale: float = 1.0) -> dict[tuple
     spans: dict[tuple[str, int, int, int], _Span] = {}
     losses = []
     for a in timeline:
+        if a.kind not in ACTION_KINDS:
+            continue  # the all-reduce: no stage's compute (see _update)
         if a.kind == LOSS:
             losses.append(a)
             continue
@@ -286,8 +300,12 @@ def _update(result: TrialResult, spans: dict, split: Sequence[Sequence[int]], ow
     step_s = result.step_time_median_s  # the spans are scaled to a typical step
     last_end = max(s.end_s for s in spans.values())
     most = max(_rank_parameters(split, owners, facts))
+    allreduce_s = result.allreduce_s or 0.0
     if step_s and most > 0:
-        samples.update_per_parameter.append(max(0.0, step_s - last_end) / most)
+        samples.update_per_parameter.append(max(0.0, step_s - last_end - allreduce_s) / most)
+    if allreduce_s > 0 and most > 0 and result.point.data_parallel_size > 1:
+        samples.allreduce_bytes_per_s.append(allreduce_volume_bytes(most, result.point.data_parallel_size)
+                                             / allreduce_s)
 
 
 def _block_costs(compute: dict, num_blocks: int) -> tuple[tuple[BlockCost, ...], bool]:

@@ -31,7 +31,7 @@ from mbtune.pipeline.theory import (
     stages_per_rank,
     theoretical_bubble,
 )
-from mbtune.planning.calibrate import point_orders, point_split
+from mbtune.planning.calibrate import allreduce_volume_bytes, point_orders, point_split
 from mbtune.planning.orders import RankOrders
 from mbtune.planning.records import (
     SCATTER_MEASURED,
@@ -56,7 +56,6 @@ SPREAD_SAMPLES = 15  # simulated steps behind one prediction where the spread is
 SAMPLED_ACTIONS = 150_000  # at most this many simulated actions per prediction (but 3 steps at least): a huge
 # pipeline joins so many actions that one simulated step already shows most of what the scatter costs
 
-GRAD_BYTES_PER_PARAMETER = 4  # fp32 gradients are what data-parallel replicas all-reduce
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +217,7 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
     params = [0] * point.num_stages
     for stage, blocks in enumerate(split):
         params[owners[stage]] += sum(model.facts.parameters[b] for b in blocks)
-    allreduce = _allreduce_s(max(params), point.data_parallel_size, link)
+    allreduce = _allreduce_s(max(params), point.data_parallel_size, link, model)
     update = model.update_fixed_s + model.update_per_parameter_s * max(params)
     step = sim.pipeline_s + allreduce + update
     per_stage = stage_memory_bytes(model, split, sim.peak_in_flight, point.micro_batch_size)
@@ -240,13 +239,18 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
     )
 
 
-def _allreduce_s(parameters: int, replicas: int, link: Link | None) -> float:
-    """Ring all-reduce of one rank's gradients over the replicas: 2(d-1)/d of the bytes each way, 2(d-1) hops."""
-    if replicas <= 1 or link is None:
+def _allreduce_s(parameters: int, replicas: int, link: Link | None, model: CostModel) -> float:
+    """Ring all-reduce of one rank's gradients over the replicas: the given link's bandwidth and latency
+    (2(d-1) hops) where it has a bandwidth, else the effective bandwidth calibrated from measured
+    data-parallel points, else free (the plan says so)."""
+    if replicas <= 1:
         return 0.0
-    volume = 2 * (replicas - 1) / replicas * parameters * GRAD_BYTES_PER_PARAMETER
-    bandwidth = volume / link.bandwidth_bytes_per_s if link.bandwidth_bytes_per_s else 0.0
-    return bandwidth + 2 * (replicas - 1) * (link.latency_s or 0.0)
+    volume = allreduce_volume_bytes(parameters, replicas)
+    if link is not None and link.bandwidth_bytes_per_s:
+        return volume / link.bandwidth_bytes_per_s + 2 * (replicas - 1) * (link.latency_s or 0.0)
+    if model.allreduce_bytes_per_s:
+        return volume / model.allreduce_bytes_per_s
+    return 0.0
 
 
 def stage_memory_bytes(model: CostModel, split: Sequence[Sequence[int]], held: Sequence[int],
@@ -317,7 +321,12 @@ def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_l
     if scatter == SCATTER_MEASURED and not model.spread.known:
         notes.append("no scatter measured: predictions use the average costs")
     if grid.data_parallel > 1 and (link is None or link.bandwidth_bytes_per_s is None):
-        notes.append("data-parallel all-reduce taken as free: give a link bandwidth to charge it")
+        if model.allreduce_bytes_per_s:
+            notes.append(f"data-parallel all-reduce charged at {model.allreduce_bytes_per_s / 1e9:.2f} GB/s, the "
+                         f"effective ring bandwidth measured over {model.allreduce_points} data-parallel point(s)")
+        else:
+            notes.append("data-parallel all-reduce taken as free: no data-parallel point was measured; sweep "
+                         "with --data-parallel 2, or give --link-bandwidth")
     if memory_limit_bytes is None:
         notes.append("no probed ceiling: memory per rank is predicted but not checked")
     return PlanReport(workload=model.workload, workload_options=dict(model.workload_options), model=model,

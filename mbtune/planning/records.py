@@ -147,6 +147,10 @@ class CostModel(Record):
     split_backward_measured: bool = False  # False: input/weight parts assumed half of the full backward each
     spread: Spread = field(default_factory=Spread)
     notes: tuple[str, ...] = ()
+    # Data parallel: ring all-reduce volume per second (planner.allreduce_volume_bytes over the measured
+    # all-reduce), the median over the measured data-parallel points; None where none was measured.
+    allreduce_bytes_per_s: float | None = None
+    allreduce_points: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

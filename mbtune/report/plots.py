@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
+from mbtune.actions import ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.errors import ConfigError
 from mbtune.planning.records import PlanReport, Prediction
 from mbtune.records import SweepReport, TimelineAction
 
 COLOURS = {FORWARD: "tab:green", BACKWARD: "tab:blue", BACKWARD_INPUT: "tab:cyan",
-           BACKWARD_WEIGHT: "tab:purple", LOSS: "tab:olive", "idle": "0.88"}
+           BACKWARD_WEIGHT: "tab:purple", LOSS: "tab:olive", ALLREDUCE: "tab:red", "idle": "0.88"}
 DPI = 110
 
 

@@ -28,7 +28,8 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     order = _row_order(report)
     rows = [_row(position, report.results[i], _marks(report, i), _lr_cell(report, report.results[i]))
             for position, i in enumerate(order, 1)]
-    columns = [c for c in _COLUMNS if any(row[c[0]] not in ("", "n/a", "unknown", "ok") for row in rows)]
+    columns = [c for c in _COLUMNS if any(row[c[0]] not in ("", "n/a", "unknown", "ok") for row in rows)
+               and (c[0] != "dp" or any(row["dp"] not in ("", "1") for row in rows))]
     notes = [note for header, note in _MISSING_NOTES.items() if all(c[0] != header for c in columns)]
     hidden: list[str] = []
     while True:
@@ -50,8 +51,8 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
 
 _COLUMNS: list[tuple[str, JustifyMethod]] = [
             ("#", "right"), ("schedule", "left"), ("p", "right"), ("m", "right"), ("acc", "right"),
-            ("mbs", "right"), ("global", "right"), ("lr", "right"), ("samples/s", "right"), ("tokens/s", "right"),
-            ("step (cv)", "right"), ("bubble", "right"), ("peak mem", "right"), ("MFU", "right"),
+            ("dp", "right"), ("mbs", "right"), ("global", "right"), ("lr", "right"), ("samples/s", "right"),
+            ("tokens/s", "right"), ("step (cv)", "right"), ("all-reduce", "right"), ("bubble", "right"), ("peak mem", "right"), ("MFU", "right"),
             ("kernel active", "right"), ("status", "left")]
 _MISSING_NOTES = {"MFU": "MFU: peak FLOPs unknown for this device",
                   "kernel active": "kernel active (NVML): n/a here"}
@@ -144,7 +145,8 @@ def _lr_caption(report: SweepReport) -> list[str]:
 def _row(position: int, result: TrialResult, marks: str, lr: str = "") -> dict[str, str]:
     point = result.point
     row = {"#": f"{position}{marks}", "schedule": point.schedule, "p": str(point.num_stages),
-           "m": str(point.num_microbatches), "acc": str(point.grad_accum_steps), "mbs": str(point.micro_batch_size),
+           "m": str(point.num_microbatches), "acc": str(point.grad_accum_steps),
+           "dp": str(point.data_parallel_size), "mbs": str(point.micro_batch_size),
            "global": str(point.global_batch), "lr": lr, "status": "ok"}
     if not result.ok:
         return {**{h: "" for h, _ in _COLUMNS}, **row, "status": f"[red]{result.status}[/]"}
@@ -154,6 +156,7 @@ def _row(position: int, result: TrialResult, marks: str, lr: str = "") -> dict[s
     return {**row, "samples/s": fmt_rate(result.samples_per_s) + rate_range,
             "tokens/s": fmt_rate(result.tokens_per_s) if result.tokens_per_s else "n/a",
             "step (cv)": fmt_seconds(result.step_time_median_s) + cv,
+            "all-reduce": fmt_seconds(result.allreduce_s) if result.allreduce_s is not None else "",
             "bubble": f"{_pct(result.bubble_measured)}{bubble_range} / {_pct(result.bubble_theoretical)}",
             "peak mem": fmt_bytes(result.max_peak_memory_bytes),
             "MFU": "unknown" if result.mfu_pct is None else f"{result.mfu_pct:.1f}%",
@@ -205,6 +208,9 @@ def best_panel(report: SweepReport) -> Panel:
     if best.idle is not None:
         grid.add_row("bubble, by cause", f"{_pct(best.idle.schedule)} schedule + {_pct(best.idle.transfer)} transfer"
                      f" + {_pct(best.idle.overhead)} overhead")
+    if best.allreduce_s is not None and best.step_time_median_s:
+        grid.add_row("all-reduce", f"{fmt_seconds(best.allreduce_s)} per step over {point.data_parallel_size} "
+                     f"replicas ({best.allreduce_s / best.step_time_median_s:.0%} of the step)")
     grid.add_row("peak memory", f"{fmt_bytes(best.max_peak_memory_bytes)} on the busiest stage")
     grid.add_row("headroom", _headroom(report, best))
     if report.check is not None or report.check_error:
@@ -220,12 +226,15 @@ def tradeoff_table(report: SweepReport) -> Table:
     table = Table(title=f"The trade-off at global batch {best.point.global_batch} ({best.point.schedule}): bigger "
                         "micro-batches compute a sample faster, more of them leave a smaller bubble",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for header in ("mbs", "m x acc", "samples/s", "bubble", "compute/sample", "peak mem", ""):
-        table.add_column(header, justify="left" if header == "" else "right", no_wrap=True)
     rows = list(report.tradeoff) + [i for i in report.padding if i not in report.tradeoff]
+    replicas = any(report.results[i].point.data_parallel_size > 1 for i in rows)
+    for header in ("mbs", "m x acc x dp" if replicas else "m x acc", "samples/s", "bubble", "compute/sample",
+                   "peak mem", ""):
+        table.add_column(header, justify="left" if header == "" else "right", no_wrap=True)
     for index in rows:
         r = report.results[index]
-        table.add_row(str(r.point.micro_batch_size), f"{r.point.num_microbatches} x {r.point.grad_accum_steps}",
+        split = f"{r.point.num_microbatches} x {r.point.grad_accum_steps}"
+        table.add_row(str(r.point.micro_batch_size), split + (f" x {r.point.data_parallel_size}" if replicas else ""),
                       fmt_rate(r.samples_per_s), _pct(r.bubble_measured), _per_sample(r.compute_per_sample_s),
                       fmt_bytes(r.max_peak_memory_bytes), "best" if index == report.ranking[0] else "",
                       style="bold green" if index == report.ranking[0] else "")
@@ -309,13 +318,15 @@ def results_frame(report: SweepReport):
         rows.append({
             "rank": report.ranking.index(index) + 1 if index in report.ranking else None,
             "schedule": p.schedule, "num_stages": p.num_stages, "num_microbatches": p.num_microbatches,
-            "grad_accum_steps": p.grad_accum_steps, "micro_batch_size": p.micro_batch_size,
+            "grad_accum_steps": p.grad_accum_steps, "data_parallel_size": p.data_parallel_size,
+            "micro_batch_size": p.micro_batch_size,
             "global_batch": p.global_batch, "lr_scale": advice.scale if advice else None,
             "lr": advice.lr if advice else None, "status": r.status, "num_repeats": r.num_repeats,
             "samples_per_s": r.samples_per_s, "samples_per_s_min": r.samples_per_s_min,
             "samples_per_s_max": r.samples_per_s_max, "tied_with_best": index in report.ties,
             "tokens_per_s": r.tokens_per_s, "step_time_median_s": r.step_time_median_s,
-            "step_time_cv_pct": r.step_time_cv_pct, "bubble_measured": r.bubble_measured,
+            "step_time_cv_pct": r.step_time_cv_pct, "allreduce_s": r.allreduce_s,
+            "bubble_measured": r.bubble_measured,
             "bubble_measured_min": r.bubble_measured_min, "bubble_measured_max": r.bubble_measured_max,
             "bubble_theoretical": r.bubble_theoretical,
             **{f"idle_{cause}": getattr(r.idle, cause) if r.idle else None

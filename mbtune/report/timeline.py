@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
+from mbtune.actions import ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.records import TimelineAction, TrialResult
 from mbtune.report import fmt_seconds
 
@@ -18,6 +18,7 @@ GLYPHS = {
     BACKWARD_INPUT: ("I", "cyan"),
     BACKWARD_WEIGHT: ("W", "magenta"),
     LOSS: ("L", "yellow"),
+    ALLREDUCE: ("A", "red"),
 }
 IDLE = ("·", "dim")
 OTHER_STAGE = " "  # the stage's rank is busy with another of its stages

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
+from mbtune.actions import ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.atomic import write_atomic
 from mbtune.records import TimelineAction, TrialResult
 
 # Reserved trace-viewer colour names, so each kind keeps its colour in chrome://tracing.
 _COLOURS = {FORWARD: "thread_state_running", BACKWARD: "thread_state_iowait", BACKWARD_INPUT: "rail_load",
-            BACKWARD_WEIGHT: "rail_animation", LOSS: "yellow"}
+            BACKWARD_WEIGHT: "rail_animation", LOSS: "yellow", ALLREDUCE: "terrible"}
 
 
 def trace_events(actions: Sequence[TimelineAction], *, label: str = "") -> dict[str, Any]:

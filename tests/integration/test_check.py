@@ -8,6 +8,7 @@ import pytest
 
 from mbtune.check import PASS, VARYING_MEAN, check_update
 from mbtune.config import CheckConfig
+from mbtune.pipeline import SCHEDULE_NAMES
 from tests.unit.test_cli import mbtune
 
 pytestmark = pytest.mark.integration
@@ -16,12 +17,23 @@ MLP = (("layers", 2), ("width", 32))
 GPT = (("layers", 2), ("d_model", 32), ("heads", 2), ("seq_len", 8), ("vocab", 64))
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "interleaved-1f1b", "zbv"])  # plain, looped, split backward
-def test_check_passes_where_the_pipeline_is_right(schedule):
-    result = check_update(CheckConfig(workload="mlp", workload_options=MLP, device="cpu", schedule=schedule,
+@pytest.mark.parametrize("schedule", SCHEDULE_NAMES)
+@pytest.mark.parametrize(("workload", "options", "num_blocks"), [("mlp", MLP, 4), ("gpt", GPT, 4)])
+def test_check_passes_where_the_pipeline_is_right(workload, options, num_blocks, schedule):
+    result = check_update(CheckConfig(workload=workload, workload_options=options, device="cpu", schedule=schedule,
                                       num_stages=2, num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)
-    assert len(result.blocks) == 4 and all(b.ok for b in result.blocks) and not result.cause
+    assert len(result.blocks) == num_blocks and all(b.ok for b in result.blocks) and not result.cause
+
+
+def test_data_parallel_replicas_all_reduce_to_the_plain_models_gradients():
+    # Each replica sees half of every step's samples: only the all-reduce makes the gradients whole.
+    result = check_update(CheckConfig(workload="gpt", workload_options=GPT, device="cpu", schedule="1f1b",
+                                      num_stages=2, num_microbatches=2, grad_accum_steps=2, data_parallel=2,
+                                      global_batch=16))
+    assert result.point.micro_batch_size == 2 and result.point.data_parallel_size == 2
+    assert result.status == PASS, (result.cause, result.blocks)
+    assert abs(result.loss_pipeline - result.loss_plain) <= 1e-4 * abs(result.loss_plain)
 
 
 def test_check_passes_on_gpt_with_accumulation():

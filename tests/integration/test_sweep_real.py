@@ -39,6 +39,27 @@ def test_small_sweep_json_parses_and_skips_with_reasons():
         assert r["nvml"]["available"] is False  # no GPU driver here: reported, not fatal
 
 
+def test_data_parallel_points_run_every_replica_and_time_the_all_reduce():
+    result = mbtune("sweep", "-w", "mlp", "-O", "layers=2", "-O", "width=64", "-d", "cpu", "-p", "2",
+                    "--schedules", "1f1b", "-m", "2", "--accum", "1", "--data-parallel", "1,2", "--global-batch", "16",
+                    "--steps", "2", "--format", "json", "--no-save")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    by_dp = {r["point"]["data_parallel_size"]: r for r in report["results"]}
+    assert sorted(by_dp) == [1, 2] and all(r["status"] == "ok" for r in by_dp.values())
+    assert by_dp[1]["point"]["micro_batch_size"] == 8 and by_dp[2]["point"]["micro_batch_size"] == 4
+    assert by_dp[1]["allreduce_s"] is None
+    replicated = by_dp[2]
+    assert 0 < replicated["allreduce_s"] < replicated["step_time_median_s"]
+    assert replicated["ran_as"].startswith("4 process(es)") and len(replicated["peak_memory_bytes"]) == 2
+    reduces = [a for a in replicated["timeline"] if a["kind"] == "allreduce"]
+    assert sorted(a["rank"] for a in reduces) == [0, 1]  # one per pipeline rank, after its share of the pipeline
+    for a in reduces:
+        compute_end = max(c["end_s"] for c in replicated["timeline"] if c["rank"] == a["rank"] and c is not a
+                          and c["kind"] != "allreduce")
+        assert compute_end <= a["start_s"] < a["end_s"]
+
+
 def test_gpipe_bubble_falls_as_micro_batches_rise_when_compute_dominates():
     config = SweepConfig(workload="mlp", workload_options=(("layers", 4), ("width", 512)), device="cpu",
                          num_stages=2, schedules=("gpipe",), micro_batches=(2, 8), accum_steps=(1,),

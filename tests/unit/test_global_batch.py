@@ -68,3 +68,24 @@ def test_the_tradeoff_rows_are_the_best_and_its_neighbours_and_padding_is_found(
     assert rows == (2, 0, 3)  # micro-batch sizes 4, 8 (the best), 16: same schedule and global batch
     assert padding == (0, 1)  # 4 x 1 beat 2 x 2 at micro-batch size 8
     assert tradeoff(results[1:2], (0,)) == ((0,), None)
+
+
+def test_data_parallel_points_multiply_to_the_global_batch_and_need_a_rank_each():
+    config = SweepConfig(workload="mlp", num_stages=2, schedules=("1f1b",), micro_batches=(2, 4), accum_steps=(1, 2),
+                         data_parallel=(1, 2, 3), global_batch=(48,))
+    grid = plan_grid(config, num_blocks=6, max_processes=4)
+    assert {p.data_parallel_size for p in grid.points} == {1, 2}
+    assert all(p.micro_batch_size * p.num_microbatches * p.grad_accum_steps * p.data_parallel_size == 48
+               for p in grid.points)
+    too_many = [s for s in grid.skipped if s.point.data_parallel_size == 3]
+    assert too_many and all("need 6 GPUs, 4 visible" in s.reason for s in too_many)
+    assert SweepConfig(workload="mlp", data_parallel=2).data_parallel == (2,)  # one, as a flag gives it
+    assert default_global_batch(16, (2,), (1,), (2,)) == 64  # the replicas hold their share too
+
+
+def test_fixed_micro_batch_sizes_each_make_points_whose_global_batch_varies():
+    config = SweepConfig(workload="mlp", num_stages=2, schedules=("gpipe",), micro_batches=(2,), accum_steps=(1,),
+                         micro_batch_size=(2, 8))
+    grid = plan_grid(config, num_blocks=6)
+    assert [(p.micro_batch_size, p.global_batch) for p in grid.points] == [(2, 4), (8, 16)]
+    assert config.global_batches == ()

@@ -40,7 +40,8 @@ def measured(point: SweepPoint, model: CostModel = TRUTH) -> TrialResult:
                     for a in p.timeline)
     return TrialResult(point=point, status="ok", step_times_s=(p.step_time_s,), step_time_median_s=p.step_time_s,
                        samples_per_s=p.samples_per_s, bubble_measured=p.bubble,
-                       peak_memory_bytes=tuple(int(b) for b in p.memory_bytes), timeline=shifted)
+                       peak_memory_bytes=tuple(int(b) for b in p.memory_bytes), timeline=shifted,
+                       allreduce_s=p.allreduce_s if point.data_parallel_size > 1 else None)
 
 
 def points(schedules=("gpipe", "1f1b"), sizes=(4, 8), ms=(2, 4)) -> list[SweepPoint]:
@@ -73,6 +74,21 @@ def test_recovers_compute_overheads_transfer_update_and_memory() -> None:
     assert not model.split_backward_measured
     # With no split-backward point, the input and weight parts are half the full backward each.
     assert_cost(model.blocks[0].backward_input, model.blocks[0].backward.scaled(0.5))
+
+
+def test_the_all_reduce_is_calibrated_from_data_parallel_points_and_kept_out_of_the_update() -> None:
+    truth = replace(TRUTH, allreduce_bytes_per_s=2e8)
+    replicated = [replace(p, data_parallel_size=2) for p in points(sizes=(4,), ms=(2,))]
+    results = [measured(p, truth) for p in points()] + [measured(p, truth) for p in replicated]
+    assert all(r.allreduce_s for r in results[-2:])
+    model = calibrate(results, FACTS, workload="synthetic")
+    assert model.allreduce_points == 2 and model.allreduce_bytes_per_s == pytest.approx(2e8)
+    assert model.update_per_parameter_s == pytest.approx(TRUTH.update_per_parameter_s)
+    wide = replace(replicated[0], data_parallel_size=4)
+    assert predict(model, wide).allreduce_s == pytest.approx(predict(truth, wide).allreduce_s)
+    # 2 (d - 1) / d of one rank's fp32 gradients (2000 parameters) at the calibrated bandwidth.
+    assert predict(model, wide).allreduce_s == pytest.approx(2 * 3 / 4 * 2000 * 4 / 2e8)
+    assert calibrate(results[:-2], FACTS, workload="synthetic").allreduce_bytes_per_s is None
 
 
 def _sum(model: CostModel, blocks: tuple[int, ...], kind: str) -> LinearCost:
