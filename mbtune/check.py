@@ -43,7 +43,7 @@ def check_update(config: CheckConfig) -> CheckResult:
     device = "cuda" if config.device.startswith("cuda") else "cpu"
     spec = PipelineSpec(
         workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
-        num_ranks=point.num_stages, data_parallel=point.data_parallel_size,
+        num_ranks=point.num_stages, data_parallel=point.data_parallel_size, recompute=point.recompute,
         virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
         num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
         grad_accum_steps=point.grad_accum_steps, warmup_steps=0, measured_steps=1, seed=config.seed, device=device,

@@ -44,8 +44,8 @@ P, S, C = ProbeConfig, SweepConfig, CheckConfig  # every default is the config's
 PROFILES = Path("profiles")  # where saved profiles go, relative to the current folder
 
 
-SWEEP_ACCUM, SWEEP_DATA_PARALLEL, PLAN_MICRO_BATCHES = (
-    ",".join(map(str, v)) for v in (S.accum_steps, S.data_parallel, DEFAULT_PLAN_MICRO_BATCHES))
+SWEEP_ACCUM, SWEEP_DATA_PARALLEL, RECOMPUTE, PLAN_MICRO_BATCHES = (
+    ",".join(map(str, v)) for v in (S.accum_steps, S.data_parallel, S.recompute, DEFAULT_PLAN_MICRO_BATCHES))
 
 app = typer.Typer(
     name="mbtune", no_args_is_help=True, add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -78,6 +78,7 @@ Margin = Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-
 Granularity = Annotated[int, typer.Option(help="Probe batch sizes are multiples of this.")]
 MaxBatch = Annotated[int | None, typer.Option("--max-batch", help="Stop the probe growing at this batch size.")]
 Resolution = Annotated[int | None, typer.Option(help="Stop the probe once [ceiling, first failing) is this narrow (default: 1% of the ceiling, at least one granule; 1: the exact answer).")]
+Recompute = Annotated[str, typer.Option("--recompute", help="Comma list of none, full: activation recompute of every block (torch.utils.checkpoint). A probe searches once per mode; a sweep runs each point per mode.")]
 Strategy = Annotated[str, typer.Option("--strategy", help="grid: run every runnable point; quick: the simulator, calibrated on a few points, picks what to run.")]
 
 
@@ -133,6 +134,7 @@ def probe(
     threads: Threads = P.threads,
     lr: Lr = P.lr,
     seed: Seed = P.seed,
+    recompute: Recompute = RECOMPUTE,
     trial_timeout: TrialTimeout = P.trial_timeout_s,
     load_timeout: LoadTimeout = P.load_timeout_s,
     profiles_dir: ProfilesDir = PROFILES,
@@ -150,7 +152,7 @@ def probe(
         workload=workload, option=option, device=device, memory_budget=memory_budget, margin=margin,
         granularity=granularity, max_batch=max_batch, confirm=confirm, resolution=resolution, precision=precision,
         optimizer=optimizer, steps=steps, threads=threads, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout,
-        lr=lr, seed=seed,
+        lr=lr, seed=seed, recompute=recompute,
     )
     outcome = _with_progress("probe", lambda p: run_probe(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
@@ -187,6 +189,7 @@ def sweep(
     micro_batch_size: MicroBatchSizes = None,
     global_batch: GlobalBatch = None,
     data_parallel: DataParallel = SWEEP_DATA_PARALLEL,
+    recompute: Recompute = RECOMPUTE,
     from_profile: Annotated[Path | None, typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")] = None,
     objective: Objective = S.objective,
     strategy: Strategy = S.strategy,
@@ -219,7 +222,7 @@ def sweep(
     config = _sweep_config(
         workload=workload, option=option, device=device, stages=stages, schedules=schedules,
         micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
-        data_parallel=data_parallel, from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
+        data_parallel=data_parallel, recompute=recompute, from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
         optimizer=optimizer, precision=precision, threads=threads, point_timeout=point_timeout,
         load_timeout=load_timeout, profiles_dir=profiles_dir, strategy=strategy, repeats=repeats, lr=lr,
         reference_batch=reference_batch, seed=seed,
@@ -250,6 +253,7 @@ def tune(
     micro_batch_size: MicroBatchSizes = None,
     global_batch: GlobalBatch = None,
     data_parallel: DataParallel = SWEEP_DATA_PARALLEL,
+    recompute: Recompute = RECOMPUTE,
     objective: Objective = S.objective,
     strategy: Strategy = S.strategy,
     steps: SweepSteps = S.measured_steps,
@@ -284,11 +288,11 @@ def tune(
                                  margin=margin, granularity=granularity, max_batch=max_batch, confirm=confirm,
                                  resolution=resolution, steps=probe_steps, optimizer=optimizer, precision=precision,
                                  threads=threads, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout,
-                                 lr=lr, seed=seed)
+                                 lr=lr, seed=seed, recompute=recompute)
     sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
                                  schedules=schedules, micro_batches=micro_batches, accum=accum,
                                  micro_batch_size=micro_batch_size, global_batch=global_batch,
-                                 data_parallel=data_parallel, objective=objective,
+                                 data_parallel=data_parallel, recompute=recompute, objective=objective,
                                  strategy=strategy, steps=steps, warmup=warmup, repeats=repeats,
                                  virtual_stages=virtual_stages, optimizer=optimizer, precision=precision,
                                  threads=threads, point_timeout=point_timeout, load_timeout=load_timeout,
@@ -385,6 +389,7 @@ def plan(
     micro_batch_size: MicroBatchSize = None,
     global_batch: PlanGlobalBatch = None,
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = 1,
+    recompute: Annotated[str, typer.Option("--recompute", help="Comma list of none, full: plan each point with and without activation recompute (memory: each block's input held; compute: the forward again in each backward).")] = RECOMPUTE,
     blocks: Annotated[int | None, typer.Option("--blocks", help="Plan a model of this many of the workload's blocks (default: the profiled model's count).")] = None,
     virtual_stages: VirtualStages = 2,
     link_bandwidth: Annotated[str | None, typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
@@ -410,6 +415,7 @@ def plan(
         schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
         data_parallel=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
         grad_accum_steps=accum, num_blocks=blocks, virtual_stages=virtual_stages,
+        recompute=parse_list(recompute, name="--recompute", convert=str),
         link_bandwidth_bytes_per_s=parse_rate(link_bandwidth, name="--link-bandwidth") if link_bandwidth else None,
         link_latency_s=parse_duration(link_latency, name="--link-latency") if link_latency else None,
         validation_method=None if validation == "none" else validation, scatter=scatter,
@@ -432,6 +438,7 @@ def check(
     micro_batches: Annotated[int, typer.Option("--micro-batches", "-m", help="Micro-batches per pipeline step.")] = C.num_microbatches,
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = C.grad_accum_steps,
     data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline (gradients all-reduced).")] = C.data_parallel,
+    recompute: Annotated[str, typer.Option("--recompute", help="none or full: activation recompute in the pipeline (the plain model never recomputes).")] = C.recompute,
     micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default 2, or from --global-batch).")] = C.micro_batch_size,
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="Samples per optimizer step; the micro-batch size follows.")] = C.global_batch,
     virtual_stages: VirtualStages = C.virtual_stages,
@@ -460,7 +467,8 @@ def check(
     else:
         config = CheckConfig(workload=workload, workload_options=parse_options(option or []), device=device,
                              schedule=schedule, num_stages=stages, num_microbatches=micro_batches,
-                             grad_accum_steps=accum, data_parallel=data_parallel, micro_batch_size=micro_batch_size,
+                             grad_accum_steps=accum, data_parallel=data_parallel, recompute=recompute,
+                             micro_batch_size=micro_batch_size,
                              global_batch=global_batch, virtual_stages=virtual_stages, precision=precision, optimizer=optimizer, lr=lr, seed=seed,
                              timeout_s=timeout, load_timeout_s=load_timeout)
     result = check_update(config)

@@ -22,19 +22,22 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 quiet: list[bool] = [False]  # -q: no per-trial progress lines
 
-def _probe_config(*, option: list[str] | None, memory_budget: str | None, **fields: Any) -> ProbeConfig:
-    from mbtune.config import ProbeConfig, parse_bytes, parse_options
+def _probe_config(*, option: list[str] | None, memory_budget: str | None, recompute: str = "none",
+                  **fields: Any) -> ProbeConfig:
+    from mbtune.config import ProbeConfig, parse_bytes, parse_list, parse_options
     from mbtune.profiles import command_line
 
     budget = parse_bytes(memory_budget, name="--memory-budget") if memory_budget is not None else None
     return ProbeConfig(workload_options=parse_options(option or []), memory_budget_bytes=budget,
-                       command_line=command_line(), **fields)
+                       recompute=parse_list(recompute, name="--recompute", convert=str), command_line=command_line(),
+                       **fields)
 
 
 def _sweep_config(*, workload: str, option: list[str] | None, device: str, stages: int, schedules: str | None,
                   micro_batches: str | None, accum: str, objective: str, steps: int, optimizer: str,
                   point_timeout: float, load_timeout: float, micro_batch_size: str | None = None,
-                  global_batch: str | None = None, data_parallel: str = "1", from_profile: Path | None = None, warmup: int = 1,
+                  global_batch: str | None = None, data_parallel: str = "1", recompute: str = "none",
+                  from_profile: Path | None = None, warmup: int = 1,
                   virtual_stages: int = 2, threads: int | None = None, profiles_dir: Path | None = None,
                   precision: str = "fp32", strategy: str = "grid", repeats: int = 1, lr: float | None = None,
                   reference_batch: int | None = None, seed: int = 0) -> SweepConfig:
@@ -48,6 +51,7 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
         micro_batch_size=parse_list(micro_batch_size, name="--micro-batch-size"),
         global_batch=parse_list(global_batch, name="--global-batch"),
         data_parallel=parse_list(data_parallel, name="--data-parallel"),
+        recompute=parse_list(recompute, name="--recompute", convert=str),
         objective=objective, measured_steps=steps,
         warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, precision=precision, threads=threads,
         strategy=strategy, repeats=repeats, point_timeout_s=point_timeout, load_timeout_s=load_timeout, lr=lr,

@@ -11,7 +11,7 @@ from typing import Any, overload
 from mbtune.checks import check_types, require_unique
 from mbtune.checks import require as _require
 from mbtune.errors import ConfigError
-from mbtune.records import SweepPoint, micro_batch_size_for
+from mbtune.records import RECOMPUTE_MODES, SweepPoint, micro_batch_size_for
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -179,10 +179,12 @@ class TrialConfig:
     threads: int | None = None
     seed: int = 0
     lr: float | None = None  # None: the optimizer's default (DEFAULT_LR)
+    recompute: str = "none"  # one of RECOMPUTE_MODES
 
     def __post_init__(self) -> None:
         check_types(self)
         _check_lr(self.lr)
+        _require(self.recompute in RECOMPUTE_MODES, "recompute", self.recompute, " | ".join(RECOMPUTE_MODES))
         _require(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
         _require(self.steps >= 2, "steps", self.steps, ">= 2 (optimizer state must exist)")
         _require(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
@@ -214,11 +216,17 @@ class ProbeConfig:
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     seed: int = 0
     lr: float | None = None  # None: the optimizer's default (DEFAULT_LR)
+    recompute: tuple[str, ...] = ("none",)  # one probe per mode; the first is the main one
     command_line: str = ""
     extra_warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        _as_tuple(self, "recompute")
         check_types(self)
+        _check_recompute(self.recompute)
+        require_unique(self.recompute, "recompute")
+        # Without recompute first, where asked for: the main search is the one a sweep's plain points take.
+        object.__setattr__(self, "recompute", tuple(m for m in RECOMPUTE_MODES if m in self.recompute))
         object.__setattr__(self, "device", parse_device(self.device))
         _require(not math.isnan(self.margin) and 0.0 <= self.margin <= 0.5, "margin", self.margin, "0 to 0.5 (usual 0.10-0.20)")
         _require(self.granularity >= 1, "granularity", self.granularity, "an integer >= 1")
@@ -244,12 +252,13 @@ class ProbeConfig:
             found.append(f"margin {self.margin:.0%} is outside the usual {low:.0%}-{high:.0%} policy")
         return tuple(found)
 
-    def trial(self, *, batch_size: int, device: str) -> TrialConfig:
-        """The trial config for one batch size on a resolved device."""
+    def trial(self, *, batch_size: int, device: str, recompute: str | None = None) -> TrialConfig:
+        """The trial config for one batch size on a resolved device (recompute: the main mode's by default)."""
         return TrialConfig(
             workload=self.workload, workload_options=self.workload_options, device=device,
             batch_size=batch_size, precision=self.precision, optimizer=self.optimizer, steps=self.steps,
             memory_budget_bytes=self.memory_budget_bytes, threads=self.threads, seed=self.seed, lr=self.lr,
+            recompute=recompute or self.recompute[0],
         )
 
 
@@ -277,7 +286,9 @@ class SweepConfig:
     micro_batch_size: tuple[int, ...] | None = None  # fixed sizes (the global batch then varies)
     global_batch: tuple[int, ...] | None = None  # held fixed, each split every way the grid allows
     data_parallel: tuple[int, ...] = (1,)  # replicas of the pipeline (world = stages x replicas processes)
+    recompute: tuple[str, ...] = ("none",)  # activation recompute modes, one point each
     safe_batch: int | None = None  # from a probe: micro-batch sizes above it are skipped
+    recompute_safe_batch: int | None = None  # the probe's with full recompute (bounds those points instead)
     ceiling: int | None = None
     ceiling_peak_memory_bytes: int | None = None
     virtual_stages: int = 2
@@ -302,15 +313,14 @@ class SweepConfig:
     def __post_init__(self) -> None:
         from mbtune.pipeline.theory import SCHEDULE_NAMES
 
-        for name in ("global_batch", "micro_batch_size", "data_parallel"):
-            value = getattr(self, name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, name, (value,))  # one value, as before lists
+        for name in ("global_batch", "micro_batch_size", "data_parallel", "recompute"):
+            _as_tuple(self, name)
         check_types(self)
+        _check_recompute(self.recompute)
         object.__setattr__(self, "device", parse_device(self.device))
         _require(self.num_stages >= 1, "num_stages", self.num_stages, "an integer >= 1")
         for name in ("schedules", "micro_batches", "accum_steps", "global_batch", "micro_batch_size",
-                     "data_parallel"):
+                     "data_parallel", "recompute"):
             require_unique(getattr(self, name), name)
         _require(bool(self.schedules), "schedules", self.schedules, "at least one schedule")
         unknown = [s for s in self.schedules if s not in SCHEDULE_NAMES]
@@ -322,7 +332,7 @@ class SweepConfig:
         if self.micro_batch_size is not None and self.global_batch is not None:
             raise ConfigError("--micro-batch-size and --global-batch both given",
                               hint="Give one: the other follows from micro-batches and accumulation steps.")
-        for name in ("safe_batch", "ceiling"):
+        for name in ("safe_batch", "recompute_safe_batch", "ceiling"):
             value = getattr(self, name)
             _require(value is None or value >= 1, name, value, "an integer >= 1")
         for name in ("global_batch", "micro_batch_size"):
@@ -346,6 +356,13 @@ class SweepConfig:
         _require(self.reference_batch is None or self.reference_batch >= 1, "reference_batch", self.reference_batch,
                  "an integer >= 1")
 
+    def safe_batch_for(self, recompute: str) -> int | None:
+        """The probed safe batch that bounds a point's micro-batch size: with full recompute, the probe's
+        with it where one ran."""
+        if recompute == "full" and self.recompute_safe_batch is not None:
+            return self.recompute_safe_batch
+        return self.safe_batch
+
     @property
     def micro_batch_counts(self) -> tuple[int, ...]:
         p = self.num_stages
@@ -362,6 +379,18 @@ class SweepConfig:
             return (default_global_batch(self.safe_batch, self.micro_batch_counts, self.accum_steps,
                                          self.data_parallel),)
         return ()
+
+
+def _as_tuple(config: Any, name: str) -> None:
+    """A list field given one value (an int, a str), as before lists: that value alone."""
+    value = getattr(config, name)
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        object.__setattr__(config, name, (value,))
+
+
+def _check_recompute(modes: tuple[str, ...]) -> None:
+    unknown = [m for m in modes if m not in RECOMPUTE_MODES]
+    _require(bool(modes) and not unknown, "recompute", ",".join(unknown) or modes, " | ".join(RECOMPUTE_MODES))
 
 
 def default_global_batch(safe_batch: int, micro_batch_counts: tuple[int, ...], accum_steps: tuple[int, ...],
@@ -387,6 +416,7 @@ class CheckConfig:
     num_microbatches: int = 4
     grad_accum_steps: int = 1
     data_parallel: int = 1  # replicas of the pipeline, gradients all-reduced
+    recompute: str = "none"  # the pipeline's; the plain model it is held to never recomputes
     micro_batch_size: int | None = None  # None: from global_batch, else 2
     global_batch: int | None = None
     virtual_stages: int = 2
@@ -405,6 +435,7 @@ class CheckConfig:
         _require(self.schedule in SCHEDULE_NAMES, "schedule", self.schedule, " | ".join(SCHEDULE_NAMES))
         for name in ("num_stages", "num_microbatches", "grad_accum_steps", "data_parallel"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
+        _check_recompute((self.recompute,))
         if self.micro_batch_size is not None and self.global_batch is not None:
             raise ConfigError("--micro-batch-size and --global-batch both given",
                               hint="Give one: the other follows from micro-batches and accumulation steps.")
@@ -431,6 +462,7 @@ class CheckConfig:
         """The check of one sweep point; `settings` give the workload and the rest."""
         return cls(schedule=point.schedule, num_stages=point.num_stages, num_microbatches=point.num_microbatches,
                    grad_accum_steps=point.grad_accum_steps, data_parallel=point.data_parallel_size,
+                   recompute=point.recompute,
                    micro_batch_size=point.micro_batch_size, virtual_stages=max(2, point.virtual_stages), **settings)
 
     @property
@@ -446,7 +478,7 @@ class CheckConfig:
         return SweepPoint(schedule=self.schedule, num_stages=self.num_stages, num_microbatches=self.num_microbatches,
                           grad_accum_steps=self.grad_accum_steps, micro_batch_size=size,
                           virtual_stages=stages_per_rank(self.schedule, self.virtual_stages),
-                          data_parallel_size=self.data_parallel)
+                          data_parallel_size=self.data_parallel, recompute=self.recompute)
 
 
 THRESHOLD_KEYS = ("min_ceiling", "min_safe_batch", "min_best_samples_per_s", "max_best_bubble")

@@ -60,8 +60,10 @@ def plan_grid(config: SweepConfig, *, num_blocks: int, num_stages: int | None = 
         if reason is None and max_processes is not None and point.num_processes > max_processes:
             reason = (f"{point.num_stages} stages x {point.data_parallel_size} replicas need {point.num_processes} "
                       f"GPUs, {max_processes} visible")
-        if reason is None and config.safe_batch is not None and point.micro_batch_size > config.safe_batch:
-            reason = f"micro-batch size {point.micro_batch_size} is above the probed safe batch {config.safe_batch}"
+        safe = config.safe_batch_for(point.recompute)
+        if reason is None and safe is not None and point.micro_batch_size > safe:
+            with_recompute = " with full recompute" if point.recompute == "full" and config.recompute_safe_batch else ""
+            reason = f"micro-batch size {point.micro_batch_size} is above the probed safe batch {safe}{with_recompute}"
         if reason:
             skipped.append(SkippedPoint(point=point, reason=reason))
         else:
@@ -80,9 +82,11 @@ def _candidates(config: SweepConfig, p: int) -> list[tuple[SweepPoint, str | Non
                 for accum in config.accum_steps:
                     for dp in config.data_parallel:
                         for mbs, reason in _micro_batch_sizes(config, global_batch, m, accum, dp):
-                            candidates.append((SweepPoint(schedule=schedule, num_stages=p, num_microbatches=m,
-                                                          grad_accum_steps=accum, micro_batch_size=mbs,
-                                                          virtual_stages=v, data_parallel_size=dp), reason))
+                            for recompute in config.recompute:
+                                candidates.append((SweepPoint(
+                                    schedule=schedule, num_stages=p, num_microbatches=m, grad_accum_steps=accum,
+                                    micro_batch_size=mbs, virtual_stages=v, data_parallel_size=dp,
+                                    recompute=recompute), reason))
     return candidates
 
 
@@ -291,6 +295,13 @@ def rank_results(results: Sequence[TrialResult], objective: str,
         rate[j] >= rate[i] and memory(j) <= memory(i) and (rate[j] > rate[i] or memory(j) < memory(i))
         for j in ok))
     return ranking, pareto
+
+
+def recompute_pairs(results: Sequence[TrialResult]) -> tuple[tuple[int, int], ...]:
+    """(without, with full recompute): the indices of ok results whose points differ only in recompute."""
+    plain = {replace(r.point, recompute="none"): i for i, r in enumerate(results) if r.ok and r.point.recompute == "none"}
+    return tuple((plain[key], i) for i, r in enumerate(results)
+                 if r.ok and r.point.recompute == "full" and (key := replace(r.point, recompute="none")) in plain)
 
 
 def tradeoff(results: Sequence[TrialResult], ranking: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, int] | None]:

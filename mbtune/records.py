@@ -108,6 +108,20 @@ class MemoryModel(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecomputeCeiling(Record):
+    """What the probe found with activation recompute set otherwise than its main search (ProbeResult's
+    own fields), searched the same way right after it."""
+
+    recompute: str  # one of RECOMPUTE_MODES
+    ceiling: int
+    first_failing: int | None
+    safe_batch: int
+    safe_batch_verified: bool
+    trials: int
+    peak_memory_bytes: int | None = None  # at the ceiling
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProbeResult(Record):
     """Everything a probe found, trial by trial."""
 
@@ -136,10 +150,20 @@ class ProbeResult(Record):
     resolution: int | None = None  # the search stopped once [ceiling, first_failing) was this narrow
     safe_batch_first: int | None = None  # the safe batch the margin gave, before any step down
     warnings: tuple[str, ...] = ()
+    recompute: str = "none"  # activation recompute of the trials above (one of RECOMPUTE_MODES)
+    recompute_ceilings: tuple[RecomputeCeiling, ...] = ()  # the other modes asked for
 
     @property
     def stopped_at_max_batch(self) -> bool:
         return self.first_failing is None
+
+    def ceiling_with(self, recompute: str) -> RecomputeCeiling | None:
+        """The probe's answer with this recompute mode (the main search's too), or None if none ran."""
+        if recompute == self.recompute:
+            return RecomputeCeiling(recompute=recompute, ceiling=self.ceiling, first_failing=self.first_failing,
+                                    safe_batch=self.safe_batch, safe_batch_verified=self.safe_batch_verified,
+                                    trials=len(self.trials))
+        return next((c for c in self.recompute_ceilings if c.recompute == recompute), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,6 +212,11 @@ class NvmlSummary(Record):
     gpus: tuple[GpuUsage, ...] = ()
 
 
+# Activation recompute per block (workloads/recompute.py): none keeps every activation, full keeps each
+# block's input and runs its forward again in the backward.
+RECOMPUTE_MODES = ("none", "full")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SweepPoint(Record):
     """One configuration of the sweep grid."""
@@ -199,6 +228,7 @@ class SweepPoint(Record):
     micro_batch_size: int
     virtual_stages: int = 1  # stages per rank (looped and V schedules hold several)
     data_parallel_size: int = 1
+    recompute: str = "none"  # one of RECOMPUTE_MODES
 
     @property
     def global_batch(self) -> int:
@@ -207,8 +237,9 @@ class SweepPoint(Record):
     @property
     def label(self) -> str:
         replicas = f" dp={self.data_parallel_size}" if self.data_parallel_size > 1 else ""
+        recompute = f" recompute={self.recompute}" if self.recompute != "none" else ""
         return (f"{self.schedule} p={self.num_stages} m={self.num_microbatches} "
-                f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}{replicas}")
+                f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}{replicas}{recompute}")
 
     @property
     def num_processes(self) -> int:
@@ -390,6 +421,8 @@ class SweepReport(Record):
     global_batch_default: bool = False  # the global batch is the default rule's (config.default_global_batch)
     tradeoff: tuple[int, ...] = ()  # the best row and its neighbours in micro-batch size (grid.tradeoff)
     padding: tuple[int, ...] = ()  # (best, a row it beats by more micro-batches and fewer accumulation steps)
+    # (without, with full recompute) per point that ran both ways (grid.recompute_pairs)
+    recompute_pairs: tuple[tuple[int, int], ...] = ()
     ceiling: int | None = None  # from the probe, when one ran
     safe_batch: int | None = None
     ceiling_peak_memory_bytes: int | None = None  # the probe's peak at its ceiling, same measure as stage peaks

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
@@ -36,6 +36,7 @@ from mbtune.records import (
     DeviceInfo,
     ProbeResult,
     Profile,
+    RecomputeCeiling,
     SkippedPoint,
     SweepPoint,
     SweepReport,
@@ -45,6 +46,7 @@ from mbtune.records import (
 from mbtune.verdicts import ComparisonRow, Verdict
 
 if TYPE_CHECKING:
+    from mbtune.ceiling import SearchResult
     from mbtune.store import RunStore
     from mbtune.workloads.facts import WorkloadFacts
 
@@ -86,10 +88,12 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     trial_config = replace(config, memory_budget_bytes=budget)
 
     replay = deque(TrialOutcome.from_dict(r) for r in store.replayed(PROBE_TRIAL)) if store else deque()
+    recompute = config.recompute[0]
 
     def run(batch_size: int) -> TrialOutcome:
         if progress:
-            progress.start_trial(f"batch {batch_size}")
+            progress.start_trial(f"batch {batch_size}" + (f" (recompute {recompute})" if len(config.recompute) > 1
+                                                          else ""))
         if replay:
             outcome = replay.popleft()
             if outcome.batch_size != batch_size:
@@ -99,7 +103,8 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
                 progress.end_trial(outcome.status, REPLAYED)
             return outcome
         log.debug("probe trial at batch %d on %s", batch_size, device)
-        outcome = run_classified_trial(trial_config.trial(batch_size=batch_size, device=device), config.trial_timeout_s)
+        outcome = run_classified_trial(trial_config.trial(batch_size=batch_size, device=device, recompute=recompute),
+                                       config.trial_timeout_s)
         log.info("batch %d: %s in %.1f s", batch_size, outcome.status, outcome.wall_s)
         if store:
             store.record(PROBE_TRIAL, outcome.to_dict())
@@ -107,9 +112,20 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
             progress.end_trial(outcome.status, _trial_detail(outcome))
         return outcome
 
-    found = search_ceiling(run, granularity=config.granularity, max_batch=config.max_batch,
-                           budget_bytes=search_budget, margin=config.margin, confirm=config.confirm,
-                           resolution=config.resolution)
+    def search() -> SearchResult:
+        return search_ceiling(run, granularity=config.granularity, max_batch=config.max_batch,
+                              budget_bytes=search_budget, margin=config.margin, confirm=config.confirm,
+                              resolution=config.resolution)
+
+    found = search()
+    others = []
+    for recompute in config.recompute[1:]:  # the run above reads it: one search per mode, in order
+        other = search()
+        others.append(RecomputeCeiling(
+            recompute=recompute, ceiling=other.ceiling, first_failing=other.first_failing,
+            safe_batch=other.safe_batch, safe_batch_verified=other.safe_batch_verified, trials=len(other.trials),
+            peak_memory_bytes=_peak_at(other.trials, other.ceiling)))
+        warnings += [f"recompute {recompute}: {w}" for w in other.warnings]
     return ProbeResult(
         workload=config.workload, workload_options=dict(config.workload_options),
         device=_device_info(found.trials, device, config.trial_timeout_s), trials=found.trials,
@@ -120,7 +136,14 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         num_parameters=workload.num_parameters, flops_per_sample=workload.flops_per_sample,
         max_batch=config.max_batch, confirm=config.confirm, steps=config.steps, resolution=found.resolution,
         safe_batch_first=found.safe_batch_first, warnings=tuple(warnings) + found.warnings,
+        recompute=config.recompute[0], recompute_ceilings=tuple(others),
     )
+
+
+def _peak_at(trials: Sequence[TrialOutcome], batch_size: int) -> int | None:
+    """The highest peak memory of the trials that ran at this batch size."""
+    peaks = [t.peak_memory_bytes for t in trials if t.ok and t.batch_size == batch_size and t.peak_memory_bytes]
+    return max(peaks) if peaks else None
 
 
 # When a trial under a memory cap fails with an error that is not a recognised OOM, it is run once more
@@ -242,7 +265,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
 def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResult],
                   skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
                   warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
-    from mbtune.grid import rank_results, tied_with_best, tradeoff
+    from mbtune.grid import rank_results, recompute_pairs, tied_with_best, tradeoff
     from mbtune.lr import lr_advice
 
     fixed = config.global_batches
@@ -255,7 +278,7 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResu
         objective=config.objective, results=tuple(results), skipped=skipped, ranking=ranking, pareto=pareto,
         ties=tied_with_best(results, ranking, config.objective, same_global_batch=bool(fixed)),
         global_batches=fixed, global_batch_default=config.global_batch is None and bool(fixed),
-        tradeoff=rows, padding=padding or (),
+        tradeoff=rows, padding=padding or (), recompute_pairs=recompute_pairs(results),
         repeats=config.repeats, strategy=config.strategy,
         num_grid_points=num_grid_points, ceiling=config.ceiling,
         safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
@@ -351,7 +374,7 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
         threads = max(1, (os.cpu_count() or 1) // point.num_processes)
     spec = PipelineSpec(
         workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
-        num_ranks=point.num_stages, data_parallel=point.data_parallel_size,
+        num_ranks=point.num_stages, data_parallel=point.data_parallel_size, recompute=point.recompute,
         virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
         num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
         grad_accum_steps=point.grad_accum_steps, warmup_steps=config.warmup_steps,
@@ -390,13 +413,15 @@ class SweepLimits(TypedDict):
     safe_batch: int | None
     ceiling: int | None
     ceiling_peak_memory_bytes: int | None
+    recompute_safe_batch: int | None
 
 
 def sweep_limits(probe: ProbeResult) -> SweepLimits:
     """What a sweep takes from a probe: the safe batch, the ceiling and the peak memory at the ceiling."""
-    at_ceiling = [t.peak_memory_bytes for t in probe.trials if t.ok and t.batch_size == probe.ceiling]
+    full = probe.ceiling_with("full")
     return {"safe_batch": probe.safe_batch, "ceiling": probe.ceiling,
-            "ceiling_peak_memory_bytes": max((b for b in at_ceiling if b is not None), default=None)}
+            "ceiling_peak_memory_bytes": _peak_at(probe.trials, probe.ceiling),
+            "recompute_safe_batch": full.safe_batch if full is not None else None}
 
 
 def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None,

@@ -69,7 +69,7 @@ def _traceback_tail() -> str:
 def _train(workload: Workload, config: TrialConfig, backend: Any):
     """Yield (step seconds, loss) for each full training step: forward, backward, optimizer step."""
     device = torch.device(backend.torch_device)
-    model = workload.build(seed=config.seed).to(device)
+    model = workload.build(seed=config.seed, recompute=config.recompute).to(device)
     model.train()
     optimizer = make_optimizer(config.optimizer, list(model.parameters()), lr=lr_for(config.optimizer, config.lr))
     use_scaler = config.precision == "fp16"

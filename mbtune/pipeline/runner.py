@@ -153,7 +153,8 @@ class _RankRun:
         self.blocks = tuple(all_blocks[s] for s in self.stage_indices)
         if on_placed is not None:
             on_placed(tuple(b for blocks in self.blocks for b in blocks))
-        self.modules = [self.workload.build(b, seed=spec.seed).to(device) for b in self.blocks]
+        self.modules = [self.workload.build(b, seed=spec.seed, recompute=spec.recompute).to(device)
+                        for b in self.blocks]
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_model_stages - 1 in self.stage_indices
         self.timer = ActionTimer(new_event=_timing_event if device.type == "cuda" else None)

@@ -9,6 +9,7 @@ from typing import Any
 from mbtune.checks import require as _require
 from mbtune.errors import ConfigError
 from mbtune.pipeline.theory import check_point, stages_per_rank
+from mbtune.records import RECOMPUTE_MODES
 
 OPTIMIZERS = ("adamw", "sgd")
 BALANCES = ("parameters", "blocks")
@@ -42,6 +43,7 @@ class PipelineSpec:
     learning_rate: float = 1e-4
     threads: int | None = 1  # torch threads per rank process
     balance: str = "parameters"  # split by compute-bearing parameters (embeddings excluded), or by block count
+    recompute: str = "none"  # "full": every block an activation checkpoint (workloads/recompute.py)
     pg_timeout_s: float = 60.0
     capture_grads: bool = False  # return the last step's gradients (for equivalence tests)
 
@@ -58,6 +60,7 @@ class PipelineSpec:
         _require(self.precision in ("fp32", "bf16"), "precision", self.precision,
                  "fp32 | bf16 (pipelined fp16 would need one loss scale across ranks)")
         _require(self.balance in BALANCES, "balance", self.balance, " | ".join(BALANCES))
+        _require(self.recompute in RECOMPUTE_MODES, "recompute", self.recompute, " | ".join(RECOMPUTE_MODES))
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
         _require(math.isfinite(self.pg_timeout_s) and self.pg_timeout_s > 0, "pg_timeout_s", self.pg_timeout_s,
                  "seconds > 0")

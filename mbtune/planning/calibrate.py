@@ -29,8 +29,11 @@ another step is first scaled by the point's median step over that step, see typi
   pipeline waits for the slowest of the actions it joins and costs that are only ever average predict a
   step that is too short.
 - Memory. Each rank's measured peak less its parameter state (weights, gradients, optimizer state) and its
-  in-flight activations (peak micro-batches held, from the schedule order, x saved bytes per sample) gives
-  the base (runtime, allocator); the median over ranks and points.
+  in-flight activations (peak micro-batches held, from the schedule order, x saved bytes per sample; under
+  full recompute each block's input and one block's saved activations, see activation_bytes) gives the
+  base (runtime, allocator); the median over ranks and points.
+- Recompute. A backward under full recompute runs the forward again: the same micro-batch's measured
+  forward at that stage is taken off it before it is shared among the blocks.
 """
 
 from __future__ import annotations
@@ -75,6 +78,19 @@ GRAD_BYTES_PER_PARAMETER = 4  # fp32 gradients are what data-parallel replicas a
 def allreduce_volume_bytes(parameters: int, replicas: int) -> float:
     """Bytes one rank sends in a ring all-reduce of its gradients over the replicas: 2(d-1)/d of them."""
     return 2 * (replicas - 1) / replicas * parameters * GRAD_BYTES_PER_PARAMETER
+
+
+def activation_bytes(facts: BlockFacts, blocks: Sequence[int], held: int, micro_batch_size: int,
+                     recompute: str = "none") -> float:
+    """Peak activation bytes of a stage of these blocks holding `held` micro-batches (see stage_memory_bytes)."""
+    saved = facts.saved_bytes_per_sample
+    if not saved:
+        return 0.0
+    if recompute != "full":
+        return held * micro_batch_size * sum(saved[b] for b in blocks)
+    outputs = facts.output_bytes_per_sample
+    inputs = sum(outputs[b - 1] for b in blocks if b > 0) if outputs else 0
+    return micro_batch_size * (held * inputs + max(saved[b] for b in blocks))
 
 
 def point_split(point: SweepPoint, facts: BlockFacts) -> tuple[tuple[int, ...], ...]:
@@ -155,7 +171,7 @@ def _read(result: TrialResult, facts: BlockFacts, samples: _Samples) -> None:
     size = point.micro_batch_size
     spans = _spans(result.timeline, typical_step_scale(result))
     for span in spans.values():
-        _share(span, split, facts, size, samples)
+        _share(span, split, facts, size, samples, _recomputed_s(span, spans) if point.recompute == "full" else 0.0)
     _rank_gaps(spans, owners, samples)
     samples.transfer_gaps[size].extend(_transfer_gaps(spans, owners))
     first = [s.start_s for s in spans.values() if s.stage == 0 and s.accum == 0]
@@ -206,8 +222,19 @@ def _spans(timeline: Sequence[TimelineAction], scale: float = 1.0) -> dict[tuple
     return spans
 
 
-def _share(span: _Span, split: Sequence[Sequence[int]], facts: BlockFacts, size: int, samples: _Samples) -> None:
-    duration = span.compute_end_s - span.start_s
+def _recomputed_s(span: _Span, spans: dict[tuple[str, int, int, int], _Span]) -> float:
+    """Under full recompute, the forward a backward (or its input part) ran again: that micro-batch's own
+    forward at that stage, as measured."""
+    if span.kind not in (BACKWARD, BACKWARD_INPUT):
+        return 0.0
+    forward = spans.get((FORWARD, span.stage, span.accum, span.microbatch))
+    return forward.compute_end_s - forward.start_s if forward is not None else 0.0
+
+
+def _share(span: _Span, split: Sequence[Sequence[int]], facts: BlockFacts, size: int, samples: _Samples,
+           recomputed_s: float = 0.0) -> None:
+    """The span's compute shared among its stage's blocks, less the forward it ran again (recompute)."""
+    duration = max(0.0, span.compute_end_s - span.start_s - recomputed_s)
     blocks = split[span.stage]
     weights = [max(facts.weights[b], 1e-3 * max(facts.weights)) for b in blocks]
     total = sum(weights)
@@ -352,8 +379,8 @@ def _base_bytes(runs: Sequence[TrialResult], facts: BlockFacts, state: float,
         params = _rank_parameters(split, owners, facts)
         activations = [0.0] * len(params)
         for stage, blocks in enumerate(split):
-            saved = sum(facts.saved_bytes_per_sample[b] for b in blocks) if facts.saved_bytes_per_sample else 0
-            activations[owners[stage]] += held[stage] * point.micro_batch_size * saved
+            activations[owners[stage]] += activation_bytes(facts, blocks, held[stage], point.micro_batch_size,
+                                                           point.recompute)
         for rank, peak in enumerate(result.peak_memory_bytes):
             if peak is not None and rank < len(params):
                 bases.append(peak - state * params[rank] - activations[rank])

@@ -45,7 +45,7 @@ from mbtune.planning.planner import (
 )
 from mbtune.planning.records import SCATTER_MEASURED, SCATTER_MODES
 from mbtune.planning.validate import LEAVE_ONE_OUT, METHODS
-from mbtune.records import SweepPoint
+from mbtune.records import RECOMPUTE_MODES, SweepPoint
 
 MAX_SIMULATED_ACTIONS = 1_000_000
 MAX_MODEL_STAGES = 1024
@@ -96,9 +96,10 @@ class PlanConfig:
     validation_method: str | None = DEFAULT_PLAN_VALIDATION
     scatter: str = DEFAULT_PLAN_SCATTER
     keep_timeline: bool = False
+    recompute: tuple[str, ...] = ("none",)  # activation recompute modes, every point in each
 
     def __post_init__(self) -> None:
-        for name in ("micro_batches", "schedules"):
+        for name in ("micro_batches", "schedules", "recompute"):
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         check_types(self)
@@ -116,6 +117,10 @@ class PlanConfig:
         unknown = [s for s in self.schedules if s not in SCHEDULE_NAMES]
         require(not unknown, "schedules", ",".join(unknown), " | ".join(SCHEDULE_NAMES))
         require_unique(self.schedules, "schedules")
+        unknown = [r for r in self.recompute if r not in RECOMPUTE_MODES]
+        require(bool(self.recompute) and not unknown, "recompute", ",".join(unknown) or self.recompute,
+                " | ".join(RECOMPUTE_MODES))
+        require_unique(self.recompute, "recompute")
         require(2 <= self.virtual_stages <= MAX_MODEL_STAGES, "virtual_stages", self.virtual_stages,
                 f"an integer from 2 to {MAX_MODEL_STAGES}")
         require(self.num_blocks is None or 3 <= self.num_blocks <= MAX_BLOCKS, "num_blocks", self.num_blocks,
@@ -168,7 +173,7 @@ class PlanConfig:
         return PlanGrid(num_stages=self.num_stages, micro_batches=self.micro_batches, schedules=self.schedules,
                         data_parallel=self.data_parallel, micro_batch_size=self.micro_batch_size,
                         global_batch=self.global_batch, grad_accum_steps=self.grad_accum_steps,
-                        virtual_stages=self.virtual_stages, num_blocks=self.num_blocks)
+                        virtual_stages=self.virtual_stages, num_blocks=self.num_blocks, recompute=self.recompute)
 
     def link(self) -> Link:
         """The interconnect to plan with (None parts: as measured)."""

@@ -31,7 +31,7 @@ from mbtune.pipeline.theory import (
     stages_per_rank,
     theoretical_bubble,
 )
-from mbtune.planning.calibrate import allreduce_volume_bytes, point_orders, point_split
+from mbtune.planning.calibrate import activation_bytes, allreduce_volume_bytes, point_orders, point_split
 from mbtune.planning.orders import RankOrders
 from mbtune.planning.records import (
     SCATTER_MEASURED,
@@ -80,6 +80,7 @@ class PlanGrid:
     virtual_stages: int = 2
     num_blocks: int | None = None  # what-if deeper model for every point; None: the workload's own
     deepen_as_needed: bool = True  # without num_blocks, a point with too few blocks gets one block per stage
+    recompute: tuple[str, ...] = ("none",)  # activation recompute modes, every point in each
 
 
 def with_scatter(model: CostModel, scatter: str) -> CostModel:
@@ -139,15 +140,18 @@ def _mean_cost(costs: Sequence[LinearCost]) -> LinearCost:
                       per_sample_s=sum(c.per_sample_s for c in costs) / len(costs))
 
 
-def stage_costs(model: CostModel, split: Sequence[Sequence[int]], micro_batch_size: int) -> tuple[StageCost, ...]:
-    """Seconds per micro-batch of every stage of a split: the sum of its blocks (loss on the last)."""
+def stage_costs(model: CostModel, split: Sequence[Sequence[int]], micro_batch_size: int,
+                recompute: str = "none") -> tuple[StageCost, ...]:
+    """Seconds per micro-batch of every stage of a split: the sum of its blocks (loss on the last). With full
+    recompute a backward (or its input part, which comes first) runs the stage's forward again."""
     costs = []
     for stage, blocks in enumerate(split):
         parts = {kind: sum(getattr(model.blocks[b], kind).at(micro_batch_size) for b in blocks)
                  for kind in COMPUTE_KINDS}
+        again = parts[FORWARD] if recompute == "full" else 0.0
         loss = model.loss.at(micro_batch_size) if stage == len(split) - 1 else 0.0
-        costs.append(StageCost(forward_s=parts[FORWARD], backward_s=parts[BACKWARD],
-                               backward_input_s=parts[BACKWARD_INPUT],
+        costs.append(StageCost(forward_s=parts[FORWARD], backward_s=parts[BACKWARD] + again,
+                               backward_input_s=parts[BACKWARD_INPUT] + again,
                                backward_weight_s=parts[BACKWARD_WEIGHT], loss_s=loss))
     return tuple(costs)
 
@@ -164,7 +168,7 @@ def simulate_point(model: CostModel, point: SweepPoint, *, link: Link | None = N
     transfers = tuple(_transfer_s(model, link, blocks[-1], size) for blocks in split[:-1])
     overheads = Overheads(transfer_s=transfers, send_s=model.send_s, gap_s=model.gap_s, start_s=model.start_s)
     orders = orders_of(point)
-    costs = stage_costs(model, split, size)
+    costs = stage_costs(model, split, size, point.recompute)
 
     def run(jitter: Jitter | None) -> Simulation:
         return simulate(orders, stage_to_rank=owners, stage_costs=costs, overheads=overheads,
@@ -220,7 +224,7 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
     allreduce = _allreduce_s(max(params), point.data_parallel_size, link, model)
     update = model.update_fixed_s + model.update_per_parameter_s * max(params)
     step = sim.pipeline_s + allreduce + update
-    per_stage = stage_memory_bytes(model, split, sim.peak_in_flight, point.micro_batch_size)
+    per_stage = stage_memory_bytes(model, split, sim.peak_in_flight, point.micro_batch_size, point.recompute)
     memory = [model.base_bytes] * point.num_stages
     for stage, stage_bytes in enumerate(per_stage):
         memory[owners[stage]] += stage_bytes
@@ -254,14 +258,16 @@ def _allreduce_s(parameters: int, replicas: int, link: Link | None, model: CostM
 
 
 def stage_memory_bytes(model: CostModel, split: Sequence[Sequence[int]], held: Sequence[int],
-                       micro_batch_size: int) -> tuple[float, ...]:
+                       micro_batch_size: int, recompute: str = "none") -> tuple[float, ...]:
     """Per stage: its parameter state (weights, gradients, optimizer state) and its peak in-flight activations
-    (micro-batches held x micro-batch size x saved bytes per sample of its blocks)."""
-    saved = model.facts.saved_bytes_per_sample
+    (micro-batches held x micro-batch size x saved bytes per sample of its blocks). With full recompute a
+    held micro-batch keeps only each block's input (the previous block's output), and one block's saved
+    activations come back at a time, in its backward."""
     return tuple(
         model.state_bytes_per_parameter * sum(model.facts.parameters[b] for b in blocks)
-        + (held[stage] * micro_batch_size * sum(saved[b] for b in blocks) if saved else 0.0)
+        + activation_bytes(model.facts, blocks, held[stage], micro_batch_size, recompute)
         for stage, blocks in enumerate(split))
+
 
 
 def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint], list[PlanSkipped]]:
@@ -270,14 +276,16 @@ def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint
     for schedule in grid.schedules:
         v = stages_per_rank(schedule, grid.virtual_stages)
         for m in grid.micro_batches:
-            size, reason = _micro_batch_size(grid, m)
-            point = SweepPoint(schedule=schedule, num_stages=grid.num_stages, num_microbatches=m,
-                               grad_accum_steps=grid.grad_accum_steps, micro_batch_size=size, virtual_stages=v,
-                               data_parallel_size=grid.data_parallel)
-            reason = reason or check_point(schedule, v * grid.num_stages, grid.num_stages, m, num_blocks=num_blocks)
-            if reason and "blocks, too few" in reason:
-                reason += "; plan a deeper model of the same blocks (--blocks)"
-            (skipped.append(PlanSkipped(point=point, reason=reason)) if reason else points.append(point))
+            size, bad_split = _micro_batch_size(grid, m)
+            for recompute in grid.recompute:
+                point = SweepPoint(schedule=schedule, num_stages=grid.num_stages, num_microbatches=m,
+                                   grad_accum_steps=grid.grad_accum_steps, micro_batch_size=size, virtual_stages=v,
+                                   data_parallel_size=grid.data_parallel, recompute=recompute)
+                reason = bad_split or check_point(schedule, v * grid.num_stages, grid.num_stages, m,
+                                                  num_blocks=num_blocks)
+                if reason and "blocks, too few" in reason:
+                    reason += "; plan a deeper model of the same blocks (--blocks)"
+                (skipped.append(PlanSkipped(point=point, reason=reason)) if reason else points.append(point))
     return points, skipped
 
 

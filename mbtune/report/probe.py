@@ -69,6 +69,14 @@ def summary_panel(result: ProbeResult) -> Panel:
     grid.add_row("safe batch", f"[bold green]{result.safe_batch}[/] ({_verified(result)})")
     grid.add_row("memory model", memory_model_text(result.memory_model))
     grid.add_row("trials", str(len(result.trials)))
+    if result.recompute != "none" or result.recompute_ceilings:
+        grid.add_row("recompute", f"{result.recompute} (the figures above)")
+    for other in result.recompute_ceilings:
+        ratio = f", x{other.ceiling / result.ceiling:.2f} the ceiling above" if result.ceiling else ""
+        verified = "" if other.safe_batch_verified else " ([red]FAILED its verification run[/])"
+        grid.add_row(f"recompute {other.recompute}", f"ceiling [bold]{other.ceiling}[/]{ratio}, safe batch "
+                     f"[bold green]{other.safe_batch}[/]{verified}, peak {fmt_bytes(other.peak_memory_bytes)} at "
+                     f"the ceiling ({other.trials} trials)")
     return Panel(grid, title="Probe result", title_align="left", expand=False)
 
 

@@ -29,7 +29,8 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     rows = [_row(position, report.results[i], _marks(report, i), _lr_cell(report, report.results[i]))
             for position, i in enumerate(order, 1)]
     columns = [c for c in _COLUMNS if any(row[c[0]] not in ("", "n/a", "unknown", "ok") for row in rows)
-               and (c[0] != "dp" or any(row["dp"] not in ("", "1") for row in rows))]
+               and (c[0] != "dp" or any(row["dp"] not in ("", "1") for row in rows))
+               and (c[0] != "rc" or any(row["rc"] not in ("", "none") for row in rows))]
     notes = [note for header, note in _MISSING_NOTES.items() if all(c[0] != header for c in columns)]
     hidden: list[str] = []
     while True:
@@ -41,6 +42,8 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
         hidden.append(give_way[0])
     if hidden:
         notes.append(f"hidden to fit the terminal: {', '.join(hidden)} (widen it or use --format csv)")
+    if any(c[0] == "rc" for c in columns):
+        notes.append("rc: activation recompute (full: every block's forward runs again in its backward)")
     spread = (f"ranges: min-max over {report.repeats} repeats" if report.repeats > 1
               else "ranges: min-max over the measured steps (--repeats N for fresh-process repeats)")
     table.caption = "  ".join(["bubble: measured / theoretical", spread, "* Pareto front (throughput vs peak memory)",
@@ -51,7 +54,7 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
 
 _COLUMNS: list[tuple[str, JustifyMethod]] = [
             ("#", "right"), ("schedule", "left"), ("p", "right"), ("m", "right"), ("acc", "right"),
-            ("dp", "right"), ("mbs", "right"), ("global", "right"), ("lr", "right"), ("samples/s", "right"),
+            ("dp", "right"), ("rc", "left"), ("mbs", "right"), ("global", "right"), ("lr", "right"), ("samples/s", "right"),
             ("tokens/s", "right"), ("step (cv)", "right"), ("all-reduce", "right"), ("bubble", "right"), ("peak mem", "right"), ("MFU", "right"),
             ("kernel active", "right"), ("status", "left")]
 _MISSING_NOTES = {"MFU": "MFU: peak FLOPs unknown for this device",
@@ -146,7 +149,7 @@ def _row(position: int, result: TrialResult, marks: str, lr: str = "") -> dict[s
     point = result.point
     row = {"#": f"{position}{marks}", "schedule": point.schedule, "p": str(point.num_stages),
            "m": str(point.num_microbatches), "acc": str(point.grad_accum_steps),
-           "dp": str(point.data_parallel_size), "mbs": str(point.micro_batch_size),
+           "dp": str(point.data_parallel_size), "rc": point.recompute, "mbs": str(point.micro_batch_size),
            "global": str(point.global_batch), "lr": lr, "status": "ok"}
     if not result.ok:
         return {**{h: "" for h, _ in _COLUMNS}, **row, "status": f"[red]{result.status}[/]"}
@@ -250,6 +253,26 @@ def tradeoff_table(report: SweepReport) -> Table:
     return table
 
 
+def recompute_table(report: SweepReport) -> Table:
+    """Per point that ran with and without full recompute: what recompute cost in throughput and saved in
+    peak memory (the busiest stage's)."""
+    table = Table(title="Recompute: what full recompute costs and saves, point by point", title_justify="left",
+                  box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for header in ("point", "samples/s none -> full", "change", "peak mem none -> full", "change"):
+        table.add_column(header, justify="left" if header == "point" else "right", no_wrap=True)
+    for plain_index, full_index in report.recompute_pairs:
+        plain, full = report.results[plain_index], report.results[full_index]
+        table.add_row(plain.point.label, f"{fmt_rate(plain.samples_per_s)} -> {fmt_rate(full.samples_per_s)}",
+                      _change(plain.samples_per_s, full.samples_per_s),
+                      f"{fmt_bytes(plain.max_peak_memory_bytes)} -> {fmt_bytes(full.max_peak_memory_bytes)}",
+                      _change(plain.max_peak_memory_bytes, full.max_peak_memory_bytes))
+    return table
+
+
+def _change(before: float | None, after: float | None) -> str:
+    return "n/a" if not before or after is None else f"{after / before - 1:+.0%}"
+
+
 def _per_sample(seconds: float | None) -> str:
     if seconds is None:
         return "n/a"
@@ -292,6 +315,8 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
     console.print(best_panel(report))
     if len(report.tradeoff) > 1 or report.padding:
         console.print(tradeoff_table(report))
+    if report.recompute_pairs:
+        console.print(recompute_table(report))
     if report.best is not None and report.best.timeline:
         from mbtune.report.timeline import timeline_renderable
 
@@ -319,6 +344,7 @@ def results_frame(report: SweepReport):
             "rank": report.ranking.index(index) + 1 if index in report.ranking else None,
             "schedule": p.schedule, "num_stages": p.num_stages, "num_microbatches": p.num_microbatches,
             "grad_accum_steps": p.grad_accum_steps, "data_parallel_size": p.data_parallel_size,
+            "recompute": p.recompute,
             "micro_batch_size": p.micro_batch_size,
             "global_batch": p.global_batch, "lr_scale": advice.scale if advice else None,
             "lr": advice.lr if advice else None, "status": r.status, "num_repeats": r.num_repeats,

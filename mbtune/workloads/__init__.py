@@ -69,18 +69,22 @@ class Workload:
     def num_blocks(self) -> int:
         return len(self.blocks)
 
-    def build(self, indices: Sequence[int] | None = None, *, seed: int = 0) -> nn.Sequential:
+    def build(self, indices: Sequence[int] | None = None, *, seed: int = 0, recompute: str = "none") -> nn.Sequential:
         """Build the given blocks (all by default) with weights that depend only on (seed, block index),
-        so a pipeline stage builds exactly the weights the whole model would have."""
+        so a pipeline stage builds exactly the weights the whole model would have. With recompute "full"
+        every block is an activation checkpoint (see recompute.py): same parameters, same names."""
         import torch
         from torch import nn
 
+        from mbtune.workloads.recompute import Recomputed, check_recompute
+
+        check_recompute(recompute)
         chosen = range(self.num_blocks) if indices is None else indices
         modules = []
         for i in chosen:
             torch.manual_seed(seed * 100_003 + i)
             modules.append(self.blocks[i]())
-        return nn.Sequential(*modules)
+        return Recomputed(*modules) if recompute == "full" else nn.Sequential(*modules)
 
     def compute_weights(self) -> list[int]:
         """Per block, the parameters that do arithmetic on every sample (meta device, no allocation): what

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mbtune.config import SweepConfig, default_global_batch
-from mbtune.grid import plan_grid, rank_results, tied_with_best, tradeoff
+from mbtune.grid import plan_grid, rank_results, recompute_pairs, tied_with_best, tradeoff
 from mbtune.records import SweepPoint, TrialResult
 
 
@@ -89,3 +89,15 @@ def test_fixed_micro_batch_sizes_each_make_points_whose_global_batch_varies():
     grid = plan_grid(config, num_blocks=6)
     assert [(p.micro_batch_size, p.global_batch) for p in grid.points] == [(2, 4), (8, 16)]
     assert config.global_batches == ()
+
+
+def test_recompute_points_take_the_probes_safe_batch_with_recompute_and_pair_with_their_twins():
+    config = SweepConfig(workload="mlp", num_stages=2, schedules=("gpipe",), micro_batches=(2,), accum_steps=(1,),
+                         global_batch=(32, 48), recompute=("none", "full"), safe_batch=16, recompute_safe_batch=24)
+    grid = plan_grid(config, num_blocks=6)
+    assert [(p.global_batch, p.recompute) for p in grid.points] == [(32, "none"), (32, "full"), (48, "full")]
+    [skipped] = grid.skipped
+    assert skipped.point.recompute == "none" and "above the probed safe batch 16" in skipped.reason
+    results = [TrialResult(point=p, status="ok", samples_per_s=1.0) for p in grid.points]
+    assert recompute_pairs(results) == ((0, 1),)
+    assert SweepConfig(workload="mlp", recompute="full").recompute == ("full",)

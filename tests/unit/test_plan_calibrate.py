@@ -91,6 +91,22 @@ def test_the_all_reduce_is_calibrated_from_data_parallel_points_and_kept_out_of_
     assert calibrate(results[:-2], FACTS, workload="synthetic").allreduce_bytes_per_s is None
 
 
+def test_recompute_points_calibrate_the_same_costs_and_predict_more_compute_and_less_memory() -> None:
+    recomputed = [replace(p, recompute="full") for p in points()]
+    model = calibrate([measured(p) for p in points()] + [measured(p) for p in recomputed], FACTS,
+                      workload="synthetic")
+    plain_only = calibrate([measured(p) for p in points()], FACTS, workload="synthetic")
+    for block in range(FACTS.num_blocks):  # the forward a recomputed backward ran again is taken off it
+        assert_cost(model.blocks[block].backward, plain_only.blocks[block].backward)
+    point = points()[0]
+    plain, full = predict(model, point), predict(model, replace(point, recompute="full"))
+    assert full.pipeline_s > plain.pipeline_s
+    # Per stage of blocks (0, 1), with 2 micro-batches held of 4 samples: 2 x 4 x (100 + 100) saved bytes
+    # without recompute; with it 4 x (2 x 64 (block 1's input) + 100 (one block at a time)).
+    assert [p - f for p, f in zip(plain.stage_memory_bytes, full.stage_memory_bytes)] == pytest.approx(
+        [2 * 4 * 200 - 4 * (2 * 64 + 100), 2 * 4 * 200 - 4 * (2 * 128 + 100)])
+
+
 def _sum(model: CostModel, blocks: tuple[int, ...], kind: str) -> LinearCost:
     total = LinearCost()
     for b in blocks:
