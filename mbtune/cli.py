@@ -79,6 +79,7 @@ Granularity = Annotated[int, typer.Option(help="Probe batch sizes are multiples 
 MaxBatch = Annotated[int | None, typer.Option("--max-batch", help="Stop the probe growing at this batch size.")]
 Resolution = Annotated[int | None, typer.Option(help="Stop the probe once [ceiling, first failing) is this narrow (default: 1% of the ceiling, at least one granule; 1: the exact answer).")]
 Recompute = Annotated[str, typer.Option("--recompute", help="Comma list of none, full: activation recompute of every block (torch.utils.checkpoint). A probe searches once per mode; a sweep runs each point per mode.")]
+Balance = Annotated[str, typer.Option("--balance", help="Split blocks over stages by params (compute-bearing parameters) or time (each block's forward + backward, measured once by a timing pass before the sweep).")]
 Strategy = Annotated[str, typer.Option("--strategy", help="grid: run every runnable point; quick: the simulator, calibrated on a few points, picks what to run.")]
 
 
@@ -190,6 +191,7 @@ def sweep(
     global_batch: GlobalBatch = None,
     data_parallel: DataParallel = SWEEP_DATA_PARALLEL,
     recompute: Recompute = RECOMPUTE,
+    balance: Balance = "params",
     from_profile: Annotated[Path | None, typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")] = None,
     objective: Objective = S.objective,
     strategy: Strategy = S.strategy,
@@ -222,7 +224,8 @@ def sweep(
     config = _sweep_config(
         workload=workload, option=option, device=device, stages=stages, schedules=schedules,
         micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
-        data_parallel=data_parallel, recompute=recompute, from_profile=from_profile, objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
+        data_parallel=data_parallel, recompute=recompute, balance=balance, from_profile=from_profile,
+        objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
         optimizer=optimizer, precision=precision, threads=threads, point_timeout=point_timeout,
         load_timeout=load_timeout, profiles_dir=profiles_dir, strategy=strategy, repeats=repeats, lr=lr,
         reference_batch=reference_batch, seed=seed,
@@ -254,6 +257,7 @@ def tune(
     global_batch: GlobalBatch = None,
     data_parallel: DataParallel = SWEEP_DATA_PARALLEL,
     recompute: Recompute = RECOMPUTE,
+    balance: Balance = "params",
     objective: Objective = S.objective,
     strategy: Strategy = S.strategy,
     steps: SweepSteps = S.measured_steps,
@@ -292,7 +296,8 @@ def tune(
     sweep_config = _sweep_config(workload=workload, option=option, device=device, stages=stages,
                                  schedules=schedules, micro_batches=micro_batches, accum=accum,
                                  micro_batch_size=micro_batch_size, global_batch=global_batch,
-                                 data_parallel=data_parallel, recompute=recompute, objective=objective,
+                                 data_parallel=data_parallel, recompute=recompute, balance=balance,
+                                 objective=objective,
                                  strategy=strategy, steps=steps, warmup=warmup, repeats=repeats,
                                  virtual_stages=virtual_stages, optimizer=optimizer, precision=precision,
                                  threads=threads, point_timeout=point_timeout, load_timeout=load_timeout,

@@ -269,6 +269,7 @@ DEFAULT_PLAN_MICRO_BATCHES = (8, 16, 32)
 DEFAULT_PLAN_VALIDATION = "leave-one-out"  # planning.validate.LEAVE_ONE_OUT
 DEFAULT_PLAN_SCATTER = "measured"  # planning.records.SCATTER_MEASURED
 OBJECTIVES = ("throughput", "memory", "bubble")
+BALANCES = ("parameters", "time")  # how a sweep splits blocks over stages (--balance params | time)
 STRATEGIES = ("grid", "quick")
 
 
@@ -287,6 +288,7 @@ class SweepConfig:
     global_batch: tuple[int, ...] | None = None  # held fixed, each split every way the grid allows
     data_parallel: tuple[int, ...] = (1,)  # replicas of the pipeline (world = stages x replicas processes)
     recompute: tuple[str, ...] = ("none",)  # activation recompute modes, one point each
+    balance: str = "parameters"  # stages split by compute-bearing parameters, or by measured block time
     safe_batch: int | None = None  # from a probe: micro-batch sizes above it are skipped
     recompute_safe_batch: int | None = None  # the probe's with full recompute (bounds those points instead)
     ceiling: int | None = None
@@ -352,6 +354,9 @@ class SweepConfig:
         _check_timeout(self.load_timeout_s, "load_timeout_s")
         _require(self.objective in OBJECTIVES, "objective", self.objective, " | ".join(OBJECTIVES))
         _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
+        if self.balance == "params":
+            object.__setattr__(self, "balance", "parameters")
+        _require(self.balance in BALANCES, "balance", self.balance, "params | time")
         _check_lr(self.lr)
         _require(self.reference_batch is None or self.reference_batch >= 1, "reference_batch", self.reference_batch,
                  "an integer >= 1")

@@ -133,9 +133,24 @@ def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_s
         idle=outcome.idle_shares,
         peak_memory_bytes=outcome.peak_memory_bytes, loss=outcome.loss,
         allreduce_s=statistics.median(allreduce) if allreduce else None,
+        stage_blocks=_stage_blocks(pipeline), stage_imbalance=_stage_imbalance(pipeline),
         warnings=tuple(warnings), timeline=step_timeline(pipeline, typical), timeline_step=typical,
         wall_s=outcome.wall_s, cuda_step_times_s=tuple(outcome.cuda_step_times_s),
     )
+
+
+def _stage_blocks(reports: Sequence[StageReport]) -> tuple[tuple[int, ...], ...]:
+    """Per model stage, the blocks the ranks said it held."""
+    held = {stage: blocks for r in reports for stage, blocks in zip(r.stage_indices, r.block_indices)}
+    return tuple(held[stage] for stage in sorted(held))
+
+
+def _stage_imbalance(reports: Sequence[StageReport]) -> float | None:
+    """The slowest stage's compute over the fastest's, summed over the measured steps (balance.py)."""
+    from mbtune.pipeline.balance import stage_compute_s, stage_imbalance
+
+    stages = sum(len(r.stage_indices) for r in reports)
+    return stage_imbalance(stage_compute_s((a for r in reports for a in r.actions), stages)) if stages else None
 
 
 def nothing_measured(report: SweepReport) -> str | None:
@@ -187,6 +202,7 @@ def merge_repeats(repeats: Sequence[TrialResult]) -> TrialResult:
     scale = medians[typical_index] / median
     spread_pct = 100.0 * (max(rates) - min(rates)) / statistics.median(rates)
     load = merge_loads([r.load for r in repeats])
+    reduces = [r.allreduce_s for r in repeats if r.allreduce_s is not None]
     per_run = {busy_warning(first.point.label, r.load) for r in repeats} | {None}
     warnings = [w for w in dict.fromkeys(w for r in repeats for w in r.warnings)
                 if not w.startswith("step time") and w not in per_run]
@@ -208,6 +224,7 @@ def merge_repeats(repeats: Sequence[TrialResult]) -> TrialResult:
         cuda_step_times_s=tuple(t for r in repeats for t in r.cuda_step_times_s),
         peak_memory_bytes=tuple(max((b for b in per_rank if b is not None), default=None)
                                 for per_rank in zip(*(r.peak_memory_bytes for r in repeats))),
+        allreduce_s=statistics.median(reduces) if reduces else None,
         num_repeats=n, repeat_step_time_medians_s=tuple(medians), samples_per_s_min=min(rates),
         samples_per_s_max=max(rates), load=load, warnings=tuple(warnings),
         timeline_step=sum(len(r.step_times_s) for r in repeats[:typical_index]) + typical.timeline_step,

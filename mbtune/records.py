@@ -355,6 +355,8 @@ class TrialResult(Record):
     peak_memory_bytes: tuple[int | None, ...] = ()  # per pipeline rank (the highest over data-parallel replicas)
     loss: float | None = None
     allreduce_s: float | None = None  # data parallel: median gradient all-reduce per step, inside the step time
+    stage_blocks: tuple[tuple[int, ...], ...] = ()  # per model stage, the global blocks it held
+    stage_imbalance: float | None = None  # slowest / fastest stage's compute over the measured steps
     nvml: NvmlSummary | None = None
     ran_as: str = ""
     warnings: tuple[str, ...] = ()
@@ -402,6 +404,16 @@ class TrialResult(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Balance(Record):
+    """How a sweep split the blocks over stages: by compute-bearing parameters, or by block times measured
+    once by a timing pass (forward + backward per block, the last with the loss) at one micro-batch size."""
+
+    by: str = "parameters"  # parameters | time
+    block_times_s: tuple[float, ...] = ()
+    micro_batch_size: int | None = None  # what the timing pass ran
+
+
+@dataclass(frozen=True, kw_only=True)
 class SweepReport(Record):
     """A whole sweep: every point run, every point skipped, the ranking and the best."""
 
@@ -423,6 +435,7 @@ class SweepReport(Record):
     padding: tuple[int, ...] = ()  # (best, a row it beats by more micro-batches and fewer accumulation steps)
     # (without, with full recompute) per point that ran both ways (grid.recompute_pairs)
     recompute_pairs: tuple[tuple[int, int], ...] = ()
+    balance: Balance = field(default_factory=Balance)
     ceiling: int | None = None  # from the probe, when one ran
     safe_batch: int | None = None
     ceiling_peak_memory_bytes: int | None = None  # the probe's peak at its ceiling, same measure as stage peaks

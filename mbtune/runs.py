@@ -33,6 +33,7 @@ from mbtune.records import (
     HARNESS_FAULT,
     OK,
     OOM,
+    Balance,
     DeviceInfo,
     ProbeResult,
     Profile,
@@ -228,6 +229,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     num_stages, threads, max_processes, warnings = _placement(config, device)
     config = _with_saved_limits(config, info, warnings)
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages, max_processes=max_processes)
+    balance = _balance(config, grid.points, device, threads)
     peak = peak_flops(info.name, config.precision)
     results: list[TrialResult] = []
     done = {r.point: r for r in map(TrialResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
@@ -239,7 +241,8 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
             progress.start_trial(point.label)
         result, detail = done.get(point), REPLAYED
         if result is None:
-            result = _run_repeats(point, config, device, threads, workload, peak * point.num_processes if peak else None)
+            result = _run_repeats(point, config, device, threads, workload, peak * point.num_processes if peak else None,
+                                  balance.block_times_s or None)
             detail = _result_detail(result)
             if store:
                 store.record(SWEEP_POINT, result.to_dict())
@@ -258,8 +261,9 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
                 run_one(point)
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C on the command line, or in a notebook
         interrupted = True
-    return _sweep_report(config, info, results, grid.skipped + not_run, len(grid.points), interrupted,
-                         warnings, (note,) if note else ())
+    report = _sweep_report(config, info, results, grid.skipped + not_run, len(grid.points), interrupted,
+                           warnings, (note,) if note else ())
+    return replace(report, balance=balance)
 
 
 def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResult],
@@ -352,19 +356,34 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, int |
     return p, config.threads, None, warnings
 
 
+def _balance(config: SweepConfig, points: Sequence[SweepPoint], device: str, threads: int | None) -> Balance:
+    """How the sweep splits blocks over stages; by time, the timing pass's figures (pipeline/balance.py) at
+    the grid's median micro-batch size, measured once, before any point."""
+    if config.balance != "time" or not points:
+        return Balance(by=config.balance)
+    from mbtune.pipeline.balance import measure_block_times
+
+    sizes = sorted(p.micro_batch_size for p in points)
+    size = sizes[(len(sizes) - 1) // 2]
+    times = measure_block_times(config.workload, config.workload_options, micro_batch_size=size, device=device,
+                                seed=config.seed, precision=config.precision, threads=threads,
+                                timeout_s=config.point_timeout_s)
+    return Balance(by="time", block_times_s=times, micro_batch_size=size)
+
+
 def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
-                 peak_total: float | None) -> TrialResult:
+                 peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> TrialResult:
     """The point run config.repeats times, each in fresh processes, merged (stopping at a failed one)."""
     from mbtune.grid import merge_repeats
 
     runs: list[TrialResult] = []
     while len(runs) < config.repeats and (not runs or runs[-1].ok):
-        runs.append(_run_point(point, config, device, threads, workload, peak_total))
+        runs.append(_run_point(point, config, device, threads, workload, peak_total, block_times_s))
     return merge_repeats(runs)
 
 
 def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
-               peak_total: float | None) -> TrialResult:
+               peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> TrialResult:
     from mbtune.device.load import LoadMeter, busy_warning
     from mbtune.device.nvml import NvmlSampler
     from mbtune.grid import summarize_point
@@ -380,7 +399,7 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
         grad_accum_steps=point.grad_accum_steps, warmup_steps=config.warmup_steps,
         measured_steps=config.measured_steps, seed=config.seed, device="cuda" if device.startswith("cuda") else "cpu",
         optimizer=config.optimizer, learning_rate=lr_for(config.optimizer, config.lr), precision=config.precision,
-        threads=threads,
+        threads=threads, balance="time" if block_times_s else "parameters", block_weights=block_times_s,
     )
     # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
     # are summarised (the ranks report when those ran).

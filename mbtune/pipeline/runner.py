@@ -44,7 +44,8 @@ def step_batch(
 
 def stage_blocks(spec: PipelineSpec, workload: Workload) -> StageBlocks:
     """The global block indices of every stage (all ranks), split as the spec's balance says."""
-    weights = workload.compute_weights() if spec.balance == "parameters" else None
+    weights: Sequence[float] | None = {"parameters": workload.compute_weights, "time": lambda: spec.block_weights,
+                                       "blocks": lambda: None}[spec.balance]()
     return split_blocks(workload.num_blocks, spec.num_model_stages, weights)
 
 

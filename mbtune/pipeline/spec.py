@@ -12,7 +12,7 @@ from mbtune.pipeline.theory import check_point, stages_per_rank
 from mbtune.records import RECOMPUTE_MODES
 
 OPTIMIZERS = ("adamw", "sgd")
-BALANCES = ("parameters", "blocks")
+BALANCES = ("parameters", "blocks", "time")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +42,10 @@ class PipelineSpec:
     precision: str = "fp32"  # fp32 or bf16 (autocast per stage); fp16 needs a pipeline-wide scaler: not here
     learning_rate: float = 1e-4
     threads: int | None = 1  # torch threads per rank process
-    balance: str = "parameters"  # split by compute-bearing parameters (embeddings excluded), or by block count
+    # Split by compute-bearing parameters (embeddings excluded), by block count, or by measured block time
+    # (block_weights, from pipeline/balance.py's timing pass).
+    balance: str = "parameters"
+    block_weights: tuple[float, ...] | None = None
     recompute: str = "none"  # "full": every block an activation checkpoint (workloads/recompute.py)
     pg_timeout_s: float = 60.0
     capture_grads: bool = False  # return the last step's gradients (for equivalence tests)
@@ -60,6 +63,8 @@ class PipelineSpec:
         _require(self.precision in ("fp32", "bf16"), "precision", self.precision,
                  "fp32 | bf16 (pipelined fp16 would need one loss scale across ranks)")
         _require(self.balance in BALANCES, "balance", self.balance, " | ".join(BALANCES))
+        _require((self.balance == "time") == (self.block_weights is not None), "block_weights", self.block_weights,
+                 "measured block times exactly when balance is time")
         _require(self.recompute in RECOMPUTE_MODES, "recompute", self.recompute, " | ".join(RECOMPUTE_MODES))
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
         _require(math.isfinite(self.pg_timeout_s) and self.pg_timeout_s > 0, "pg_timeout_s", self.pg_timeout_s,

@@ -178,6 +178,8 @@ def plan_from_profile(profile: Profile | str | Path, config: PlanConfig | None =
         profile = load_profile(Path(profile))
     sweep = _sweep_of(profile)
     facts = block_facts(sweep.workload, sweep.workload_options)
+    if sweep.balance.by == "time" and sweep.balance.block_times_s:  # plan the stages as the sweep split them
+        facts = replace(facts, split_weights=sweep.balance.block_times_s)
     per_sample, warnings = per_sample_memory(profile)
     if not per_sample:
         facts = without_per_sample_memory(facts)

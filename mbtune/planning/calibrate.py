@@ -166,7 +166,7 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
 
 def _read(result: TrialResult, facts: BlockFacts, samples: _Samples) -> None:
     point = result.point
-    split = point_split(point, facts)
+    split = result.stage_blocks or point_split(point, facts)  # the split that ran, where the result says
     owners = stage_to_rank(point.schedule, point.num_stages, len(split))
     size = point.micro_batch_size
     spans = _spans(result.timeline, typical_step_scale(result))
@@ -370,7 +370,7 @@ def _base_bytes(runs: Sequence[TrialResult], facts: BlockFacts, state: float,
     bases = []
     for result in runs:
         point = result.point
-        split = point_split(point, facts)
+        split = result.stage_blocks or point_split(point, facts)
         owners = stage_to_rank(point.schedule, point.num_stages, len(split))
         try:
             held = peak_in_flight(orders_of(point), len(split))

@@ -125,7 +125,7 @@ def deepen(model: CostModel, num_blocks: int) -> CostModel:
                               for kind in COMPUTE_KINDS})
     new_facts = BlockFacts(
         num_blocks=num_blocks, parameters=repeat_interior(facts.parameters, round(avg(facts.parameters))),
-        split_weights=repeat_interior(facts.split_weights, round(avg(facts.split_weights))) if facts.split_weights else (),
+        split_weights=repeat_interior(facts.split_weights, avg(facts.split_weights)) if facts.split_weights else (),
         weights=repeat_interior(facts.weights, avg(facts.weights)), weight_source=facts.weight_source,
         output_bytes_per_sample=repeat_interior(facts.output_bytes_per_sample, round(avg(facts.output_bytes_per_sample)))
         if facts.output_bytes_per_sample else (),

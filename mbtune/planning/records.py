@@ -60,10 +60,11 @@ class BlockFacts(Record):
     weight_source: str  # flops | parameters | equal
     output_bytes_per_sample: tuple[int, ...] = ()  # what block i sends to block i+1, per sample
     saved_bytes_per_sample: tuple[int, ...] = ()  # activations block i keeps for its backward, per sample
-    split_weights: tuple[int, ...] = ()  # what the runner balances stages by (Workload.compute_weights)
+    # What the runner balances stages by: Workload.compute_weights, or the block times a sweep balanced by.
+    split_weights: tuple[float, ...] = ()
 
     @property
-    def balance_weights(self) -> tuple[int, ...] | None:
+    def balance_weights(self) -> tuple[float, ...] | None:
         """The weights split_blocks gets, exactly as the runner passes them (None: equal blocks)."""
         weights = self.split_weights or self.parameters
         return weights if any(weights) else None

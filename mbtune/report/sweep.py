@@ -42,6 +42,8 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
         hidden.append(give_way[0])
     if hidden:
         notes.append(f"hidden to fit the terminal: {', '.join(hidden)} (widen it or use --format csv)")
+    if any(c[0] == "imbal" for c in columns):
+        notes.append("imbal: slowest / fastest stage's compute; " + balance_note(report))
     if any(c[0] == "rc" for c in columns):
         notes.append("rc: activation recompute (full: every block's forward runs again in its backward)")
     spread = (f"ranges: min-max over {report.repeats} repeats" if report.repeats > 1
@@ -55,12 +57,22 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
 _COLUMNS: list[tuple[str, JustifyMethod]] = [
             ("#", "right"), ("schedule", "left"), ("p", "right"), ("m", "right"), ("acc", "right"),
             ("dp", "right"), ("rc", "left"), ("mbs", "right"), ("global", "right"), ("lr", "right"), ("samples/s", "right"),
-            ("tokens/s", "right"), ("step (cv)", "right"), ("all-reduce", "right"), ("bubble", "right"), ("peak mem", "right"), ("MFU", "right"),
+            ("tokens/s", "right"), ("step (cv)", "right"), ("all-reduce", "right"), ("bubble", "right"), ("imbal", "right"), ("peak mem", "right"), ("MFU", "right"),
             ("kernel active", "right"), ("status", "left")]
 _MISSING_NOTES = {"MFU": "MFU: peak FLOPs unknown for this device",
                   "kernel active": "kernel active (NVML): n/a here"}
 # Least important first: these columns are dropped, in order, until the table fits.
-_GIVE_WAY = ("tokens/s", "kernel active", "MFU", "lr", "global", "step (cv)")
+_GIVE_WAY = ("tokens/s", "kernel active", "MFU", "imbal", "lr", "global", "step (cv)")
+
+
+def balance_note(report: SweepReport) -> str:
+    """How the sweep split the blocks over its stages."""
+    balance = report.balance
+    if balance.by == "time":
+        times = ", ".join(fmt_seconds(t) for t in balance.block_times_s)
+        return (f"stages balanced by block time (forward + backward, timed once at micro-batch size "
+                f"{balance.micro_batch_size}: {times})")
+    return "stages balanced by compute-bearing parameters (--balance time weighs blocks by measured time)"
 
 
 def ranked_by(report: SweepReport) -> str:
@@ -160,6 +172,7 @@ def _row(position: int, result: TrialResult, marks: str, lr: str = "") -> dict[s
             "tokens/s": fmt_rate(result.tokens_per_s) if result.tokens_per_s else "n/a",
             "step (cv)": fmt_seconds(result.step_time_median_s) + cv,
             "all-reduce": fmt_seconds(result.allreduce_s) if result.allreduce_s is not None else "",
+            "imbal": f"{result.stage_imbalance:.2f}x" if result.stage_imbalance is not None else "",
             "bubble": f"{_pct(result.bubble_measured)}{bubble_range} / {_pct(result.bubble_theoretical)}",
             "peak mem": fmt_bytes(result.max_peak_memory_bytes),
             "MFU": "unknown" if result.mfu_pct is None else f"{result.mfu_pct:.1f}%",
@@ -352,6 +365,7 @@ def results_frame(report: SweepReport):
             "samples_per_s_max": r.samples_per_s_max, "tied_with_best": index in report.ties,
             "tokens_per_s": r.tokens_per_s, "step_time_median_s": r.step_time_median_s,
             "step_time_cv_pct": r.step_time_cv_pct, "allreduce_s": r.allreduce_s,
+            "stage_imbalance": r.stage_imbalance,
             "bubble_measured": r.bubble_measured,
             "bubble_measured_min": r.bubble_measured_min, "bubble_measured_max": r.bubble_measured_max,
             "bubble_theoretical": r.bubble_theoretical,

@@ -39,3 +39,27 @@ def test_a_failing_workload_ends_the_timing_pass_with_one_line(name, says):
     assert message.startswith("the timing pass for balancing stages ended as error: ") and says in message
     assert "\n" not in message and caught.value.detail
     assert "\n" not in caught.value.one_line()
+
+
+def test_a_sweep_balanced_by_time_moves_blocks_off_the_slow_stage_and_shows_the_imbalance():
+    from mbtune.config import SweepConfig
+    from mbtune.runs import sweep_workload
+
+    def run(balance: str):
+        config = SweepConfig(workload=SLOW, device="cpu", num_stages=3, schedules=("1f1b",), micro_batches=(3,),
+                             accum_steps=(1,), micro_batch_size=8, measured_steps=1, balance=balance)
+        report = sweep_workload(config)
+        [result] = report.results
+        assert result.ok, result.error
+        return report, result
+
+    by_params, plain = run("params")
+    by_time, timed = run("time")
+    assert by_params.balance.by == "parameters" and not by_params.balance.block_times_s
+    assert by_time.balance.by == "time" and len(by_time.balance.block_times_s) == 6
+    assert by_time.balance.micro_batch_size == 8
+    # Equal parameters: two blocks a stage. By time the slow block 2 keeps fewer company.
+    assert plain.stage_blocks == ((0, 1), (2, 3), (4, 5))
+    assert len(_stage_of(timed.stage_blocks, 2)) < 2 and sum(map(len, timed.stage_blocks)) == 6
+    for result in (plain, timed):
+        assert result.stage_imbalance is not None and result.stage_imbalance >= 1.0
