@@ -56,8 +56,9 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
 
 _COLUMNS: list[tuple[str, JustifyMethod]] = [
             ("#", "right"), ("schedule", "left"), ("p", "right"), ("m", "right"), ("acc", "right"),
-            ("dp", "right"), ("rc", "left"), ("mbs", "right"), ("global", "right"), ("lr", "right"), ("samples/s", "right"),
-            ("tokens/s", "right"), ("step (cv)", "right"), ("all-reduce", "right"), ("bubble", "right"), ("imbal", "right"), ("peak mem", "right"), ("MFU", "right"),
+            ("dp", "right"), ("rc", "left"), ("mbs", "right"), ("global", "right"), ("lr", "right"),
+            ("samples/s", "right"), ("tokens/s", "right"), ("step (cv)", "right"), ("all-reduce", "right"),
+            ("bubble", "right"), ("imbal", "right"), ("peak mem", "right"), ("MFU", "right"),
             ("kernel active", "right"), ("status", "left")]
 _MISSING_NOTES = {"MFU": "MFU: peak FLOPs unknown for this device",
                   "kernel active": "kernel active (NVML): n/a here"}
