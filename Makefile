@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/mbtune tune --workload gpt --device auto --memory-budget 512MiB --steps 2
+	$(BIN)/mbtune tune --workload gpt --device auto --memory-budget 512MiB --steps 2 --lr 3e-4 --reference-batch 256
 
 lint: $(STAMP)
 	$(BIN)/ruff check mbtune tests bench
