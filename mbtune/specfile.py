@@ -210,9 +210,7 @@ def _fields(path: Path, data: dict[str, Any], section: str, config: type) -> dic
             raise ConfigError(f"spec {path}: [{section}] sets {name} twice, as {keys[name]} and as {key}",
                               hint="Keep one of them.")
         keys[name] = key
-        if (name in ("global_batch", "micro_batch_size", "data_parallel") and isinstance(value, int)
-                and not isinstance(value, bool) and typing.get_origin(hints[name]) is not None
-                and int not in typing.get_args(hints[name])):
+        if name in _ONE_OR_MORE and isinstance(value, int | str) and not isinstance(value, bool) and _is_list(hints[name]):
             value = [value]  # one value, as specs wrote it before lists
         fields[name] = _value(path, f"[{section}] {key}", hints[name], value)
     if unknown:
@@ -220,6 +218,15 @@ def _fields(path: Path, data: dict[str, Any], section: str, config: type) -> dic
         raise ConfigError(f"[{section}] in the spec {path} has unknown key(s) {_names(unknown)}; known: "
                           f"{', '.join(known)}", hint="Fix the key's name.")
     return fields
+
+
+# Settings that took one value before they took lists: a single value is a list of one.
+_ONE_OR_MORE = ("global_batch", "micro_batch_size", "data_parallel", "recompute")
+
+
+def _is_list(hint: Any) -> bool:
+    """Whether a field's type is a tuple (or an optional one)."""
+    return typing.get_origin(hint) is tuple or any(typing.get_origin(a) is tuple for a in typing.get_args(hint))
 
 
 def _value(path: Path, where: str, hint: Any, value: Any) -> Any:

@@ -73,3 +73,17 @@ def test_settings_are_named_by_field_or_by_flag():
     assert field_for("steps", fields) == "steps"
     assert field_for("nonsense", fields) == "nonsense"
     assert param_for("accum_steps") == "accum" and param_for("margin") == "margin"
+
+
+def test_a_spec_sets_replicas_recompute_and_balance_one_value_or_a_list(tmp_path):
+    from pathlib import Path
+
+    from mbtune.specfile import read_spec
+
+    path = Path(tmp_path / "qualify.toml")
+    path.write_text('workload = "mlp"\ndevice = "cpu"\n[sweep]\nstages = 2\ndata_parallel = 2\nrecompute = "full"\n'
+                    'balance = "time"\nmicro_batch_size = [2, 4]\n')
+    sweep = read_spec(path).spec.sweep
+    assert sweep is not None
+    assert (sweep.data_parallel, sweep.recompute, sweep.balance, sweep.micro_batch_size) == ((2,), ("full",), "time",
+                                                                                            (2, 4))
