@@ -30,7 +30,6 @@ LOSS = "loss"  # timed after the last stage's forward; not a compute action of i
 ALLREDUCE = "allreduce"
 COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 ACTION_KINDS = (*COMPUTE_KINDS, LOSS)
-TIMELINE_KINDS = (*ACTION_KINDS, ALLREDUCE)
 
 # Per kind that takes an input from a neighbour stage: the kinds whose result that input is.
 _PRODUCER_KINDS: dict[str, tuple[str, ...]] = {

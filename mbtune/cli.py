@@ -167,7 +167,7 @@ Accum = Annotated[str, typer.Option("--accum", help="Comma list of gradient-accu
 MicroBatchSize = Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default: probed safe batch / largest micro-batch count, else 4).")]
 MicroBatchSizes = Annotated[str | None, typer.Option("--micro-batch-size", help="Comma list of fixed micro-batch sizes; the global batch then varies from row to row (default: the global batch is held fixed, see --global-batch).")]
 DataParallel = Annotated[str, typer.Option("--data-parallel", help="Comma list of data-parallel replica counts: each runs stages x N processes, gradients all-reduced across replicas every optimizer step.")]
-GlobalBatch = Annotated[str | None, typer.Option("--global-batch", help="Comma list of global batches, each held fixed and split every way the grid allows (the micro-batch size follows per point); default with a probe: the largest power of two the fewest micro-batches and accumulation steps hold at the safe batch.")]
+GlobalBatch = Annotated[str | None, typer.Option("--global-batch", help="Comma list of global batches, each held fixed and split every way the grid allows (the micro-batch size follows per point); default with a probe: the largest power of two the fewest micro-batches, accumulation steps and replicas hold at the safe batch.")]
 PlanGlobalBatch = Annotated[int | None, typer.Option("--global-batch", help="Fix the global batch instead; the micro-batch size follows per point.")]
 Objective = Annotated[str, typer.Option("--objective", help="Rank by throughput, memory or bubble.")]
 SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer steps per point (after warm-up).")]

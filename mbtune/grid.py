@@ -324,7 +324,8 @@ def recompute_pairs(results: Sequence[TrialResult]) -> tuple[tuple[int, int], ..
 def tradeoff(results: Sequence[TrialResult], ranking: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, int] | None]:
     """The rows that show the best row's trade-off, and a cross-batch padding pair.
 
-    Rows: the best, and the best-ranked rows of the same schedule and global batch at the next smaller and
+    Rows: the best, and the best-ranked rows of the same schedule, global batch, replicas and recompute
+    (the trade-off is the micro-batch's alone) at the next smaller and
     the next larger micro-batch size (bigger micro-batches compute a sample faster, more of them leave a
     smaller bubble). Pair: (best, a row of the same schedule, global batch and micro-batch size with fewer
     micro-batches and more accumulation steps) where the best has more micro-batches: one pipeline step of
@@ -332,8 +333,9 @@ def tradeoff(results: Sequence[TrialResult], ranking: Sequence[int]) -> tuple[tu
     if not ranking:
         return (), None
     best = results[ranking[0]].point
-    kin = [i for i in ranking if results[i].point.schedule == best.schedule
-           and results[i].point.global_batch == best.global_batch]
+    kin = [i for i in ranking if (results[i].point.schedule, results[i].point.global_batch,
+                                  results[i].point.data_parallel_size, results[i].point.recompute)
+           == (best.schedule, best.global_batch, best.data_parallel_size, best.recompute)]
     smaller = [i for i in kin if results[i].point.micro_batch_size < best.micro_batch_size]
     larger = [i for i in kin if results[i].point.micro_batch_size > best.micro_batch_size]
     nearest_smaller = max(smaller, key=lambda i: results[i].point.micro_batch_size, default=None)

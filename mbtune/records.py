@@ -160,9 +160,11 @@ class ProbeResult(Record):
     def ceiling_with(self, recompute: str) -> RecomputeCeiling | None:
         """The probe's answer with this recompute mode (the main search's too), or None if none ran."""
         if recompute == self.recompute:
+            peaks = [t.peak_memory_bytes for t in self.trials if t.ok and t.batch_size == self.ceiling
+                     and t.peak_memory_bytes]
             return RecomputeCeiling(recompute=recompute, ceiling=self.ceiling, first_failing=self.first_failing,
                                     safe_batch=self.safe_batch, safe_batch_verified=self.safe_batch_verified,
-                                    trials=len(self.trials))
+                                    trials=len(self.trials), peak_memory_bytes=max(peaks) if peaks else None)
         return next((c for c in self.recompute_ceilings if c.recompute == recompute), None)
 
 

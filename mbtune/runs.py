@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from mbtune.store import RunStore
     from mbtune.workloads.facts import WorkloadFacts
 
-PROBE_TRIAL, SWEEP_POINT = "probe_trial", "sweep_point"
+PROBE_TRIAL, SWEEP_POINT, BALANCE = "probe_trial", "sweep_point", "balance"
 log = logging.getLogger(__name__)
 REPLAYED = "replayed from the journal"
 
@@ -83,7 +83,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     # Bad names and options fail here, before any trial; user code runs in a child under a deadline.
     workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
     device = resolve_device(config.device)
-    warnings = list(config.warnings())
+    warnings = list(config.warnings()) + list(workload.warnings)
     budget = _budget(config, device, warnings)
     search_budget = budget if budget is not None else describe(device, config.trial_timeout_s).total_memory_bytes
     trial_config = replace(config, memory_budget_bytes=budget)
@@ -227,9 +227,14 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     info = describe(device)
     log.info("sweep of %s (%d blocks) on %s", config.workload, workload.num_blocks, info.name)
     num_stages, threads, max_processes, warnings = _placement(config, device)
+    warnings += workload.warnings
     config = _with_saved_limits(config, info, warnings)
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages, max_processes=max_processes)
-    balance = _balance(config, grid.points, device, threads)
+    # A resumed sweep keeps the split its journaled points ran with.
+    replayed = [Balance.from_dict(b) for b in store.replayed(BALANCE)] if store else []
+    balance = replayed[0] if replayed else _balance(config, grid.points, device, threads)
+    if store and not replayed:
+        store.record(BALANCE, balance.to_dict())
     peak = peak_flops(info.name, config.precision)
     results: list[TrialResult] = []
     done = {r.point: r for r in map(TrialResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
@@ -255,7 +260,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     not_run: tuple[SkippedPoint, ...] = ()
     try:
         if config.strategy == "quick":
-            not_run, note = _quick(grid.points, run_one, config)
+            not_run, note = _quick(grid.points, run_one, config, balance.block_times_s)
         else:
             for point in grid.points:
                 run_one(point)
@@ -292,12 +297,12 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResu
 
 
 def _quick(points: tuple[SweepPoint, ...], run_one: Callable[[SweepPoint], TrialResult],
-           config: SweepConfig) -> tuple[tuple[SkippedPoint, ...], str]:
+           config: SweepConfig, block_times_s: tuple[float, ...] = ()) -> tuple[tuple[SkippedPoint, ...], str]:
     """The quick strategy: the simulator, calibrated on a few points, picks what to run next."""
     from mbtune.planning.api import quick_sweep
 
     found = quick_sweep(points, run_one, workload=config.workload, workload_options=config.workload_options,
-                        optimizer=config.optimizer)
+                        optimizer=config.optimizer, block_times_s=block_times_s)
     not_run = tuple(
         SkippedPoint(point=point, reason="not run (quick strategy): predicted "
                      + (f"{rate:,.1f} samples/s" if rate is not None else "n/a"))
@@ -331,9 +336,10 @@ def _with_saved_limits(config: SweepConfig, info: DeviceInfo, warnings: list[str
 
 
 def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, int | None, list[str]]:
-    """Stages that really run, torch threads per rank process (None: per point, cores over its
-    processes), the most processes a point may have (GPUs: one rank each; None: no limit), and what the
-    user should know."""
+    """Stages that really run, torch threads per rank process, the most processes a point may have (GPUs:
+    one rank each; None: no limit), and what the user should know. On the CPU every point's processes
+    get the same threads, the cores over the most processes a point has (stages x the most replicas), so
+    costs measured at one point are costs at another (calibration pools them)."""
     warnings: list[str] = []
     p = config.num_stages
     if device.startswith("cuda"):
@@ -353,7 +359,7 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, int |
         replicas = f" x {max(config.data_parallel)} data-parallel replicas" if most > p else ""
         warnings.append(f"{p} stages{replicas} ({most} processes) on {cores} CPU cores oversubscribe the machine: "
                         "timings are distorted")
-    return p, config.threads, None, warnings
+    return p, config.threads or max(1, cores // most), None, warnings
 
 
 def _balance(config: SweepConfig, points: Sequence[SweepPoint], device: str, threads: int | None) -> Balance:
@@ -364,7 +370,7 @@ def _balance(config: SweepConfig, points: Sequence[SweepPoint], device: str, thr
     from mbtune.pipeline.balance import measure_block_times
 
     sizes = sorted(p.micro_batch_size for p in points)
-    size = sizes[(len(sizes) - 1) // 2]
+    size = sizes[(len(sizes) - 1) // 2]  # the lower median: a size the grid runs
     times = measure_block_times(config.workload, config.workload_options, micro_batch_size=size, device=device,
                                 seed=config.seed, precision=config.precision, threads=threads,
                                 timeout_s=config.point_timeout_s)
@@ -389,8 +395,6 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     from mbtune.grid import summarize_point
     from mbtune.pipeline import PipelineSpec, run_pipeline_point
 
-    if threads is None and not device.startswith("cuda"):
-        threads = max(1, (os.cpu_count() or 1) // point.num_processes)
     spec = PipelineSpec(
         workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
         num_ranks=point.num_stages, data_parallel=point.data_parallel_size, recompute=point.recompute,
@@ -437,9 +441,9 @@ class SweepLimits(TypedDict):
 
 def sweep_limits(probe: ProbeResult) -> SweepLimits:
     """What a sweep takes from a probe: the safe batch, the ceiling and the peak memory at the ceiling."""
-    full = probe.ceiling_with("full")
-    return {"safe_batch": probe.safe_batch, "ceiling": probe.ceiling,
-            "ceiling_peak_memory_bytes": _peak_at(probe.trials, probe.ceiling),
+    plain, full = probe.ceiling_with("none"), probe.ceiling_with("full")
+    return {"safe_batch": plain.safe_batch if plain else None, "ceiling": plain.ceiling if plain else None,
+            "ceiling_peak_memory_bytes": plain.peak_memory_bytes if plain else None,
             "recompute_safe_batch": full.safe_batch if full is not None else None}
 
 
@@ -668,6 +672,7 @@ def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
                         memory_budget_bytes=was.memory_budget_bytes, margin=was.margin, granularity=was.granularity,
                         precision=was.precision, optimizer=was.optimizer, max_batch=was.max_batch,
                         confirm=was.confirm, resolution=was.resolution, steps=was.steps,
+                        recompute=(was.recompute, *(c.recompute for c in was.recompute_ceilings)),
                         command_line=baseline.metadata.command_line)
     if baseline.sweep is None:
         return probe, None
@@ -675,5 +680,6 @@ def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
     sweep = SweepConfig(workload=was.workload, workload_options=probe.workload_options, device=probe.device,
                         num_stages=max(p.num_stages for p in points) if points else 1, points=points,
                         objective=baseline.sweep.objective, warmup_steps=baseline.sweep.warmup_steps,
-                        measured_steps=baseline.sweep.measured_steps, repeats=repeats)
+                        measured_steps=baseline.sweep.measured_steps, repeats=repeats,
+                        balance=baseline.sweep.balance.by)
     return probe, sweep

@@ -22,6 +22,7 @@ from mbtune.errors import ConfigError, ProfileError, RunLockedError
 from mbtune.profiles import profile_path, save_results
 from mbtune.records import (
     KILLED,
+    Balance,
     DeviceInfo,
     ProbeResult,
     Record,
@@ -34,8 +35,9 @@ from mbtune.records import (
 )
 
 JOURNAL_VERSION = 1
-# The record each kind of journal entry holds (runs.PROBE_TRIAL and runs.SWEEP_POINT).
-JOURNAL_RECORDS: dict[str, type[Record]] = {"probe_trial": TrialOutcome, "sweep_point": TrialResult}
+# The record each kind of journal entry holds (runs.PROBE_TRIAL, runs.SWEEP_POINT and runs.BALANCE).
+JOURNAL_RECORDS: dict[str, type[Record]] = {"probe_trial": TrialOutcome, "sweep_point": TrialResult,
+                                            "balance": Balance}
 _BAD_JOURNAL = "Fix or delete that line, or run without --resume."
 
 

@@ -78,43 +78,43 @@ def time_blocks(workload: str, workload_options: tuple[tuple[str, Any], ...], *,
 
 
 def _block_inputs(modules: Sequence[nn.Module], inputs: torch.Tensor, precision: str,
-                  device: torch.device) -> list[torch.Tensor]:
-    """Each block's input: what the blocks before it make of the batch, detached as a stage receives it.
-    Floating inputs of later blocks require grad, so their backward computes the input gradient a stage
-    hands back to the one before it."""
+                  device: torch.device) -> list[Any]:
+    """Each block's input (a hand-over: a tensor, a tuple or a dict of them, see workloads/chain.py): what
+    the blocks before it make of the batch, detached as a stage receives it. Floating tensors handed to
+    later blocks require grad, so their backward computes the input gradient a stage hands back."""
     import torch
 
     from mbtune.trial import autocast_for
+    from mbtune.workloads.chain import as_received, call_block
 
-    found = [inputs]
+    found: list[Any] = [inputs]
     with torch.no_grad(), autocast_for(precision, device):
         for module in modules[:-1]:
-            found.append(module(found[-1]).detach())
-    return [x.requires_grad_(True) if i > 0 and x.is_floating_point() else x for i, x in enumerate(found)]
+            found.append(as_received(call_block(module, found[-1])))
+    return found
 
 
-def _time_block(module: nn.Module, x: torch.Tensor, precision: str, device: torch.device, *,
-                loss: Callable[[torch.Tensor], torch.Tensor] | None) -> float:
+def _time_block(module: nn.Module, x: Any, precision: str, device: torch.device, *,
+                loss: Callable[[Any], torch.Tensor] | None) -> float:
     """Seconds of one forward and backward of `module` on `x`: backward of `loss` (the last block, whose
     stage also computes the loss), else of the output with a gradient of ones. The device is synchronized
     around it: one block runs alone here, so there is no overlap for the synchronize to remove."""
     import torch
 
     from mbtune.trial import autocast_for
+    from mbtune.workloads.chain import call_block, tensors_of
 
     module.zero_grad(set_to_none=True)
-    x.grad = None
+    for tensor in tensors_of(x):
+        tensor.grad = None
     _synchronize(device)
     start = time.perf_counter()
     with autocast_for(precision, device):
-        out = module(x)
+        out = call_block(module, x)
     # The loss runs outside autocast, as the pipeline's last stage computes it on the stage's output.
-    result = loss(out) if loss is not None else out
-    if result.requires_grad:
-        if loss is not None:
-            result.backward()
-        else:
-            torch.autograd.backward(result, grad_tensors=torch.ones_like(result))
+    results = [loss(out)] if loss is not None else [t for t in tensors_of(out) if t.requires_grad]
+    if results and results[0].requires_grad:
+        torch.autograd.backward(results, grad_tensors=[torch.ones_like(r) for r in results])
     _synchronize(device)
     return time.perf_counter() - start
 

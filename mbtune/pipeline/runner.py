@@ -23,14 +23,15 @@ from mbtune.errors import DeviceError, NonFiniteLossError
 from mbtune.pipeline.schedules import ActionTimer, build_schedule, build_stage, run_schedule_step
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.split import StageBlocks, split_blocks
-from mbtune.pipeline.theory import stages_of_rank
+from mbtune.pipeline.theory import stage_to_rank, stages_of_rank
 from mbtune.pipeline.timeline import StageReport
 from mbtune.workloads import Workload, load_workload
+from mbtune.workloads.chain import StageModule, handover_keys
 
 # A rank asked to hang (tests only) sleeps this long; the launcher's deadline must end it.
 HANG_S = 3600.0
-# Gradients are all-reduced in buckets of at most this many bytes (DDP's default bucket size), so the
-# reduction never needs a second copy of every gradient at once.
+# Gradients are all-reduced in buckets that close once they reach this many bytes (DDP's default bucket
+# size), so the reduction never needs a second copy of every gradient at once.
 BUCKET_BYTES = 25 * 1024 * 1024
 
 
@@ -69,9 +70,12 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int |
         world_size=spec.world_size,
         timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
     )
+    workload = load_workload(spec.workload, spec.workload_options)
+    all_blocks = stage_blocks(spec, workload)
     pipeline_group, replica_group = _groups(spec, rank)
-    report = _RankRun(spec, rank, device, on_placed, pipeline_group=pipeline_group,
-                      replica_group=replica_group).run(hang=hang_rank == rank)
+    tie_groups = _tie_groups(spec, workload, all_blocks, rank)
+    report = _RankRun(spec, rank, device, workload, all_blocks, on_placed, pipeline_group=pipeline_group,
+                      replica_group=replica_group, tie_groups=tie_groups).run(hang=hang_rank == rank)
     # Only on success: tearing the group down on failure would let peers fail (and report) before we do.
     dist.destroy_process_group()
     # This process's whole CPU time (a forked rank starts from zero), so the parent can tell the point's
@@ -90,6 +94,26 @@ def _groups(spec: PipelineSpec, rank: int) -> tuple[dist.ProcessGroup | None, di
     replicas = [dist.new_group([replica * p + i for replica in range(d)]) for i in range(p)]
     pipeline_rank, replica = spec.place(rank)
     return pipelines[replica], replicas[pipeline_rank]
+
+
+def _tie_groups(spec: PipelineSpec, workload: Workload, all_blocks: StageBlocks,
+                rank: int) -> dict[int, dist.ProcessGroup]:
+    """Per tie of the workload whose members sit on several pipeline ranks, the group of those ranks in
+    this process's replica, where this process is one of them: their copies' gradients are summed in it.
+    Every process creates every group, in the same order."""
+    owners = stage_to_rank(spec.schedule, spec.num_ranks, spec.num_model_stages)
+    holder = {block: owners[stage] for stage, blocks in enumerate(all_blocks) for block in blocks}
+    pipeline_rank, my_replica = spec.place(rank)
+    mine = {}
+    for index, tie in enumerate(workload.ties):
+        ranks = sorted({holder[block] for block, _ in tie})
+        if len(ranks) < 2:
+            continue  # one rank holds every member: they are one parameter there
+        for replica in range(spec.data_parallel):
+            group = dist.new_group([replica * spec.num_ranks + r for r in ranks])
+            if replica == my_replica and pipeline_rank in ranks:
+                mine[index] = group
+    return mine
 
 
 def _set_threads(threads: int) -> None:
@@ -141,33 +165,45 @@ def _with_precision(module: nn.Module, precision: str, device: torch.device) -> 
 class _RankRun:
     """One rank's stages, schedule, optimizer and timers."""
 
-    def __init__(self, spec: PipelineSpec, process: int, device: torch.device,
-                 on_placed: Callable[[tuple[int, ...]], None] | None = None, *,
+    def __init__(self, spec: PipelineSpec, process: int, device: torch.device, workload: Workload,
+                 all_blocks: StageBlocks, on_placed: Callable[[tuple[int, ...]], None] | None = None, *,
                  pipeline_group: dist.ProcessGroup | None = None,
-                 replica_group: dist.ProcessGroup | None = None) -> None:
-        self.spec, self.device = spec, device
+                 replica_group: dist.ProcessGroup | None = None,
+                 tie_groups: dict[int, dist.ProcessGroup] | None = None) -> None:
+        self.spec, self.device, self.workload = spec, device, workload
         self.rank, self.replica = spec.place(process)
-        self.replica_group = replica_group
-        self.workload = load_workload(spec.workload, spec.workload_options)
-        all_blocks = stage_blocks(spec, self.workload)
+        self.replica_group, self.tie_groups = replica_group, tie_groups or {}
         self.stage_indices = stages_of_rank(spec.schedule, spec.num_ranks, spec.num_model_stages, self.rank)
         self.blocks = tuple(all_blocks[s] for s in self.stage_indices)
         if on_placed is not None:
             on_placed(tuple(b for blocks in self.blocks for b in blocks))
-        self.modules = [self.workload.build(b, seed=spec.seed, recompute=spec.recompute).to(device)
-                        for b in self.blocks]
+        self.modules = [workload.build(b, seed=spec.seed, recompute=spec.recompute).to(device) for b in self.blocks]
+        self.tied = _tie_across(workload, self.modules, self.blocks)
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_model_stages - 1 in self.stage_indices
         self.timer = ActionTimer(new_event=_timing_event if device.type == "cuda" else None)
-        stages = [build_stage(_with_precision(m, spec.precision, device), stage_index=s,
-                              num_model_stages=spec.num_model_stages, device=device, group=pipeline_group)
-                  for m, s in zip(self.modules, self.stage_indices)]
+        keys = handover_keys(workload, spec.seed) if spec.num_model_stages > 1 else ()
+        stages = [build_stage(_with_precision(StageModule(m, in_keys=keys[b[0] - 1] if b[0] > 0 else None,
+                                                          last=s == spec.num_model_stages - 1), spec.precision, device),
+                              stage_index=s, num_model_stages=spec.num_model_stages, device=device,
+                              group=pipeline_group)
+                  for m, s, b in zip(self.modules, self.stage_indices, self.blocks)]
         for stage in stages:
             self.timer.instrument(stage)
         self.schedule = build_schedule(spec.schedule, stages, num_microbatches=spec.num_microbatches,
                                        loss_fn=self.timer.wrap_loss(self._scaled_loss))
-        self.optimizer = _make_optimizer(spec, [p for m in self.modules for p in m.parameters()])
+        self.parameters = list({id(p): p for m in self.modules for p in m.parameters()}.values())
+        self.optimizer = _make_optimizer(spec, self.parameters)
         self.output_dtype = ""
+
+    def _sum_tied(self) -> None:
+        """Each tie held on several ranks: its copies' gradients summed over those ranks (the update is then
+        the tied model's on every copy)."""
+        for index, group in sorted(self.tie_groups.items()):
+            parameter = self.tied[index]
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            dist.all_reduce(parameter.grad, group=group)
 
     def _scaled_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         self.output_dtype = str(output.dtype).removeprefix("torch.")
@@ -214,6 +250,7 @@ class _RankRun:
                 self.timer.start(step=timed_step, accum=accum, origin_s=start)
             losses += self._pipeline_step(step, accum)
             self.timer.stop()
+        self._sum_tied()
         self._barrier()
         pipeline_end = time.perf_counter()
         if self.replica_group is not None:
@@ -262,7 +299,7 @@ class _RankRun:
         flattened into one tensor, reduced, copied back), and wait until it is done."""
         bucket: list[torch.Tensor] = []
         size = 0
-        for grad in [p.grad for m in self.modules for p in m.parameters() if p.grad is not None]:
+        for grad in [p.grad for p in self.parameters if p.grad is not None]:
             bucket.append(grad)
             size += grad.numel() * grad.element_size()
             if size >= BUCKET_BYTES:
@@ -281,12 +318,14 @@ class _RankRun:
             offset += grad.numel()
 
     def _gradients(self) -> dict[str, torch.Tensor]:
-        """This rank's gradients on the CPU, named as in the whole model (`<block>.<param>`)."""
+        """This rank's gradients on the CPU, named as in the whole model (`<block>.<param>`); a tie's copies
+        after its first are the first (the whole model names it once)."""
         grads: dict[str, torch.Tensor] = {}
+        copies = self.workload.tied_copies()
         for module, blocks in zip(self.modules, self.blocks):
             for name, param in module.named_parameters():
                 local, _, rest = name.partition(".")
-                if param.grad is not None:
+                if param.grad is not None and (blocks[int(local)], rest) not in copies:
                     grads[f"{blocks[int(local)]}.{rest}"] = param.grad.detach().to("cpu", copy=True)
         return grads
 
@@ -295,7 +334,7 @@ class _RankRun:
         return StageReport(
             rank=self.rank, num_ranks=self.spec.num_ranks, replica=self.replica, device=str(self.device),
             stage_indices=self.stage_indices, block_indices=self.blocks,
-            num_parameters=sum(p.numel() for m in self.modules for p in m.parameters()),
+            num_parameters=sum(p.numel() for p in self.parameters),
             step_times_s=tuple(measured.step_s), pipeline_times_s=tuple(measured.pipeline_s),
             warmup_step_times_s=tuple(warmup.step_s), actions=tuple(self.timer.records),
             allreduce_spans_s=tuple(measured.allreduce_spans_s),
@@ -305,6 +344,26 @@ class _RankRun:
             if measured.first_start_unix_s is not None and measured.last_end_unix_s is not None else None,
             device_uuid=_device_uuid(self.device),
         )
+
+
+def _tie_across(workload: Workload, modules: Sequence[nn.Module],
+                blocks: Sequence[Sequence[int]]) -> dict[int, nn.Parameter]:
+    """Per tie with a member on this rank: one parameter for every member this rank holds (its stages are
+    separate builds), returned by tie index."""
+    where = {block: (module, position) for module, held in zip(modules, blocks)
+             for position, block in enumerate(held)}
+    tied = {}
+    for index, tie in enumerate(workload.ties):
+        held = [(where[b], name) for b, name in tie if b in where]
+        if not held:
+            continue
+        (module, position), name = held[0]
+        shared = module.get_parameter(f"{position}.{name}")
+        for (other, other_position), other_name in held[1:]:
+            owner, _, leaf = f"{other_position}.{other_name}".rpartition(".")
+            setattr(other.get_submodule(owner), leaf, shared)
+        tied[index] = shared
+    return tied
 
 
 def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer | None:

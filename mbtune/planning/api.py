@@ -67,7 +67,9 @@ def _meta_facts(workload: Any) -> BlockFacts:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    inputs = {b: workload.make_batch(b, torch.Generator().manual_seed(0))[0].to("meta") for b in (1, 2)}
+    from mbtune.workloads.chain import as_received, call_block, tensors_of
+
+    inputs: dict[int, Any] = {b: workload.make_batch(b, torch.Generator().manual_seed(0))[0].to("meta") for b in (1, 2)}
     parameters, flops, outputs, saved = [], [], [], []
     for build in workload.blocks:
         with torch.device("meta"):
@@ -82,9 +84,10 @@ def _meta_facts(workload: Any) -> BlockFacts:
                 return tensor
 
             with FlopCounterMode(display=False) as counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = module(inputs[b])
-            measured[b] = (counter.get_total_flops(), out.numel() * out.element_size(), sum(sizes))
-            inputs[b] = out.detach().requires_grad_(out.is_floating_point())
+                out = call_block(module, inputs[b])
+            measured[b] = (counter.get_total_flops(), sum(t.numel() * t.element_size() for t in tensors_of(out)),
+                           sum(sizes))
+            inputs[b] = as_received(out)
         flops.append(max(0, measured[2][0] - measured[1][0]))
         outputs.append(max(0, measured[2][1] - measured[1][1]))
         saved.append(max(0, measured[2][2] - measured[1][2]))
@@ -103,6 +106,18 @@ def _sweep_of(profile: Profile) -> SweepReport:
     return sweep
 
 
+def sweep_facts(sweep: SweepReport) -> BlockFacts:
+    """The block facts of a sweep's workload, with the stages split as that sweep split them (by the block
+    times it measured, where it balanced by time)."""
+    return with_balance(block_facts(sweep.workload, sweep.workload_options), sweep.balance.block_times_s
+                        if sweep.balance.by == "time" else ())
+
+
+def with_balance(facts: BlockFacts, block_times_s: Sequence[float]) -> BlockFacts:
+    """The facts splitting stages by these block times (none given: as they were)."""
+    return replace(facts, split_weights=tuple(block_times_s)) if block_times_s else facts
+
+
 def _optimizer(profile: Profile) -> str:
     return profile.probe.optimizer if profile.probe is not None else "adamw"
 
@@ -119,7 +134,7 @@ def calibrate_profile(profile: Profile) -> CostModel:
     """The cost model fitted to the timelines of a profile's sweep."""
     sweep = _sweep_of(profile)
     return calibrate_results(sweep.results, workload=sweep.workload, workload_options=sweep.workload_options,
-                             device=sweep.device.name, optimizer=_optimizer(profile))
+                             device=sweep.device.name, optimizer=_optimizer(profile), facts=sweep_facts(sweep))
 
 
 def validate_results(results: Sequence[TrialResult], *, workload: str, workload_options: dict[str, Any] | None = None,
@@ -136,7 +151,7 @@ def validate_profile(profile: Profile, *, method: str = LEAVE_ONE_OUT, scatter: 
     """validate_results over a profile's sweep."""
     sweep = _sweep_of(profile)
     return validate_results(sweep.results, workload=sweep.workload, workload_options=sweep.workload_options,
-                            optimizer=_optimizer(profile), method=method, scatter=scatter)
+                            optimizer=_optimizer(profile), method=method, scatter=scatter, facts=sweep_facts(sweep))
 
 
 def memory_limit(profile: Profile) -> tuple[float | None, str]:
@@ -177,9 +192,7 @@ def plan_from_profile(profile: Profile | str | Path, config: PlanConfig | None =
 
         profile = load_profile(Path(profile))
     sweep = _sweep_of(profile)
-    facts = block_facts(sweep.workload, sweep.workload_options)
-    if sweep.balance.by == "time" and sweep.balance.block_times_s:  # plan the stages as the sweep split them
-        facts = replace(facts, split_weights=sweep.balance.block_times_s)
+    facts = sweep_facts(sweep)  # the stages split as the sweep split them
     per_sample, warnings = per_sample_memory(profile)
     if not per_sample:
         facts = without_per_sample_memory(facts)
@@ -230,9 +243,11 @@ def recommended_timeline(report: PlanReport) -> Prediction | None:
 
 def quick_sweep(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint], TrialResult], *, workload: str,
                 workload_options: Sequence[tuple[str, Any]] | dict[str, Any] = (), optimizer: str = "adamw",
-                num_calibration: int = 3, min_gain: float = 0.02, max_fraction: float = 1 / 3) -> QuickResult:
+                num_calibration: int = 3, min_gain: float = 0.02, max_fraction: float = 1 / 3,
+                block_times_s: Sequence[float] = ()) -> QuickResult:
     """`mbtune sweep --strategy quick`: quick_search over the grid's runnable points with the simulator as
-    the predictor; `run_point` runs one point for real (the sweep's own runner)."""
-    facts = block_facts(workload, workload_options)
+    the predictor; `run_point` runs one point for real (the sweep's own runner). `block_times_s`: the
+    sweep balances stages by these (see SweepReport.balance)."""
+    facts = with_balance(block_facts(workload, workload_options), block_times_s)
     return quick_search(points, run_point, predict_rates=simulator_predictor(facts, workload=workload, optimizer=optimizer),
                         num_calibration=num_calibration, min_gain=min_gain, max_fraction=max_fraction)

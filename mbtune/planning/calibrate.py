@@ -32,8 +32,9 @@ another step is first scaled by the point's median step over that step, see typi
   in-flight activations (peak micro-batches held, from the schedule order, x saved bytes per sample; under
   full recompute each block's input and one block's saved activations, see activation_bytes) gives the
   base (runtime, allocator); the median over ranks and points.
-- Recompute. A backward under full recompute runs the forward again: the same micro-batch's measured
-  forward at that stage is taken off it before it is shared among the blocks.
+- Recompute. A backward under full recompute runs the forward again (a split backward in each of its
+  parts): the same micro-batch's measured forward at that stage is taken off it before it is shared
+  among the blocks.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def activation_bytes(facts: BlockFacts, blocks: Sequence[int], held: int, micro_
 
 
 def point_split(point: SweepPoint, facts: BlockFacts) -> tuple[tuple[int, ...], ...]:
-    """The blocks of every stage of a point, split as the runner splits them (compute-bearing parameters)."""
+    """The blocks of every stage of a point, split as the runner splits them (by the facts' balance weights:
+    compute-bearing parameters, or the block times a sweep balanced by)."""
     weights = facts.balance_weights
     return _split(facts.num_blocks, point.num_stages * point.virtual_stages,
                   None if weights is None else tuple(weights))
@@ -223,9 +225,10 @@ def _spans(timeline: Sequence[TimelineAction], scale: float = 1.0) -> dict[tuple
 
 
 def _recomputed_s(span: _Span, spans: dict[tuple[str, int, int, int], _Span]) -> float:
-    """Under full recompute, the forward a backward (or its input part) ran again: that micro-batch's own
-    forward at that stage, as measured."""
-    if span.kind not in (BACKWARD, BACKWARD_INPUT):
+    """Under full recompute, the forward a backward ran again: that micro-batch's own forward at that stage,
+    as measured. A backward split in an input and a weight part runs it in each part (two autograd calls,
+    and a non-reentrant checkpoint recomputes for each)."""
+    if span.kind not in (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT):
         return 0.0
     forward = spans.get((FORWARD, span.stage, span.accum, span.microbatch))
     return forward.compute_end_s - forward.start_s if forward is not None else 0.0

@@ -143,7 +143,8 @@ def _mean_cost(costs: Sequence[LinearCost]) -> LinearCost:
 def stage_costs(model: CostModel, split: Sequence[Sequence[int]], micro_batch_size: int,
                 recompute: str = "none") -> tuple[StageCost, ...]:
     """Seconds per micro-batch of every stage of a split: the sum of its blocks (loss on the last). With full
-    recompute a backward (or its input part, which comes first) runs the stage's forward again."""
+    recompute a backward runs the stage's forward again; split in an input and a weight part, each part
+    does (two autograd calls, each recomputing)."""
     costs = []
     for stage, blocks in enumerate(split):
         parts = {kind: sum(getattr(model.blocks[b], kind).at(micro_batch_size) for b in blocks)
@@ -152,7 +153,7 @@ def stage_costs(model: CostModel, split: Sequence[Sequence[int]], micro_batch_si
         loss = model.loss.at(micro_batch_size) if stage == len(split) - 1 else 0.0
         costs.append(StageCost(forward_s=parts[FORWARD], backward_s=parts[BACKWARD] + again,
                                backward_input_s=parts[BACKWARD_INPUT] + again,
-                               backward_weight_s=parts[BACKWARD_WEIGHT], loss_s=loss))
+                               backward_weight_s=parts[BACKWARD_WEIGHT] + again, loss_s=loss))
     return tuple(costs)
 
 

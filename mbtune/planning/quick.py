@@ -137,8 +137,8 @@ def _pick(hopeful: dict[SweepPoint, float], state: _Search, per_round: int) -> l
 
 def calibration_points(points: Sequence[SweepPoint], count: int) -> list[SweepPoint]:
     """`count` points spread over the grid: the j-th takes the j-th of `count` evenly spaced values of the
-    micro-batch size, a shifted spacing of micro-batches and accumulation, and the schedules in turn, so the
-    first fit sees several sizes, depths and schedules; with fewer points than schedules, a split-backward
+    micro-batch size, a shifted spacing of micro-batches, accumulation and replicas, and the schedules in
+    turn, so the first fit sees several sizes, depths, replica counts and schedules; with fewer points than schedules, a split-backward
     schedule (zero-bubble, zbv) is among them where the grid has one, so its input and weight parts get
     measured."""
     if count <= 0 or not points:
@@ -147,7 +147,7 @@ def calibration_points(points: Sequence[SweepPoint], count: int) -> list[SweepPo
     split = [s for s in schedules if s in SPLIT_BACKWARD]
     if split and not any(s in SPLIT_BACKWARD for s in schedules[:count]):
         schedules = schedules[:count - 1] + split[:1]
-    dims = ("micro_batch_size", "num_microbatches", "grad_accum_steps")
+    dims = ("micro_batch_size", "num_microbatches", "grad_accum_steps", "data_parallel_size")
     values = {d: sorted({getattr(p, d) for p in points}) for d in dims}
     chosen: list[SweepPoint] = []
     for j in range(count):
@@ -169,10 +169,11 @@ def _spread(values: list[int], j: int, count: int) -> int:
 
 
 def neighbours(point: SweepPoint, candidates: Sequence[SweepPoint]) -> list[SweepPoint]:
-    """Candidates of the same schedule one step away in exactly one of micro-batches, micro-batch size or
-    accumulation steps (steps taken over the values the candidates and the point use)."""
+    """Candidates of the same schedule, replicas and recompute one step away in exactly one of micro-batches,
+    micro-batch size or accumulation steps (steps taken over the values the candidates and the point use)."""
     dims = ("num_microbatches", "micro_batch_size", "grad_accum_steps")
-    pool = [p for p in candidates if p.schedule == point.schedule and p != point]
+    pool = [p for p in candidates if p != point and (p.schedule, p.data_parallel_size, p.recompute)
+            == (point.schedule, point.data_parallel_size, point.recompute)]
     found = []
     for dim in dims:
         values = sorted({getattr(p, dim) for p in pool} | {getattr(point, dim)})

@@ -3,7 +3,11 @@
 A workload factory takes keyword options and returns a `Workload`:
 
 - ``blocks``: ordered builders, one per block, each returning an ``nn.Module``; block i's output is block
-  i+1's input. Pipeline stages own contiguous runs of blocks and build only their own.
+  i+1's input: a tensor, a tuple of tensors (passed positionally) or a dict of tensors (passed by
+  keyword), see chain.py. Pipeline stages own contiguous runs of blocks and build only their own.
+- ``ties`` (optional): parameters that are one tensor in several blocks (a tied embedding and head), each
+  tie a tuple of (block index, parameter name). Within a stage they are one parameter; across stages each
+  holder keeps a copy and their gradients are summed before the update.
 - ``make_batch(batch_size, generator)``: a synthetic (inputs, targets) pair on the CPU.
 - ``loss(outputs, targets)``: a scalar loss, mean-reduced over the batch.
 """
@@ -44,6 +48,7 @@ class Workload:
     flops_per_sample: float | None = None  # training FLOPs (forward + backward) per sample
     tokens_per_sample: int | None = None
     description: str = ""
+    ties: tuple[tuple[tuple[int, str], ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.blocks:
@@ -64,6 +69,12 @@ class Workload:
         if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
             raise WorkloadError(f"workload {self.name!r}: tokens_per_sample is {_short(tokens)}, expected an "
                                 "integer >= 1 or None", hint=fix)
+        for tie in self.ties:
+            ok = len(tie) >= 2 and all(isinstance(b, int) and 0 <= b < len(self.blocks) and isinstance(n, str)
+                                       for b, n in tie) and len({b for b, _ in tie}) == len(tie)
+            if not ok:
+                raise WorkloadError(f"workload {self.name!r}: tie {_short(tie)} must name (block, parameter) "
+                                    "pairs of two or more different blocks", hint=fix)
 
     @property
     def num_blocks(self) -> int:
@@ -71,20 +82,40 @@ class Workload:
 
     def build(self, indices: Sequence[int] | None = None, *, seed: int = 0, recompute: str = "none") -> nn.Sequential:
         """Build the given blocks (all by default) with weights that depend only on (seed, block index),
-        so a pipeline stage builds exactly the weights the whole model would have. With recompute "full"
-        every block is an activation checkpoint (see recompute.py): same parameters, same names."""
-        import torch
-        from torch import nn
-
+        so a pipeline stage builds exactly the weights the whole model would have. The blocks form a Chain
+        (chain.py); with recompute "full" every block is an activation checkpoint (recompute.py): same
+        parameters, same names. A tie's members among the blocks built are one parameter, with the value
+        the tie's first block gives it."""
+        from mbtune.workloads.chain import Chain
         from mbtune.workloads.recompute import Recomputed, check_recompute
 
         check_recompute(recompute)
-        chosen = range(self.num_blocks) if indices is None else indices
-        modules = []
-        for i in chosen:
-            torch.manual_seed(seed * 100_003 + i)
-            modules.append(self.blocks[i]())
-        return Recomputed(*modules) if recompute == "full" else nn.Sequential(*modules)
+        chosen = list(range(self.num_blocks) if indices is None else indices)
+        built = {i: self._block(i, seed) for i in chosen}
+        for tie in self.ties:
+            held = [(b, name) for b, name in tie if b in built]
+            if not held:
+                continue
+            first_block, first_name = tie[0]
+            source = built[first_block] if first_block in built else self._block(first_block, seed)
+            shared = source.get_parameter(first_name)
+            for b, name in held:
+                _set_parameter(built[b], name, shared)
+        modules = [built[i] for i in chosen]
+        chain = Recomputed(*modules) if recompute == "full" else Chain(*modules)
+        chain.first = chosen[0] if chosen else 0
+        return chain
+
+    def _block(self, index: int, seed: int) -> nn.Module:
+        import torch
+
+        torch.manual_seed(seed * 100_003 + index)
+        return self.blocks[index]()
+
+    def tied_copies(self) -> set[tuple[int, str]]:
+        """The (block, parameter) of every tie member after its first: the same tensor as the first, so
+        counted, reported and compared once."""
+        return {member for tie in self.ties for member in tie[1:]}
 
     def compute_weights(self) -> list[int]:
         """Per block, the parameters that do arithmetic on every sample (meta device, no allocation): what
@@ -98,11 +129,18 @@ class Workload:
                         for p in m.parameters(recurse=False)) for build in self.blocks]
 
     def num_parameters(self) -> int:
-        """Parameter count, computed on the meta device without allocating weights."""
+        """Parameter count, computed on the meta device without allocating weights; a tied tensor once."""
         import torch
 
+        copies = self.tied_copies()
         with torch.device("meta"):
-            return sum(p.numel() for build in self.blocks for p in build().parameters())
+            return sum(p.numel() for index, build in enumerate(self.blocks)
+                       for name, p in build().named_parameters() if (index, name) not in copies)
+
+
+def _set_parameter(module: nn.Module, name: str, parameter: nn.Parameter) -> None:
+    owner, _, leaf = name.rpartition(".")
+    setattr(module.get_submodule(owner) if owner else module, leaf, parameter)
 
 
 def load_workload(name: str, options: Sequence[tuple[str, Any]] = ()) -> Workload:

@@ -25,9 +25,11 @@ class WorkloadFacts(Record):
 
     name: str
     num_blocks: int
-    num_parameters: int
-    flops_per_sample: float | None = None
+    num_parameters: int  # a tied tensor once
+    flops_per_sample: float | None = None  # the workload's own figure, else the counted one
     tokens_per_sample: int | None = None
+    flops_counted: float | None = None  # FlopCounterMode's (flops.py), for mbtune's own workloads
+    warnings: tuple[str, ...] = ()
 
 
 def workload_facts(name: str, options: Sequence[tuple[str, Any]] = (), *,
@@ -83,7 +85,13 @@ def _guarded(target: Callable[..., Any], name: str, options: tuple[tuple[str, An
 
 def _facts(name: str, options: tuple[tuple[str, Any], ...]) -> WorkloadFacts:
     from mbtune.workloads import load_workload
+    from mbtune.workloads.flops import count_flops_per_sample, flops_warning
 
     workload = load_workload(name, options)
+    # Counting runs the blocks' forward (on the meta device): mbtune's own workloads only, since a user's
+    # forward may do anything, and doing it here, outside any trial, is not the user's to expect.
+    counted = count_flops_per_sample(workload) if ":" not in name or name.startswith("hf:") else None
+    warning = flops_warning(name, workload.flops_per_sample, counted)
     return WorkloadFacts(name=name, num_blocks=workload.num_blocks, num_parameters=workload.num_parameters(),
-                         flops_per_sample=workload.flops_per_sample, tokens_per_sample=workload.tokens_per_sample)
+                         flops_per_sample=workload.flops_per_sample or counted, flops_counted=counted,
+                         tokens_per_sample=workload.tokens_per_sample, warnings=(warning,) if warning else ())

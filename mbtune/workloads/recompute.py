@@ -2,8 +2,9 @@
 
 A block under recompute keeps only its input through the forward; its backward runs the block's forward
 again (torch.utils.checkpoint, non-reentrant) to rebuild the activations it needs. Peak activation memory
-then grows with the blocks' inputs (one tensor each) instead of everything each block saves, at the cost of
-one more forward per block in every backward. The module is an nn.Sequential of the same blocks, so
+then grows with the blocks' inputs (one hand-over each) instead of everything each block saves, at the
+cost of one more forward per block in every backward (two where a zero-bubble schedule splits the
+backward in an input and a weight part: each part is an autograd call of its own and recomputes). The module is a Chain of the same blocks, so
 parameter names, weights and gradients are the plain model's.
 """
 
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mbtune.errors import ConfigError
 from mbtune.records import RECOMPUTE_MODES
+from mbtune.workloads.chain import Chain, call_block
 
 
 def check_recompute(mode: str) -> None:
@@ -24,21 +27,13 @@ def check_recompute(mode: str) -> None:
                           expected=" | ".join(RECOMPUTE_MODES), hint="Use --recompute none or full.")
 
 
-class Recomputed(nn.Sequential):
-    """Blocks in order, each an activation checkpoint while gradients are being recorded."""
+class Recomputed(Chain):
+    """A Chain whose blocks are each an activation checkpoint while gradients are being recorded."""
 
-    def forward(self, value: Any) -> Any:
-        for block in self:
-            if self.training and _records_grad(block, value):
-                value = checkpoint(block, value, use_reentrant=False)
-            else:
-                value = block(value)
-        return value
-
-
-def _records_grad(block: nn.Module, value: Any) -> bool:
-    import torch
-
-    if not torch.is_grad_enabled():
-        return False
-    return any(p.requires_grad for p in block.parameters()) or getattr(value, "requires_grad", False)
+    def step(self, block: nn.Module, value: Any) -> Any:
+        if not (self.training and torch.is_grad_enabled()):
+            return call_block(block, value)
+        if isinstance(value, dict):
+            return checkpoint(block, use_reentrant=False, **value)
+        args = tuple(value) if isinstance(value, tuple | list) else (value,)
+        return checkpoint(block, *args, use_reentrant=False)

@@ -297,7 +297,7 @@ def test_a_complete_but_wrong_last_line_is_not_taken_for_a_torn_one(tmp_path):
 def test_journal_kinds_are_the_ones_the_runs_write():
     from mbtune import runs
 
-    assert set(JOURNAL_RECORDS) == {runs.PROBE_TRIAL, runs.SWEEP_POINT}
+    assert set(JOURNAL_RECORDS) == {runs.PROBE_TRIAL, runs.SWEEP_POINT, runs.BALANCE}
 
 
 # --- spec files ------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ the trade-off rows and the cross-batch padding pair."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mbtune.config import SweepConfig, default_global_batch
@@ -68,6 +70,10 @@ def test_the_tradeoff_rows_are_the_best_and_its_neighbours_and_padding_is_found(
     assert rows == (2, 0, 3)  # micro-batch sizes 4, 8 (the best), 16: same schedule and global batch
     assert padding == (0, 1)  # 4 x 1 beat 2 x 2 at micro-batch size 8
     assert tradeoff(results[1:2], (0,)) == ((0,), None)
+    # A row with recompute or other replicas is another trade-off: never a neighbour of the best.
+    other = [replace(results[2], point=replace(results[2].point, recompute="full")),
+             replace(results[3], point=replace(results[3].point, data_parallel_size=2, micro_batch_size=8))]
+    assert tradeoff([results[0], *other], (0, 1, 2)) == ((0,), None)
 
 
 def test_data_parallel_points_multiply_to_the_global_batch_and_need_a_rank_each():

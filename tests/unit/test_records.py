@@ -54,3 +54,19 @@ def test_records_have_a_short_repr_and_a_frame():
         mbtune_version="0", torch_version="2", python_version="3", host="h", platform="p", command_line="x",
         created_at="now"))
     assert "probe=ProbeResult(...)" in repr(one) and len(one.to_frame()) == 1
+
+
+def test_a_sweep_takes_its_plain_bounds_from_the_plain_search_and_its_recompute_bound_from_the_other():
+    from dataclasses import replace
+
+    from mbtune.records import RecomputeCeiling
+    from mbtune.runs import sweep_limits
+
+    full = RecomputeCeiling(recompute="full", ceiling=9, first_failing=10, safe_batch=7, safe_batch_verified=True,
+                            trials=4, peak_memory_bytes=99)
+    probe = replace(sample_probe(), recompute_ceilings=(full,))
+    assert sweep_limits(probe) == {"safe_batch": 3, "ceiling": 4, "ceiling_peak_memory_bytes": None,
+                                   "recompute_safe_batch": 7}
+    only_full = replace(sample_probe(), recompute="full")  # probed with recompute alone
+    assert sweep_limits(only_full) == {"safe_batch": None, "ceiling": None, "ceiling_peak_memory_bytes": None,
+                                       "recompute_safe_batch": 3}

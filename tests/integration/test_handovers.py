@@ -1,0 +1,39 @@
+"""The hand-over contract and tied weights for real: several tensors (a dict, a tuple, a tensor without
+gradient, a view) cross stage boundaries, and a weight tied across stages trains as one, in every
+schedule: the pipeline's update is the plain model's."""
+
+from __future__ import annotations
+
+import pytest
+
+from mbtune.check import PASS, check_update
+from mbtune.config import CheckConfig
+from mbtune.pipeline import SCHEDULE_NAMES
+from mbtune.workloads import load_workload
+
+pytestmark = pytest.mark.integration
+
+HANDOVERS, TIED = "tests.fixtures.workloads:handovers", "tests.fixtures.workloads:tied"
+
+
+@pytest.mark.parametrize("schedule", SCHEDULE_NAMES)
+@pytest.mark.parametrize("workload", [HANDOVERS, TIED])
+def test_several_tensors_and_tied_weights_cross_stages_in_every_schedule(workload, schedule):
+    result = check_update(CheckConfig(workload=workload, device="cpu", schedule=schedule, num_stages=2,
+                                      num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
+    assert result.status == PASS, (result.cause, result.blocks)
+
+
+def test_a_tie_is_one_parameter_in_one_stage_and_counted_once():
+    workload = load_workload(TIED, (("width", 16), ("layers", 2)))
+    whole = workload.build()
+    assert whole[0].weight is whole[3].weight
+    assert workload.num_parameters() == sum(p.numel() for p in whole.parameters())  # the tie once
+    alone = workload.build([3])  # a stage holding only the head starts from the embedding's value
+    assert alone[0].weight.data.equal(whole[0].weight.data)
+
+
+def test_tied_copies_with_data_parallel_replicas_sum_once_each():
+    result = check_update(CheckConfig(workload=TIED, device="cpu", schedule="1f1b", num_stages=2,
+                                      num_microbatches=2, grad_accum_steps=1, data_parallel=2, micro_batch_size=2))
+    assert result.status == PASS, (result.cause, result.blocks)
