@@ -144,7 +144,12 @@ def _set_parameter(module: nn.Module, name: str, parameter: nn.Parameter) -> Non
 
 
 def load_workload(name: str, options: Sequence[tuple[str, Any]] = ()) -> Workload:
-    """Resolve a built-in name or ``package.module:factory`` and call the factory with the options."""
+    """Resolve a built-in name, ``hf:<family or config.json>`` (workloads/hf.py) or ``package.module:factory``
+    and call the factory with the options."""
+    if name.startswith("hf:"):
+        from mbtune.workloads.hf import hf_workload
+
+        return hf_workload(name[3:], dict(options))
     target = BUILTINS.get(name, name)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:

@@ -129,7 +129,7 @@ def test_unwritable_profiles_dir_fails_before_measuring(tmp_path):
 
 @pytest.mark.parametrize("damage", ["corrupt", "newer"])
 def test_damaged_profiles_are_reported_never_overwritten(tmp_path, damage):
-    assert mbtune("probe", *SMALL, "--max-batch", "8", "--profiles-dir", str(tmp_path)).returncode == 0
+    assert mbtune("probe", *SMALL, "--max-batch", "2", "--confirm", "1", "--profiles-dir", str(tmp_path)).returncode == 0
     [path] = tmp_path.glob("cpu-*/mlp.json")
     if damage == "corrupt":
         path.write_text(path.read_text()[:100])
@@ -140,7 +140,7 @@ def test_damaged_profiles_are_reported_never_overwritten(tmp_path, damage):
     damaged = path.read_text()
     shown = mbtune("show", str(path))
     assert shown.returncode == 2 and ("not readable JSON" in shown.stderr or "newer than this mbtune" in shown.stderr)
-    again = mbtune("probe", *SMALL, "--max-batch", "8", "--profiles-dir", str(tmp_path))
+    again = mbtune("probe", *SMALL, "--max-batch", "2", "--confirm", "1", "--profiles-dir", str(tmp_path))
     assert again.returncode == 0, again.stderr
     assert path.read_text() == damaged  # kept as it was; the new results went beside it
     assert len(list(tmp_path.glob("cpu-*/mlp.*.json"))) == 1
