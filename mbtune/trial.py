@@ -31,6 +31,7 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
     """
     started = time.perf_counter()
     backend = get_backend(config.device)
+    _import_before_cap(config.workload)
     backend.limit_memory(config.memory_budget_bytes)
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
     step_times_s: list[float] = []
@@ -57,6 +58,25 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
         wall_s=time.perf_counter() - started, error=error, device=backend.info(),
         error_kind=WORKLOAD_FAULT if status != OK else "", error_tail=tail, **backend.peaks(),
     )
+
+
+def _import_before_cap(workload: str) -> None:
+    """Import the workload's library before the memory cap, so the budget measures training, not imports
+    (a plain training loop would have its libraries imported before it starts, too). Failures are left to
+    the load that follows, which classifies them."""
+    if workload.startswith("hf:"):
+        from mbtune.workloads.hf import preload
+
+        preload(workload[3:])
+        return
+    module, sep, _ = workload.partition(":")
+    if sep and module:
+        import importlib
+
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - reported, with its cause, by load_workload
+            pass
 
 
 def _traceback_tail() -> str:

@@ -88,7 +88,7 @@ def _block_inputs(modules: Sequence[nn.Module], inputs: torch.Tensor, precision:
     from mbtune.workloads.chain import as_received, call_block
 
     found: list[Any] = [inputs]
-    with torch.no_grad(), autocast_for(precision, device):
+    with torch.enable_grad(), autocast_for(precision, device):  # grad, so each hand-over says what needs one
         for module in modules[:-1]:
             found.append(as_received(call_block(module, found[-1])))
     return found

@@ -184,6 +184,7 @@ class _RankRun:
         self.timer = ActionTimer(new_event=_timing_event if device.type == "cuda" else None)
         keys = handover_keys(workload, spec.seed) if spec.num_model_stages > 1 else ()
         stages = [build_stage(_with_precision(StageModule(m, in_keys=keys[b[0] - 1] if b[0] > 0 else None,
+                                                          out_keys=keys[b[-1]] if keys else None,
                                                           last=s == spec.num_model_stages - 1), spec.precision, device),
                               stage_index=s, num_model_stages=spec.num_model_stages, device=device,
                               group=pipeline_group)

@@ -70,11 +70,15 @@ class Workload:
             raise WorkloadError(f"workload {self.name!r}: tokens_per_sample is {_short(tokens)}, expected an "
                                 "integer >= 1 or None", hint=fix)
         for tie in self.ties:
-            ok = len(tie) >= 2 and all(isinstance(b, int) and 0 <= b < len(self.blocks) and isinstance(n, str)
-                                       for b, n in tie) and len({b for b, _ in tie}) == len(tie)
+            ok = (isinstance(tie, tuple | list) and len(tie) >= 2
+                  and all(isinstance(m, tuple | list) and len(m) == 2 and isinstance(m[0], int)
+                          and not isinstance(m[0], bool) and 0 <= m[0] < len(self.blocks) and isinstance(m[1], str)
+                          for m in tie) and len({m[0] for m in tie}) == len(tie))
             if not ok:
                 raise WorkloadError(f"workload {self.name!r}: tie {_short(tie)} must name (block, parameter) "
                                     "pairs of two or more different blocks", hint=fix)
+        # Members in block order: the first is the one the whole model names the tensor by (and its value).
+        object.__setattr__(self, "ties", tuple(tuple(sorted((int(b), str(n)) for b, n in tie)) for tie in self.ties))
 
     @property
     def num_blocks(self) -> int:

@@ -58,8 +58,9 @@ def map_tensors(value: Any, change: Any) -> Any:
 
 
 def as_received(value: Any) -> Any:
-    """A hand-over as the next stage receives it: detached, the floating tensors needing grad."""
-    return map_tensors(value, lambda t: t.detach().requires_grad_(t.is_floating_point()))
+    """A hand-over as the next stage receives it: detached, needing a gradient where the sent tensor did
+    (a mask or a rotary table crosses without one)."""
+    return map_tensors(value, lambda t: t.detach().requires_grad_(t.requires_grad and t.is_floating_point()))
 
 
 class Chain(nn.Sequential):
@@ -106,8 +107,8 @@ def handover_keys(workload: Workload, seed: int = 0) -> tuple[tuple[str, ...] | 
     """Per block, the keys of its dict output (None: a tensor or a tuple), from one forward of the chain at
     batch size 1: on the meta device, else on the CPU. Each output is checked against the contract and a
     block that cannot take the previous one's gives one clear error naming it. A block that fails for
-    another reason ends the trace there (None for the rest): the training step will fail the same way,
-    and say so where failures are classified."""
+    another reason ends the trace there (None for the rest): the training step fails the same way, where
+    failures are classified, or a stage that then hands over a dict the trace did not see says so."""
     try:
         return _trace_keys(workload, seed, torch.device("meta"))
     except WorkloadError:
@@ -126,9 +127,10 @@ def _trace_keys(workload: Workload, seed: int, device: torch.device) -> tuple[tu
             try:
                 value = call_block(block, value)
             except TypeError as exc:
-                if device.type == "meta":
+                if device.type == "meta" or "argument" not in str(exc):
                     raise
-                raise WorkloadError(f"block {index} cannot take block {index - 1}'s output ({_shape(value)}): {exc}",
+                source = "the batch" if index == 0 else f"block {index - 1}'s output"
+                raise WorkloadError(f"block {index} cannot take {source} ({_shape(value)}): {exc}",
                                     hint=HANDOVER_HINT) from exc
             except Exception:  # noqa: BLE001 - not the contract's business (see handover_keys)
                 if device.type == "meta":
@@ -153,14 +155,22 @@ class StageModule(nn.Module):
     outputs of a stage that is not the last are flattened (dict values in key order) and made safe to
     send (contiguous, no views)."""
 
-    def __init__(self, chain: nn.Module, *, in_keys: tuple[str, ...] | None, last: bool) -> None:
+    def __init__(self, chain: nn.Module, *, in_keys: tuple[str, ...] | None, last: bool,
+                 out_keys: tuple[str, ...] | None = None) -> None:
         super().__init__()
-        self.chain, self.in_keys, self.last = chain, in_keys, last
+        self.chain, self.in_keys, self.last, self.out_keys = chain, in_keys, last, out_keys
 
     def forward(self, *tensors: torch.Tensor) -> Any:
         out = self.chain(**dict(zip(self.in_keys, tensors))) if self.in_keys is not None else self.chain(*tensors)
         if self.last:
+            if isinstance(out, dict):
+                raise WorkloadError("the last block returns a dict: torch pipelining hands the last stage's output "
+                                    "to the loss as a tensor or a tuple", hint="Return the logits (or a tuple).")
             return out
+        if output_keys(out) != self.out_keys:  # the next stage rebuilds a dict from these keys only
+            raise WorkloadError(f"a stage hands over {_shape(out)} where the trace at batch size 1 saw "
+                                f"{'a dict of ' + ', '.join(self.out_keys) if self.out_keys else 'a tensor or a tuple'}",
+                                hint="Hand over the same structure at every batch size.")
         items: Sequence[torch.Tensor] = ([out[k] for k in sorted(out)] if isinstance(out, dict)
                                          else list(out) if isinstance(out, tuple | list) else [out])
         sent = tuple(_sendable(t) for t in items)

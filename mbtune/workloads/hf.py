@@ -54,12 +54,20 @@ SMALL: dict[str, dict[str, Any]] = {
 
 def hf_workload(spec: str, options: dict[str, Any]) -> Workload:
     """The workload `hf:<spec>`: a family name or a config.json path, with `options` as config fields."""
-    config, family = _config(spec, dict(options))
-    seq_len = int(options.get("seq_len", DEFAULT_SEQ_LEN))
+    config, family = hf_config(spec, dict(options))
+    seq_len = options.get("seq_len", DEFAULT_SEQ_LEN)
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if seq_len < 2 or (limit is not None and seq_len > limit):
-        raise WorkloadError(f"hf:{spec}: seq_len={seq_len} is out of range: expected 2 to {limit}",
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2 or (limit and seq_len > limit):
+        raise WorkloadError(f"hf:{spec}: seq_len={seq_len!r} is out of range: expected an integer from 2 to {limit}",
                             hint="Set -O seq_len=N within the model's positions (or raise max_position_embeddings).")
+    window = _sliding_window(config)
+    if window is not None and seq_len > window:
+        raise WorkloadError(f"hf:{spec}: seq_len={seq_len} is longer than the sliding window ({window}), which "
+                            "these blocks do not apply (attention runs unmasked, causal by sdpa)",
+                            hint="Use -O seq_len within the window, or -O sliding_window=none.")
+    if config.vocab_size < 3:
+        raise WorkloadError(f"hf:{spec}: vocab_size={config.vocab_size} leaves no ids to train on",
+                            hint="Use -O vocab_size=3 or more.")
     parts = _FAMILY_PARTS[family](config)
     blocks: list[Callable[[], nn.Module]] = [_initialised(build, config) for build in parts.blocks]
     tokens = seq_len
@@ -82,7 +90,21 @@ def _transformers() -> Any:
     return transformers
 
 
-def _config(spec: str, options: dict[str, Any]) -> tuple[Any, str]:
+def preload(spec: str) -> None:
+    """Import transformers and the family's modeling code now (a trial does it before its memory cap: the
+    budget is for training, not for importing a library). Any failure is left to the real load to report."""
+    try:
+        import importlib
+
+        _transformers()
+        family = spec if spec in FAMILIES else None
+        if family is not None:
+            importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    except Exception:  # noqa: BLE001 - reported by the load that follows
+        pass
+
+
+def hf_config(spec: str, options: dict[str, Any]) -> tuple[Any, str]:
     transformers = _transformers()
     fields = {k: _value(v) for k, v in options.items() if k != "seq_len"}
     if spec.endswith(".json"):
@@ -103,9 +125,25 @@ def _config(spec: str, options: dict[str, Any]) -> tuple[Any, str]:
     if unknown:
         raise WorkloadError(f"hf:{spec} has no config field {', '.join(unknown)}",
                             hint=f"-O sets {type(default).__name__} fields (or seq_len).")
-    config = transformers.AutoConfig.for_model(family, **{**base, **fields})
+    # A whole number given for a field that holds a float (-O rms_norm_eps=1) is that float.
+    fields = {k: float(v) if isinstance(getattr(default, k), float) and isinstance(v, int) and not isinstance(v, bool)
+              else v for k, v in fields.items()}
+    try:
+        config = transformers.AutoConfig.for_model(family, **{**base, **fields})
+    except Exception as exc:  # noqa: BLE001 - transformers refuses the values: bad input, in one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise WorkloadError(f"hf:{spec}: the config refuses these settings: {first}",
+                            hint="Fix the -O values (see the family's transformers config).") from None
     config._attn_implementation = "sdpa"
     return config, family
+
+
+def _sliding_window(config: Any) -> int | None:
+    """The sliding window some layer attends over (Mistral's, Qwen2's with use_sliding_window), or None."""
+    window = getattr(config, "sliding_window", None)
+    if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
+        return None
+    return window if isinstance(window, int) and window > 0 else None
 
 
 def _value(value: Any) -> Any:

@@ -33,7 +33,5 @@ class Recomputed(Chain):
     def step(self, block: nn.Module, value: Any) -> Any:
         if not (self.training and torch.is_grad_enabled()):
             return call_block(block, value)
-        if isinstance(value, dict):
-            return checkpoint(block, use_reentrant=False, **value)
-        args = tuple(value) if isinstance(value, tuple | list) else (value,)
-        return checkpoint(block, *args, use_reentrant=False)
+        # The hand-over goes in whole (a dict's keys can never clash with checkpoint's own keywords).
+        return checkpoint(call_block, block, value, use_reentrant=False)

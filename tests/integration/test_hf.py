@@ -34,9 +34,9 @@ def _options(family: str, seq_len: int = 8) -> tuple[tuple[str, object], ...]:
 @pytest.mark.parametrize("family", sorted(TINY))
 def test_the_blocks_compute_what_the_whole_model_computes_and_count_its_parameters(family):
     from mbtune.workloads.chain import Chain
-    from mbtune.workloads.hf import _config, split_model
+    from mbtune.workloads.hf import hf_config, split_model
 
-    config, _ = _config(family, dict(TINY[family]))
+    config, _ = hf_config(family, dict(TINY[family]))
     kind = transformers.AutoModelForMaskedLM if family == "bert" else transformers.AutoModelForCausalLM
     whole = kind.from_config(config, attn_implementation="sdpa").eval()
     ids = torch.randint(0, 63, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -69,11 +69,17 @@ def test_the_pipelined_update_is_the_plain_models(family, schedule):
     assert result.status == PASS, (result.cause, result.blocks)
 
 
-def test_bad_hf_names_and_fields_are_one_line_errors():
-    for argv, expected in ((["-w", "hf:t5"], "unknown model family"), (["-w", "hf:gpt2", "-O", "colour=3"],
-                                                                         "no config field colour")):
+def test_bad_hf_names_fields_and_values_are_one_line_errors():
+    for argv, expected in ((["-w", "hf:t5"], "unknown model family"),
+                           (["-w", "hf:gpt2", "-O", "colour=3"], "no config field colour"),
+                           (["-w", "hf:gpt2", "-O", "seq_len=abc"], "seq_len='abc' is out of range"),
+                           (["-w", "hf:llama", "-O", "num_attention_heads=3"], "the config refuses"),
+                           (["-w", "hf:mistral", "-O", "sliding_window=16", "-O", "seq_len=32"], "sliding window")):
         result = mbtune("probe", *argv, "-d", "cpu", "--no-save")
-        assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr
+        assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, result.stderr
+    # A whole number for a float field is that float; within the window a sliding window changes nothing.
+    assert load_workload("hf:llama", (("rms_norm_eps", 1),)).num_blocks == 6
+    assert load_workload("hf:mistral", (("sliding_window", 64), ("seq_len", 64))).num_blocks == 6
 
 
 def test_without_transformers_the_error_says_how_to_install_it(monkeypatch):

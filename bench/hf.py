@@ -1,0 +1,113 @@
+"""Benchmark: Hugging Face workloads (hf:NAME) against the transformers models they are built from.
+
+Per family: parameters (ties counted once) against the whole transformers model's, FLOPs per sample from
+the config against torch's FlopCounterMode. For hf:gpt2 (or --family): mbtune's probe ceiling against the
+largest batch the plain transformers model trains at in an ordinary loop (its own loss, AdamW, two steps)
+in a fresh process under the same budget, capped the way an mbtune CPU trial is (CpuBackend.limit_memory,
+after transformers is imported), found by bisection with one fresh process per size.
+
+Run: .venv/bin/python bench/hf.py [--budget 1GiB] [--family gpt2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from mbtune.config import ProbeConfig, parse_bytes
+from mbtune.records import OK
+from mbtune.runs import probe_workload
+from mbtune.worker import run_isolated
+from mbtune.workloads import load_workload
+from mbtune.workloads.flops import count_flops_per_sample
+from mbtune.workloads.hf import FAMILIES, hf_config
+
+
+def facts_table() -> None:
+    import transformers
+
+    print("family   parameters (hf: / transformers)   GFLOP per sample (config / counted)   difference")
+    for family in FAMILIES:
+        workload = load_workload(f"hf:{family}")
+        config, _ = hf_config(family, {})
+        kind = transformers.AutoModelForMaskedLM if family == "bert" else transformers.AutoModelForCausalLM
+        whole = sum(p.numel() for p in kind.from_config(config).parameters())
+        counted = count_flops_per_sample(workload)
+        typed = workload.flops_per_sample or 0.0
+        gap = f"{typed / counted - 1:+.2%}" if counted else "n/a"
+        print(f"{family:<8} {workload.num_parameters():>12,} / {whole:<12,} {typed / 1e9:>16.4f} / "
+              f"{(counted or 0) / 1e9:<10.4f} {gap:>12}")
+
+
+def plain_step(family: str, batch_size: int, budget_bytes: int) -> str:
+    """In a fresh process: the plain transformers model, capped as a trial is, two AdamW steps; ok or oom."""
+    import torch
+    import transformers
+
+    from mbtune.device.cpu import CpuBackend
+    from mbtune.workloads.hf import DEFAULT_SEQ_LEN
+
+    config, _ = hf_config(family, {})
+    kind = transformers.AutoModelForMaskedLM if family == "bert" else transformers.AutoModelForCausalLM
+    CpuBackend().limit_memory(budget_bytes)
+    try:
+        model = kind.from_config(config, attn_implementation="sdpa")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ids = torch.randint(0, config.vocab_size, (batch_size, DEFAULT_SEQ_LEN))
+        for _ in range(2):
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    except (RuntimeError, MemoryError) as exc:
+        if "alloc" in str(exc).lower() or isinstance(exc, MemoryError):
+            return "oom"
+        raise
+    return "ok"
+
+
+def plain_ceiling(family: str, budget_bytes: int, upper: int) -> tuple[int, int]:
+    """The largest batch the plain loop trains at (bisection over fresh processes) and the runs it took."""
+    runs = 0
+
+    def fits(size: int) -> bool:
+        nonlocal runs
+        runs += 1
+        result = run_isolated(plain_step, family, size, budget_bytes, timeout_s=600)
+        return result.status == OK and result.value == "ok"
+
+    if not fits(1):
+        return 0, runs
+    low, high = 1, max(2, upper)
+    while fits(high):
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low, runs
+
+
+def ceiling_table(family: str, budget: str) -> None:
+    budget_bytes = parse_bytes(budget, name="--budget")
+    started = time.monotonic()
+    probe = probe_workload(ProbeConfig(workload=f"hf:{family}", device="cpu", memory_budget_bytes=budget_bytes,
+                                       resolution=1))
+    probe_s = time.monotonic() - started
+    started = time.monotonic()
+    plain, runs = plain_ceiling(family, budget_bytes, probe.ceiling)
+    plain_s = time.monotonic() - started
+    ratio = f"mbtune / plain = {probe.ceiling / plain:.3f}" if plain else "the plain loop trains at no batch size"
+    print(f"\nhf:{family} under {budget} on CPU: mbtune probe ceiling {probe.ceiling} ({len(probe.trials)} trials, "
+          f"{probe_s:.0f} s); plain transformers loop {plain} ({runs} fresh runs, {plain_s:.0f} s); {ratio}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--budget", default="1GiB")
+    parser.add_argument("--family", default="gpt2", choices=FAMILIES)
+    args = parser.parse_args()
+    facts_table()
+    ceiling_table(args.family, args.budget)
+
+
+if __name__ == "__main__":
+    main()
