@@ -39,8 +39,10 @@ def facts_table() -> None:
               f"{(counted or 0) / 1e9:<10.4f} {gap:>12}")
 
 
-def plain_step(family: str, batch_size: int, budget_bytes: int) -> str:
-    """In a fresh process: the plain transformers model, capped as a trial is, two AdamW steps; ok or oom."""
+def plain_step(family: str, batch_size: int, budget_bytes: int, use_cache: bool | None = None) -> str:
+    """In a fresh process: the plain transformers model, capped as a trial is, two AdamW steps; ok or oom.
+    `use_cache` None leaves the config's (True for the decoders: the forward keeps every layer's keys and
+    values in a cache, which a training step never reads)."""
     import torch
     import transformers
 
@@ -49,13 +51,15 @@ def plain_step(family: str, batch_size: int, budget_bytes: int) -> str:
 
     config, _ = hf_config(family, {})
     kind = transformers.AutoModelForMaskedLM if family == "bert" else transformers.AutoModelForCausalLM
+    kind.from_config(config, attn_implementation="sdpa")  # its code imported before the cap, as a trial does
     CpuBackend().limit_memory(budget_bytes)
     try:
         model = kind.from_config(config, attn_implementation="sdpa")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         ids = torch.randint(0, config.vocab_size, (batch_size, DEFAULT_SEQ_LEN))
         for _ in range(2):
-            model(input_ids=ids, labels=ids).loss.backward()
+            extra = {} if use_cache is None else {"use_cache": use_cache}
+            model(input_ids=ids, labels=ids, **extra).loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     except (RuntimeError, MemoryError) as exc:
@@ -65,14 +69,14 @@ def plain_step(family: str, batch_size: int, budget_bytes: int) -> str:
     return "ok"
 
 
-def plain_ceiling(family: str, budget_bytes: int, upper: int) -> tuple[int, int]:
+def plain_ceiling(family: str, budget_bytes: int, upper: int, use_cache: bool | None = None) -> tuple[int, int]:
     """The largest batch the plain loop trains at (bisection over fresh processes) and the runs it took."""
     runs = 0
 
     def fits(size: int) -> bool:
         nonlocal runs
         runs += 1
-        result = run_isolated(plain_step, family, size, budget_bytes, timeout_s=600)
+        result = run_isolated(plain_step, family, size, budget_bytes, use_cache, timeout_s=600)
         return result.status == OK and result.value == "ok"
 
     if not fits(1):
@@ -92,12 +96,14 @@ def ceiling_table(family: str, budget: str) -> None:
     probe = probe_workload(ProbeConfig(workload=f"hf:{family}", device="cpu", memory_budget_bytes=budget_bytes,
                                        resolution=1))
     probe_s = time.monotonic() - started
-    started = time.monotonic()
-    plain, runs = plain_ceiling(family, budget_bytes, probe.ceiling)
-    plain_s = time.monotonic() - started
-    ratio = f"mbtune / plain = {probe.ceiling / plain:.3f}" if plain else "the plain loop trains at no batch size"
     print(f"\nhf:{family} under {budget} on CPU: mbtune probe ceiling {probe.ceiling} ({len(probe.trials)} trials, "
-          f"{probe_s:.0f} s); plain transformers loop {plain} ({runs} fresh runs, {plain_s:.0f} s); {ratio}")
+          f"{probe_s:.0f} s)")
+    for use_cache, label in ((None, "as configured"), (False, "use_cache=False")):
+        started = time.monotonic()
+        plain, runs = plain_ceiling(family, budget_bytes, probe.ceiling, use_cache)
+        plain_s = time.monotonic() - started
+        ratio = f"mbtune / plain = {probe.ceiling / plain:.3f}" if plain else "trains at no batch size"
+        print(f"  plain transformers loop ({label}): {plain} ({runs} fresh runs, {plain_s:.0f} s); {ratio}")
 
 
 def main() -> None:
