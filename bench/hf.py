@@ -6,12 +6,13 @@ largest batch the plain transformers model trains at in an ordinary loop (its ow
 in a fresh process under the same budget, capped the way an mbtune CPU trial is (CpuBackend.limit_memory,
 after transformers is imported), found by bisection with one fresh process per size.
 
-Run: .venv/bin/python bench/hf.py [--budget 1GiB] [--family gpt2]
+Run: .venv/bin/python bench/hf.py [--budget 1GiB] [--family gpt2] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 from mbtune.config import ProbeConfig, parse_bytes
@@ -90,29 +91,42 @@ def plain_ceiling(family: str, budget_bytes: int, upper: int, use_cache: bool | 
     return low, runs
 
 
-def ceiling_table(family: str, budget: str) -> None:
+def ceiling_table(family: str, budget: str, repeats: int) -> None:
+    """Each side measured `repeats` times, alternating, so a drift of the machine falls on both."""
     budget_bytes = parse_bytes(budget, name="--budget")
-    started = time.monotonic()
-    probe = probe_workload(ProbeConfig(workload=f"hf:{family}", device="cpu", memory_budget_bytes=budget_bytes,
-                                       resolution=1))
-    probe_s = time.monotonic() - started
-    print(f"\nhf:{family} under {budget} on CPU: mbtune probe ceiling {probe.ceiling} ({len(probe.trials)} trials, "
-          f"{probe_s:.0f} s)")
-    for use_cache, label in ((None, "as configured"), (False, "use_cache=False")):
+    sides = {"mbtune probe": [], "plain loop, as configured": [], "plain loop, use_cache=False": []}
+    costs: dict[str, list[tuple[int, float]]] = {name: [] for name in sides}
+    for _ in range(repeats):
         started = time.monotonic()
-        plain, runs = plain_ceiling(family, budget_bytes, probe.ceiling, use_cache)
-        plain_s = time.monotonic() - started
-        ratio = f"mbtune / plain = {probe.ceiling / plain:.3f}" if plain else "trains at no batch size"
-        print(f"  plain transformers loop ({label}): {plain} ({runs} fresh runs, {plain_s:.0f} s); {ratio}")
+        probe = probe_workload(ProbeConfig(workload=f"hf:{family}", device="cpu", memory_budget_bytes=budget_bytes,
+                                           resolution=1))
+        sides["mbtune probe"].append(probe.ceiling)
+        costs["mbtune probe"].append((len(probe.trials), time.monotonic() - started))
+        for use_cache, name in ((None, "plain loop, as configured"), (False, "plain loop, use_cache=False")):
+            started = time.monotonic()
+            plain, runs = plain_ceiling(family, budget_bytes, probe.ceiling, use_cache)
+            sides[name].append(plain)
+            costs[name].append((runs, time.monotonic() - started))
+    print(f"\nhf:{family} under {budget} on CPU, {repeats} run(s) each (ceiling: median [min-max])")
+    mine = statistics.median(sides["mbtune probe"])
+    for name, ceilings in sides.items():
+        runs = statistics.median(r for r, _ in costs[name])
+        wall = statistics.median(w for _, w in costs[name])
+        ratio = "" if name == "mbtune probe" else (
+            f"; mbtune / plain = {mine / statistics.median(ceilings):.3f} (per run "
+            + ", ".join(f"{m / p:.3f}" if p else "n/a" for m, p in zip(sides["mbtune probe"], ceilings)) + ")")
+        print(f"  {name:<28} {statistics.median(ceilings):>6g} [{min(ceilings)}-{max(ceilings)}]"
+              f"  ({runs:g} fresh runs, {wall:.0f} s median){ratio}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--budget", default="1GiB")
     parser.add_argument("--family", default="gpt2", choices=FAMILIES)
+    parser.add_argument("--repeats", type=int, default=3, help="ceiling measurements per side (median reported)")
     args = parser.parse_args()
     facts_table()
-    ceiling_table(args.family, args.budget)
+    ceiling_table(args.family, args.budget, args.repeats)
 
 
 if __name__ == "__main__":

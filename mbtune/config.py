@@ -180,6 +180,7 @@ class TrialConfig:
     seed: int = 0
     lr: float | None = None  # None: the optimizer's default (DEFAULT_LR)
     recompute: str = "none"  # one of RECOMPUTE_MODES
+    count_flops: bool = False  # after its steps, count the workload's FLOPs per sample (workloads/flops.py)
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -252,9 +253,10 @@ class ProbeConfig:
             found.append(f"margin {self.margin:.0%} is outside the usual {low:.0%}-{high:.0%} policy")
         return tuple(found)
 
-    def trial(self, *, batch_size: int, device: str, recompute: str | None = None) -> TrialConfig:
+    def trial(self, *, batch_size: int, device: str, recompute: str | None = None,
+              count_flops: bool = False) -> TrialConfig:
         """The trial config for one batch size on a resolved device (recompute: the main mode's by default)."""
-        return TrialConfig(
+        return TrialConfig(count_flops=count_flops,
             workload=self.workload, workload_options=self.workload_options, device=device,
             batch_size=batch_size, precision=self.precision, optimizer=self.optimizer, steps=self.steps,
             memory_budget_bytes=self.memory_budget_bytes, threads=self.threads, seed=self.seed, lr=self.lr,

@@ -70,6 +70,7 @@ class TrialOutcome(Record):
     device: DeviceInfo | None = None
     error_kind: str = ""  # workload | harness when the trial failed (see ERROR_KINDS)
     error_tail: str = ""  # the last lines of the failure's traceback and of the trial process's stderr
+    flops_counted: float | None = None  # training FLOPs per sample, where the trial was asked to count them
 
     @property
     def ok(self) -> bool:
@@ -383,6 +384,7 @@ class TrialResult(Record):
     failed_blocks: tuple[int, ...] = ()
     error_kind: str = ""
     error_tail: str = ""
+    flops_counted: float | None = None  # training FLOPs per sample, where this point was asked to count them
 
     @property
     def ok(self) -> bool:

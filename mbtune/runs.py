@@ -83,7 +83,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     # Bad names and options fail here, before any trial; user code runs in a child under a deadline.
     workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
     device = resolve_device(config.device)
-    warnings = list(config.warnings()) + list(workload.warnings)
+    warnings = list(config.warnings())
     budget = _budget(config, device, warnings)
     search_budget = budget if budget is not None else describe(device, config.trial_timeout_s).total_memory_bytes
     trial_config = replace(config, memory_budget_bytes=budget)
@@ -95,18 +95,22 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         if progress:
             progress.start_trial(f"batch {batch_size}" + (f" (recompute {recompute})" if len(config.recompute) > 1
                                                           else ""))
+        nonlocal workload
         if replay:
             outcome = replay.popleft()
             if outcome.batch_size != batch_size:
                 raise ConfigError(f"the journal does not match this probe (it ran batch {outcome.batch_size} "
                                   f"where this run asks for {batch_size})", hint="Run without --resume.")
+            workload = workload.with_counted_flops(outcome.flops_counted)
             if progress:
                 progress.end_trial(outcome.status, REPLAYED)
             return outcome
         log.debug("probe trial at batch %d on %s", batch_size, device)
-        outcome = run_classified_trial(trial_config.trial(batch_size=batch_size, device=device, recompute=recompute),
+        outcome = run_classified_trial(trial_config.trial(batch_size=batch_size, device=device, recompute=recompute,
+                                                          count_flops=workload.needs_flops_count),
                                        config.trial_timeout_s)
         log.info("batch %d: %s in %.1f s", batch_size, outcome.status, outcome.wall_s)
+        workload = workload.with_counted_flops(outcome.flops_counted)
         if store:
             store.record(PROBE_TRIAL, outcome.to_dict())
         if progress:
@@ -127,6 +131,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
             safe_batch=other.safe_batch, safe_batch_verified=other.safe_batch_verified, trials=len(other.trials),
             peak_memory_bytes=_peak_at(other.trials, other.ceiling)))
         warnings += [f"recompute {recompute}: {w}" for w in other.warnings]
+    warnings += workload.warnings  # with the FLOPs count's, made in the first trial for a user's workload
     return ProbeResult(
         workload=config.workload, workload_options=dict(config.workload_options),
         device=_device_info(found.trials, device, config.trial_timeout_s), trials=found.trials,
@@ -242,6 +247,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
         progress.set_total(len(grid.points))
 
     def run_one(point: SweepPoint) -> TrialResult:
+        nonlocal workload
         if progress:
             progress.start_trial(point.label)
         result, detail = done.get(point), REPLAYED
@@ -251,6 +257,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
             detail = _result_detail(result)
             if store:
                 store.record(SWEEP_POINT, result.to_dict())
+        workload = workload.with_counted_flops(result.flops_counted)  # a user's, counted in its first point
         results.append(result)
         if progress:
             progress.end_trial(result.status, detail)
@@ -266,6 +273,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
                 run_one(point)
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C on the command line, or in a notebook
         interrupted = True
+    warnings += [w for w in workload.warnings if w not in warnings]  # the FLOPs count's, from the first point
     report = _sweep_report(config, info, results, grid.skipped + not_run, len(grid.points), interrupted,
                            warnings, (note,) if note else ())
     return replace(report, balance=balance)
@@ -385,7 +393,8 @@ def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: i
     runs: list[TrialResult] = []
     while len(runs) < config.repeats and (not runs or runs[-1].ok):
         runs.append(_run_point(point, config, device, threads, workload, peak_total, block_times_s))
-    return merge_repeats(runs)
+        workload = workload.with_counted_flops(runs[-1].flops_counted)
+    return replace(merge_repeats(runs), flops_counted=next((r.flops_counted for r in runs if r.flops_counted), None))
 
 
 def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
@@ -404,12 +413,14 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
         measured_steps=config.measured_steps, seed=config.seed, device="cuda" if device.startswith("cuda") else "cpu",
         optimizer=config.optimizer, learning_rate=lr_for(config.optimizer, config.lr), precision=config.precision,
         threads=threads, balance="time" if block_times_s else "parameters", block_weights=block_times_s,
+        count_flops=workload.needs_flops_count,
     )
     # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
     # are summarised (the ranks report when those ran).
     gpus = range(spec.world_size) if spec.device == "cuda" else ()
     with NvmlSampler(cuda_indices=gpus) as sampler, LoadMeter() as meter:
         outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
+    workload = workload.with_counted_flops(outcome.flops_counted)
     result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
                              flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
     window, uuids = outcome.measured_window_unix_s, outcome.device_uuids
@@ -421,7 +432,7 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     if spec.data_parallel > 1:
         ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel} replicas, gradients all-reduced)"
     return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
-                   warnings=result.warnings + ((warning,) if warning else ()))
+                   warnings=result.warnings + ((warning,) if warning else ()), flops_counted=outcome.flops_counted)
 
 
 def _result_detail(result: TrialResult) -> str:

@@ -28,8 +28,27 @@ class WorkloadFacts(Record):
     num_parameters: int  # a tied tensor once
     flops_per_sample: float | None = None  # the workload's own figure, else the counted one
     tokens_per_sample: int | None = None
-    flops_counted: float | None = None  # FlopCounterMode's (flops.py), for mbtune's own workloads
+    # FlopCounterMode's (flops.py): here for mbtune's own workloads; a user's is counted in its first trial
+    # (trial.py, pipeline/runner.py), where its code runs anyway, and added by with_counted_flops.
+    flops_counted: float | None = None
     warnings: tuple[str, ...] = ()
+
+    @property
+    def needs_flops_count(self) -> bool:
+        return self.flops_counted is None
+
+    def with_counted_flops(self, counted: float | None) -> WorkloadFacts:
+        """These facts with a count made in a trial: the figure MFU uses where the workload gave none, and a
+        warning where the workload's own figure is more than 10% from it."""
+        from dataclasses import replace
+
+        from mbtune.workloads.flops import flops_warning
+
+        if counted is None or not self.needs_flops_count:
+            return self
+        warning = flops_warning(self.name, self.flops_per_sample, counted)
+        return replace(self, flops_per_sample=self.flops_per_sample or counted, flops_counted=counted,
+                       warnings=self.warnings + ((warning,) if warning else ()))
 
 
 def workload_facts(name: str, options: Sequence[tuple[str, Any]] = (), *,

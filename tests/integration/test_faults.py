@@ -127,9 +127,19 @@ def test_unwritable_profiles_dir_fails_before_measuring(tmp_path):
     assert "trial 1" not in result.stderr and time.monotonic() - started < 60
 
 
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> Path:
+    """A profiles folder holding one small probe's profile (each test damages its own copy)."""
+    folder = tmp_path_factory.mktemp("probed")
+    assert mbtune("probe", *SMALL, "--max-batch", "2", "--confirm", "1", "--profiles-dir", str(folder)).returncode == 0
+    return folder
+
+
 @pytest.mark.parametrize("damage", ["corrupt", "newer"])
-def test_damaged_profiles_are_reported_never_overwritten(tmp_path, damage):
-    assert mbtune("probe", *SMALL, "--max-batch", "2", "--confirm", "1", "--profiles-dir", str(tmp_path)).returncode == 0
+def test_damaged_profiles_are_reported_never_overwritten(tmp_path, damage, probed):
+    import shutil
+
+    shutil.copytree(probed, tmp_path, dirs_exist_ok=True)
     [path] = tmp_path.glob("cpu-*/mlp.json")
     if damage == "corrupt":
         path.write_text(path.read_text()[:100])

@@ -69,14 +69,11 @@ def test_the_pipelined_update_is_the_plain_models(family, schedule):
     assert result.status == PASS, (result.cause, result.blocks)
 
 
-def test_bad_hf_names_fields_and_values_are_one_line_errors():
-    for argv, expected in ((["-w", "hf:t5"], "unknown model family"),
-                           (["-w", "hf:gpt2", "-O", "colour=3"], "no config field colour"),
-                           (["-w", "hf:gpt2", "-O", "seq_len=abc"], "seq_len='abc' is out of range"),
-                           (["-w", "hf:llama", "-O", "num_attention_heads=3"], "the config refuses"),
-                           (["-w", "hf:mistral", "-O", "sliding_window=16", "-O", "seq_len=32"], "sliding window")):
-        result = mbtune("probe", *argv, "-d", "cpu", "--no-save")
-        assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, result.stderr
+def test_a_bad_hf_value_is_one_line_from_the_command_line():
+    # The other bad names, fields and values are in the bad-input catalogue (tests/fixtures/bad_inputs.py).
+    result = mbtune("probe", "-w", "hf:gpt2", "-O", "colour=3", "-d", "cpu", "--no-save")
+    assert result.returncode == 2 and "no config field colour" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     # A whole number for a float field is that float; within the window a sliding window changes nothing.
     assert load_workload("hf:llama", (("rms_norm_eps", 1),)).num_blocks == 6
     assert load_workload("hf:mistral", (("sliding_window", 64), ("seq_len", 64))).num_blocks == 6

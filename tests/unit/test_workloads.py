@@ -64,3 +64,17 @@ def test_invalid_option_value():
 def test_user_factory_contract():
     workload = load_workload("tests.fixtures.workloads:broken")
     assert isinstance(workload, Workload) and workload.num_blocks == 1
+
+
+def test_counted_flops_fill_a_missing_figure_and_check_a_typed_one():
+    from mbtune.workloads.facts import WorkloadFacts
+
+    bare = WorkloadFacts(name="w", num_blocks=2, num_parameters=10)
+    filled = bare.with_counted_flops(1e9)
+    assert (filled.flops_per_sample, filled.flops_counted, filled.warnings) == (1e9, 1e9, ())
+    assert filled.with_counted_flops(5e9) == filled and bare.with_counted_flops(None) == bare
+    near = WorkloadFacts(name="w", num_blocks=2, num_parameters=10, flops_per_sample=1.05e9)
+    assert near.with_counted_flops(1e9).warnings == () and near.with_counted_flops(1e9).flops_per_sample == 1.05e9
+    far = WorkloadFacts(name="w", num_blocks=2, num_parameters=10, flops_per_sample=1.2e9).with_counted_flops(1e9)
+    assert far.flops_per_sample == 1.2e9 and far.warnings == (
+        "workload 'w' says 1.2 GFLOP per sample, the counter 1 (+20%): MFU uses the workload's figure",)
