@@ -20,6 +20,8 @@ from mbtune.cli_support import (
     _check_resume,
     _finish,
     _interrupted,
+    _launch,
+    _lead_or_follow,
     _printing_to,
     _probe_config,
     _save_traceback,
@@ -174,6 +176,11 @@ SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer ste
 Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up optimizer steps per point (not timed).")]
 VirtualStages = Annotated[int, typer.Option("--virtual-stages", help="Stages per rank for interleaved/looped schedules.")]
 PointTimeout = Annotated[float, typer.Option("--point-timeout", help="Seconds before a point's processes are killed.")]
+Launcher = Annotated[str, typer.Option("--launcher", help="Who starts each point's ranks: local (mbtune's own, one host, fastest) or torchrun (torch.distributed.run's elastic agent with a c10d rendezvous; needed across nodes).")]
+NNodes = Annotated[int | None, typer.Option("--nnodes", help="Nodes the run spans, with --launcher torchrun; the same command runs on every node (default: the scheduler's PET_NNODES or SLURM_JOB_NUM_NODES, else 1).")]
+NodeRank = Annotated[int | None, typer.Option("--node-rank", help="This node's number, 0 to nnodes-1: node 0 leads, prints and saves; the others follow it and write nothing (default: PET_NODE_RANK, GROUP_RANK or SLURM_NODEID, else 0).")]
+RdzvEndpoint = Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT where the nodes meet: node 0's address and a free port (default: PET_RDZV_ENDPOINT, or MASTER_ADDR:MASTER_PORT).")]
+JoinTimeout = Annotated[float, typer.Option("--join-timeout", help="Seconds every node gets to join, at the start and at each point's rendezvous.")]
 Repeats = Annotated[int, typer.Option("--repeats", help="Runs of each point, each in fresh processes: figures are the median with the range over repeats.")]
 
 
@@ -207,6 +214,11 @@ def sweep(
     seed: Seed = S.seed,
     point_timeout: PointTimeout = S.point_timeout_s,
     load_timeout: LoadTimeout = S.load_timeout_s,
+    launcher: Launcher = S.launcher,
+    nnodes: NNodes = None,
+    node_rank: NodeRank = None,
+    rdzv_endpoint: RdzvEndpoint = None,
+    join_timeout: JoinTimeout = S.join_timeout_s,
     profiles_dir: ProfilesDir = PROFILES,
     save: Save = True,
     resume: Resume = False,
@@ -221,6 +233,7 @@ def sweep(
     fmt = _check_output(_check_format(format), output)
     _check_resume(resume, save)
     _check_outputs(plot_dir=plot, files=(trace,))
+    launch = _launch(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
     config = _sweep_config(
         workload=workload, option=option, device=device, stages=stages, schedules=schedules,
         micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
@@ -228,8 +241,9 @@ def sweep(
         objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
         optimizer=optimizer, precision=precision, threads=threads, point_timeout=point_timeout,
         load_timeout=load_timeout, profiles_dir=profiles_dir, strategy=strategy, repeats=repeats, lr=lr,
-        reference_batch=reference_batch, seed=seed,
+        reference_batch=reference_batch, seed=seed, launch=launch,
     )
+    _lead_or_follow(launch)
     outcome = _with_progress("sweep", lambda p: run_sweep(config, p, profiles_dir=_target(profiles_dir, save),
                                                            resume=resume))
     _finish(fmt, outcome, plot=plot, trace=trace, output=output)
@@ -273,6 +287,11 @@ def tune(
     point_timeout: PointTimeout = S.point_timeout_s,
     load_timeout: LoadTimeout = S.load_timeout_s,
     check: Annotated[bool, typer.Option(help="Check the best row's update against the plain model's (mbtune check) and show the verdict.")] = True,
+    launcher: Launcher = S.launcher,
+    nnodes: NNodes = None,
+    node_rank: NodeRank = None,
+    rdzv_endpoint: RdzvEndpoint = None,
+    join_timeout: JoinTimeout = S.join_timeout_s,
     profiles_dir: ProfilesDir = PROFILES,
     save: Save = True,
     resume: Resume = False,
@@ -288,6 +307,7 @@ def tune(
     fmt = _check_output(_check_format(format), output)
     _check_resume(resume, save)
     _check_outputs(plot_dir=plot, files=(trace,))
+    launch = _launch(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
     probe_config = _probe_config(workload=workload, option=option, device=device, memory_budget=memory_budget,
                                  margin=margin, granularity=granularity, max_batch=max_batch, confirm=confirm,
                                  resolution=resolution, steps=probe_steps, optimizer=optimizer, precision=precision,
@@ -301,7 +321,8 @@ def tune(
                                  strategy=strategy, steps=steps, warmup=warmup, repeats=repeats,
                                  virtual_stages=virtual_stages, optimizer=optimizer, precision=precision,
                                  threads=threads, point_timeout=point_timeout, load_timeout=load_timeout,
-                                 lr=lr, reference_batch=reference_batch, seed=seed)
+                                 lr=lr, reference_batch=reference_batch, seed=seed, launch=launch)
+    _lead_or_follow(launch)
     outcome = _with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p, check=check,
                                                          profiles_dir=_target(profiles_dir, save), resume=resume))
     _finish(fmt, outcome, plot=plot, trace=trace, output=output)
@@ -483,10 +504,21 @@ def check(
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app and map known errors to one line and an exit code."""
-    from mbtune.report import print_error
-
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupted)
+    try:
+        _run(argv)
+    except SystemExit as exc:  # every way out: under torchrun across nodes, the others exit with this code
+        if "mbtune.pipeline.torchrun" in sys.modules:
+            from mbtune.pipeline.torchrun import close_sessions
+
+            close_sessions(exc.code if isinstance(exc.code, int) else EXIT_COULD_NOT_RUN)
+        raise
+
+
+def _run(argv: list[str] | None) -> None:
+    from mbtune.report import print_error
+
     try:
         app(args=argv, prog_name="mbtune")
     except (MbtuneError, Interrupted) as exc:

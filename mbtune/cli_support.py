@@ -41,7 +41,8 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
                   from_profile: Path | None = None, warmup: int = 1,
                   virtual_stages: int = 2, threads: int | None = None, profiles_dir: Path | None = None,
                   precision: str = "fp32", strategy: str = "grid", repeats: int = 1, lr: float | None = None,
-                  reference_batch: int | None = None, seed: int = 0) -> SweepConfig:
+                  reference_batch: int | None = None, seed: int = 0,
+                  launch: dict[str, Any] | None = None) -> SweepConfig:
     from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
     from mbtune.profiles import command_line
 
@@ -59,7 +60,56 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
         reference_batch=reference_batch, seed=seed,
         profiles_dir=str(profiles_dir) if profiles_dir else None,
         from_profile=str(from_profile) if from_profile is not None else None, command_line=command_line(),
+        **(launch or {}),
     )
+
+
+def _launch(launcher: str, nnodes: int | None, node_rank: int | None, endpoint: str | None,
+            join_timeout: float) -> dict[str, Any]:
+    """The SweepConfig fields of --launcher and the node flags, filled from the scheduler's environment
+    (Slurm, torchrun, Kubeflow PyTorchJob) where a flag is not given."""
+    from mbtune.errors import ConfigError
+    from mbtune.pipeline.torchrun import LAUNCHERS, Nodes, nodes_from_env
+
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"--launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}",
+                          hint="Use --launcher local (one host) or --launcher torchrun.")
+    if launcher == "local":
+        given = [flag for flag, value in (("--nnodes", nnodes), ("--node-rank", node_rank),
+                                          ("--rdzv-endpoint", endpoint)) if value is not None]
+        if given and not (nnodes in (None, 1) and node_rank in (None, 0) and endpoint is None):
+            raise ConfigError(f"{' and '.join(given)} need --launcher torchrun",
+                              hint="Add --launcher torchrun: mbtune's own launcher reaches one host only.")
+        return {}
+    env = nodes_from_env()
+    nodes = Nodes(nnodes=nnodes if nnodes is not None else env.get("nnodes", 1),
+                  node_rank=node_rank if node_rank is not None else env.get("node_rank", 0),
+                  endpoint=endpoint if endpoint is not None else env.get("endpoint"), join_timeout_s=join_timeout)
+    return {"launcher": "torchrun", "nnodes": nodes.nnodes, "node_rank": nodes.node_rank,
+            "rdzv_endpoint": nodes.endpoint, "join_timeout_s": nodes.join_timeout_s}
+
+
+def _lead_or_follow(launch: dict[str, Any]) -> None:
+    """Under torchrun: node 0 opens the shared store now (the other nodes can join while it probes); any
+    other node follows node 0's points until it says the run is over, then exits with its exit code."""
+    import sys
+
+    if not launch:
+        return
+    from mbtune.pipeline.torchrun import Nodes, command_fingerprint, session
+
+    nodes = Nodes(nnodes=launch["nnodes"], node_rank=launch["node_rank"], endpoint=launch["rdzv_endpoint"],
+                  join_timeout_s=launch["join_timeout_s"])
+    opened = session(nodes, command_fingerprint(sys.argv[1:]))
+    if nodes.leads:
+        return
+    from mbtune.report import make_console
+
+    console = make_console(stderr=True)
+    console.print(f"node {nodes.node_rank} of {nodes.nnodes}: following node 0 at {opened.endpoint}")
+    code = opened.follow(say=lambda line: console.print(f"node {nodes.node_rank}: {line}"))
+    console.print(f"node {nodes.node_rank}: node 0 ended the run (exit code {code})")
+    raise typer.Exit(code)
 
 
 def _check_resume(resume: bool, save: bool) -> None:

@@ -6,12 +6,15 @@ import math
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from mbtune.checks import check_types, require_unique
 from mbtune.checks import require as _require
 from mbtune.errors import ConfigError
 from mbtune.records import RECOMPUTE_MODES, SweepPoint, micro_batch_size_for
+
+if TYPE_CHECKING:
+    from mbtune.pipeline.torchrun import Nodes
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -313,6 +316,13 @@ class SweepConfig:
     from_profile: str | None = None  # a saved profile whose probe bounds the micro-batch size instead
     points: tuple[SweepPoint, ...] | None = None  # run exactly these (qualification re-runs a baseline's)
     command_line: str = ""
+    # Who starts each point's ranks: mbtune's own launcher on this host, or torch.distributed.run's elastic
+    # agent (pipeline/torchrun.py), on this host or on nnodes hosts meeting at rdzv_endpoint.
+    launcher: str = "local"
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    join_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         from mbtune.pipeline.theory import SCHEDULE_NAMES
@@ -362,6 +372,21 @@ class SweepConfig:
         _check_lr(self.lr)
         _require(self.reference_batch is None or self.reference_batch >= 1, "reference_batch", self.reference_batch,
                  "an integer >= 1")
+        from mbtune.pipeline.torchrun import LAUNCHERS
+
+        _require(self.launcher in LAUNCHERS, "launcher", self.launcher, " | ".join(LAUNCHERS))
+        if self.nnodes > 1 and self.launcher != "torchrun":
+            raise ConfigError(f"--nnodes {self.nnodes} needs --launcher torchrun",
+                              hint="Add --launcher torchrun: mbtune's own launcher reaches one host only.")
+        _ = self.nodes  # checks the node settings
+
+    @property
+    def nodes(self) -> Nodes:
+        """The hosts this sweep's ranks run on (pipeline/torchrun.py)."""
+        from mbtune.pipeline.torchrun import Nodes
+
+        return Nodes(nnodes=self.nnodes, node_rank=self.node_rank, endpoint=self.rdzv_endpoint,
+                     join_timeout_s=self.join_timeout_s)
 
     def safe_batch_for(self, recompute: str) -> int | None:
         """The probed safe batch that bounds a point's micro-batch size: with full recompute, the probe's

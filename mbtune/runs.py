@@ -273,6 +273,11 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
                 run_one(point)
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C on the command line, or in a notebook
         interrupted = True
+    finally:
+        if config.launcher == "torchrun" and config.nnodes == 1:  # across nodes, the command ends the session
+            from mbtune.pipeline.torchrun import close_session
+
+            close_session(config.nodes, 0)
     warnings += [w for w in workload.warnings if w not in warnings]  # the FLOPs count's, from the first point
     report = _sweep_report(config, info, results, grid.skipped + not_run, len(grid.points), interrupted,
                            warnings, (note,) if note else ())
@@ -419,7 +424,12 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     # are summarised (the ranks report when those ran).
     gpus = range(spec.world_size) if spec.device == "cuda" else ()
     with NvmlSampler(cuda_indices=gpus) as sampler, LoadMeter() as meter:
-        outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
+        if config.launcher == "torchrun":
+            from mbtune.pipeline.torchrun import session
+
+            outcome = session(config.nodes, config.command_line).run_point(spec, timeout_s=config.point_timeout_s)
+        else:
+            outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
     workload = workload.with_counted_flops(outcome.flops_counted)
     result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
                              flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
@@ -429,6 +439,8 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     warning = busy_warning(point.label, load)
     backend = "nccl" if spec.device == "cuda" else "gloo"
     ran_as = f"{spec.world_size} process(es), {backend}"
+    if config.launcher == "torchrun":
+        ran_as += f", torchrun on {config.nnodes} node(s)" if config.nnodes > 1 else ", torchrun"
     if spec.data_parallel > 1:
         ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel} replicas, gradients all-reduced)"
     return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,

@@ -17,7 +17,7 @@ import signal
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -52,20 +52,22 @@ Message = tuple[Any, ...]
 
 
 @dataclass
-class _Ranks:
-    """The launcher's view of one point's ranks: their processes, where each writes its stderr, and the
-    blocks each said it holds."""
+class Ranks:
+    """The launcher's view of one point's ranks: how many, whether each got as far as its own code, how
+    each exited (None while it runs, or where it cannot be known yet), and the blocks each said it holds.
+    This host's processes here; under torchrun, ranks on every node, as the shared store tells
+    (pipeline/torchrun.py)."""
 
-    procs: Sequence[BaseProcess]
-    tmp: str
+    count: int
+    began: Callable[[int], bool]
+    exitcode: Callable[[int], int | None]
     placed: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
-    def stderr_path(self, rank: int) -> str:
-        return _stderr_file(self.tmp, rank)
 
-    def began(self, rank: int) -> bool:
-        """Whether the rank got as far as its own code (it made its stderr file first thing)."""
-        return os.path.exists(self.stderr_path(rank))
+def _local_ranks(procs: Sequence[BaseProcess], tmp: str) -> Ranks:
+    # A rank made its stderr file first thing: the file says it began.
+    return Ranks(count=len(procs), began=lambda rank: os.path.exists(_stderr_file(tmp, rank)),
+                 exitcode=lambda rank: procs[rank].exitcode)
 
 
 def run_pipeline_point(
@@ -96,29 +98,29 @@ def run_pipeline_point(
                                   _stderr_file(tmp, rank)))
             for rank in range(spec.world_size)
         ]
-        ranks = _Ranks(procs=procs, tmp=tmp)
+        ranks = _local_ranks(procs, tmp)
         outcome = PipelineOutcome(status=ERROR, error="the launcher failed before collecting results")
         try:
             for proc in procs:
                 proc.start()  # the first start may wait for the forkserver to import torch: not the point's time
-            outcome = _collect(ranks, messages, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
+            outcome = collect(ranks, messages, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
         finally:
             _stop(procs, wait_s=_EXIT_WAIT_S if outcome.ok else 0.0, grace_s=grace_s)
             messages.close()
             messages.cancel_join_thread()
-        stderr = [read_child_stderr(ranks.stderr_path(rank))[1] for rank in range(len(procs))]
+        stderr = [read_child_stderr(_stderr_file(tmp, rank))[1] for rank in range(len(procs))]
     for text in stderr:
         forward_stderr(text)
     return replace(outcome, wall_s=time.monotonic() - started, exit_codes=tuple(proc.exitcode for proc in procs),
                    pids=tuple(proc.pid for proc in procs if proc.pid is not None),
-                   error_detail=_failure_detail(outcome, stderr))
+                   error_detail=failure_detail(outcome, stderr))
 
 
 def _stderr_file(tmp: str, rank: int) -> str:
     return os.path.join(tmp, f"rank{rank}.stderr")
 
 
-def _failure_detail(outcome: PipelineOutcome, stderr: Sequence[str]) -> str:
+def failure_detail(outcome: PipelineOutcome, stderr: Sequence[str]) -> str:
     """The failing rank's traceback tail and stderr tail; on a timeout, every rank's stderr tail."""
     if outcome.ok:
         return ""
@@ -143,22 +145,24 @@ def _hang_rank_from_env() -> int | None:
     return int(value) if value else None
 
 
-def _collect(ranks: _Ranks, messages: Any, *, deadline: float, timeout_s: float) -> PipelineOutcome:
+def collect(ranks: Ranks, messages: Any, *, deadline: float, timeout_s: float) -> PipelineOutcome:
+    """Every rank's report from `messages` (a queue: get(timeout=) raising queue.Empty), or the root
+    cause of the first failure, or a timeout at the deadline."""
     reports: dict[int, StageReport] = {}
-    while len(reports) < len(ranks.procs):
+    while len(reports) < ranks.count:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return _timed_out(ranks, sorted(set(range(len(ranks.procs))) - set(reports)), timeout_s)
+            return _timed_out(ranks, sorted(set(range(ranks.count)) - set(reports)), timeout_s)
         message = _next_message(ranks, messages, set(reports), wait_s=min(remaining, _POLL_S))
         if message is None:
             continue
         if message[0] != OK:
             return _root_cause(ranks, messages, set(reports), message)
         reports[message[1]] = pickle.loads(message[2])
-    return PipelineOutcome(status=OK, reports=tuple(reports[r] for r in range(len(ranks.procs))))
+    return PipelineOutcome(status=OK, reports=tuple(reports[r] for r in range(ranks.count)))
 
 
-def _timed_out(ranks: _Ranks, missing: list[int], timeout_s: float) -> PipelineOutcome:
+def _timed_out(ranks: Ranks, missing: list[int], timeout_s: float) -> PipelineOutcome:
     """The deadline passed. Peers of a hung rank wait in collectives, so the culprit is named only when it
     is the one rank left; ranks that never got to their own code make it the harness's fault."""
     not_started = [rank for rank in missing if not ranks.began(rank)]
@@ -169,13 +173,13 @@ def _timed_out(ranks: _Ranks, missing: list[int], timeout_s: float) -> PipelineO
                            error_kind=HARNESS_FAULT if not_started else WORKLOAD_FAULT)
 
 
-def _root_cause(ranks: _Ranks, messages: Any, done: set[int], first: Message) -> PipelineOutcome:
+def _root_cause(ranks: Ranks, messages: Any, done: set[int], first: Message) -> PipelineOutcome:
     """When one rank fails its peers fail too ("connection closed by peer"), sometimes first. Give every rank
     a moment to report or die, then name the most telling failure: killed, then OOM, then a non-finite
     loss, then the first error."""
     failures = [first]
     settle_end = time.monotonic() + _SETTLE_S
-    while time.monotonic() < settle_end and len(done) + len(failures) < len(ranks.procs):
+    while time.monotonic() < settle_end and len(done) + len(failures) < ranks.count:
         accounted = done | {f[1] for f in failures}
         message = _next_message(ranks, messages, accounted, wait_s=_POLL_S)
         if message is not None and message[0] != OK:
@@ -201,14 +205,14 @@ def block_ranges(blocks: Sequence[int]) -> str:
     return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
-def _next_message(ranks: _Ranks, messages: Any, accounted: set[int], *, wait_s: float) -> Message | None:
+def _next_message(ranks: Ranks, messages: Any, accounted: set[int], *, wait_s: float) -> Message | None:
     """The next message, else one standing for a rank that exited without reporting, else None. A rank's
     placement is noted on the way and is no message of its own."""
     message = _get(ranks, messages, wait_s)
     if message is not None:
         return message
-    dead = [(rank, proc.exitcode) for rank, proc in enumerate(ranks.procs)
-            if rank not in accounted and proc.exitcode is not None]
+    dead = [(rank, code) for rank in range(ranks.count)
+            if rank not in accounted and (code := ranks.exitcode(rank)) is not None]
     if not dead:
         return None
     message = _get(ranks, messages, 1.0)  # it may have reported just before exiting
@@ -218,7 +222,7 @@ def _next_message(ranks: _Ranks, messages: Any, accounted: set[int], *, wait_s: 
     return _died_without_report(ranks, rank, code)
 
 
-def _get(ranks: _Ranks, messages: Any, wait_s: float) -> Message | None:
+def _get(ranks: Ranks, messages: Any, wait_s: float) -> Message | None:
     end = time.monotonic() + wait_s
     while True:
         try:
@@ -230,7 +234,7 @@ def _get(ranks: _Ranks, messages: Any, wait_s: float) -> Message | None:
         ranks.placed[message[1]] = tuple(message[2])
 
 
-def _died_without_report(ranks: _Ranks, rank: int, code: int | None) -> Message:
+def _died_without_report(ranks: Ranks, rank: int, code: int | None) -> Message:
     """The message standing for a rank that exited without a word: killed, or died before it began (the
     harness's fault), or exited while it ran."""
     began = ranks.began(rank)
@@ -269,29 +273,36 @@ def _rank_main(spec: PipelineSpec, rank: int, store_path: str, messages: Any, ha
                stderr_path: str) -> None:
     """Entry point of a rank process: run, then send (status, rank, payload, traceback) and flush. The
     first message, once known, is the blocks this rank holds."""
-    from mbtune.errors import NonFiniteLossError
     from mbtune.worker import die_with_parent
 
     capture_stderr(stderr_path)
     # Ctrl-C reaches the whole terminal process group; the launcher decides what happens to ranks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
+    messages.put(rank_message(spec, rank, store_path, messages.put, hang_rank))
+    messages.close()
+    messages.join_thread()
+
+
+def rank_message(spec: PipelineSpec, rank: int, store_path: str | None, send: Callable[[Message], None],
+                 hang_rank: int | None = None) -> Message:
+    """Run one rank (pipeline/runner.py) and return its last message: its pickled report, or how it
+    failed. `send` gets the first message, the blocks this rank holds, as soon as they are known."""
+    from mbtune.errors import NonFiniteLossError
+
     try:
         from mbtune.pipeline.runner import run_rank
 
         report = run_rank(spec, rank=rank, store_path=store_path, hang_rank=hang_rank,
-                          on_placed=lambda blocks: messages.put((PLACED, rank, blocks, "")))
+                          on_placed=lambda blocks: send((PLACED, rank, blocks, "")))
         # Pickled here with plain pickle: tensors then travel by value, not as shared memory that would
         # need this process alive when the parent unpickles.
-        message: Message = (OK, rank, pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL), "")
+        return (OK, rank, pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL), "")
     except NonFiniteLossError as exc:
-        message = (NONFINITE, rank, str(exc), _traceback_tail())
+        return (NONFINITE, rank, str(exc), _traceback_tail())
     except BaseException as exc:  # every failure becomes a message; the parent decides what it means
         status = OOM if _is_oom(exc) else ERROR
-        message = (status, rank, _one_line(exc), _traceback_tail())
-    messages.put(message)
-    messages.close()
-    messages.join_thread()
+        return (status, rank, _one_line(exc), _traceback_tail())
 
 
 def _traceback_tail() -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,22 +51,25 @@ def stage_blocks(spec: PipelineSpec, workload: Workload) -> StageBlocks:
     return split_blocks(workload.num_blocks, spec.num_model_stages, weights)
 
 
-def run_rank(spec: PipelineSpec, *, rank: int, store_path: str, hang_rank: int | None = None,
+def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank: int | None = None,
              on_placed: Callable[[tuple[int, ...]], None] | None = None) -> StageReport:
     """Run this rank's share of the point and report what it measured.
 
     `rank` is this process's rank in the world (spec.place says which pipeline rank of which replica);
-    `store_path` names a torch FileStore file that is fresh for this point (no ports, no races);
+    `store_path` names a torch FileStore file that is fresh for this point (no ports, no races), or is
+    None under torchrun, where the process group comes from the environment the elastic agent set
+    (MASTER_ADDR, MASTER_PORT) and LOCAL_RANK names this process's GPU;
     `hang_rank` makes that rank sleep before its first step, to test deadlines; `on_placed` is told the
     global block indices this rank holds as soon as they are known, so a failure can name them. A NaN or
     infinite loss raises NonFiniteLossError at that step.
     """
     if spec.threads is not None:
         _set_threads(spec.threads)
-    device = _rank_device(spec, rank)
+    device = _rank_device(spec, rank if store_path is not None else int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
-        store=dist.FileStore(store_path, spec.world_size),
+        **({"store": dist.FileStore(store_path, spec.world_size)} if store_path is not None
+           else {"init_method": "env://"}),
         rank=rank,
         world_size=spec.world_size,
         timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
@@ -129,15 +133,16 @@ def _set_threads(threads: int) -> None:
         pass  # already fixed once parallel work has run; intra-op threads are what matter here
 
 
-def _rank_device(spec: PipelineSpec, rank: int) -> torch.device:
+def _rank_device(spec: PipelineSpec, index: int) -> torch.device:
+    """cuda:index on CUDA (index: the rank on one host, LOCAL_RANK under torchrun)."""
     if spec.device == "cpu":
         return torch.device("cpu")
     available = torch.cuda.device_count()
-    if rank >= available:
-        raise DeviceError(f"rank {rank} needs cuda:{rank} but {available} CUDA device(s) are visible",
+    if index >= available:
+        raise DeviceError(f"this rank needs cuda:{index} but {available} CUDA device(s) are visible",
                           hint="Use at most one rank per visible GPU.")
-    torch.cuda.set_device(rank)
-    return torch.device("cuda", rank)
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 @dataclass

@@ -65,6 +65,7 @@ class StageReport(Record):
     # Data parallel only: per measured step, (start, end) of the gradient all-reduce from the step's origin.
     allreduce_spans_s: tuple[tuple[float, float], ...] = ()
     flops_counted: float | None = None  # process 0 only, where the spec asks: training FLOPs per sample
+    node: str = ""  # under torchrun, the node this rank ran on ("node 1 (hostname)")
 
     @property
     def allreduce_times_s(self) -> tuple[float, ...]:

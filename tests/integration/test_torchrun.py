@@ -1,0 +1,117 @@
+"""--launcher torchrun: points whose ranks torch.distributed.run's elastic agent starts (c10d rendezvous,
+gloo), on one host and across two "nodes" on this machine, with faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from mbtune.pipeline import PipelineSpec, run_pipeline_point
+from mbtune.pipeline.torchrun import Nodes, close_session, session
+from tests.fixtures.processes import orphans
+from tests.unit.test_cli import ROOT
+
+pytestmark = pytest.mark.integration
+
+SWEEP = ["sweep", "-w", "mlp", "-O", "layers=2", "-O", "width=64", "-d", "cpu", "-p", "2", "--schedules", "gpipe",
+         "-m", "2,4", "--accum", "1,2", "--micro-batch-size", "2", "--threads", "1", "--launcher", "torchrun"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def node(args: list[str], rank: int, folder: Path, tag: str) -> subprocess.Popen:
+    """One "node": an mbtune process of its own, in a folder of its own."""
+    folder.mkdir(exist_ok=True)
+    env = {**os.environ, "COLUMNS": "200", "MBTUNE_TEST_TAG": tag, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "mbtune", *args, "--node-rank", str(rank),
+                             "--profiles-dir", str(folder / "profiles"), "--format", "json"],
+                            cwd=folder, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_torchrun_ranks_give_the_local_launchers_losses_and_gradients():
+    spec = PipelineSpec(workload="mlp", workload_options=(("layers", 2), ("width", 32)), schedule="1f1b",
+                        num_ranks=2, num_microbatches=4, micro_batch_size=2, grad_accum_steps=2,
+                        measured_steps=2, capture_grads=True)
+    local = run_pipeline_point(spec, timeout_s=120)
+    nodes = Nodes()
+    try:
+        elastic = session(nodes).run_point(spec, timeout_s=120)
+    finally:
+        close_session(nodes, 0)
+    assert local.ok and elastic.ok, (local.error, elastic.error)
+    assert [r.rank for r in elastic.reports] == [0, 1] and all(r.node.startswith("node 0") for r in elastic.reports)
+    for mine, theirs in zip(local.reports, elastic.reports):
+        assert mine.losses == theirs.losses and mine.block_indices == theirs.block_indices
+        assert mine.grads is not None and theirs.grads is not None and mine.grads.keys() == theirs.grads.keys()
+        for name, grad in mine.grads.items():
+            torch.testing.assert_close(theirs.grads[name], grad, rtol=0, atol=0)
+
+
+def test_two_nodes_run_every_point_and_only_node_0_writes(tmp_path):
+    tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
+    args = [*SWEEP, "--steps", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint]
+    follower = node(args, 1, tmp_path / "node1", tag)
+    leader = node(args, 0, tmp_path / "node0", tag)
+    out, err = leader.communicate(timeout=300)
+    follower_out, follower_err = follower.communicate(timeout=60)
+    assert leader.returncode == 0 and follower.returncode == 0, err + follower_err
+    report = json.loads(out)
+    assert [r["status"] for r in report["results"]] == ["ok"] * 4
+    assert all("torchrun on 2 node(s)" in r["ran_as"] for r in report["results"])
+    [profile] = (tmp_path / "node0" / "profiles").glob("cpu-*/mlp.json")
+    assert len(json.loads(profile.read_text())["sweep"]["results"]) == 4
+    assert follower_out == "" and sorted(p.name for p in (tmp_path / "node1").iterdir()) == []
+    assert "node 0 ended the run (exit code 0)" in follower_err
+    assert orphans(tag) == set()
+
+
+def test_a_node_killed_mid_sweep_fails_its_point_and_the_sweep_goes_on(tmp_path):
+    tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
+    args = [*SWEEP, "-O", "width=256", "--steps", "400", "--point-timeout", "60", "--nnodes", "2",
+            "--rdzv-endpoint", endpoint]
+    follower = node(args, 1, tmp_path / "node1", tag)
+    leader = node(args, 0, tmp_path / "node0", tag)
+    seen = ""
+    while "point 2:" not in seen:
+        line = follower.stderr.readline()
+        assert line, f"node 1 ended early: {seen}"
+        seen += line
+    time.sleep(1.0)  # inside the second point's steps
+    follower.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    out, err = leader.communicate(timeout=120)
+    follower.wait(timeout=30)
+    assert time.monotonic() - killed < 60 + 15  # the point deadline plus a little, never a hang
+    statuses = [r["status"] for r in json.loads(out)["results"]]
+    assert statuses[0] == "ok" and statuses[1:] == ["error"] * 3, err
+    assert leader.returncode == 0  # one point ran: a verdict, not "could not run"
+    errors = [r["error"] for r in json.loads(out)["results"][2:]]
+    assert all("node 1 stopped answering" in e for e in errors), errors
+    assert orphans(tag) == set()
+
+
+def test_a_node_that_never_joins_fails_every_point_at_the_join_timeout(tmp_path):
+    tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    leader = node([*SWEEP, "--steps", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint, "--join-timeout", "4"], 0,
+                  tmp_path / "node0", tag)
+    out, err = leader.communicate(timeout=120)
+    assert leader.returncode == 3, err  # nothing ran
+    results = json.loads(out)["results"] if out.strip() else []
+    assert results and all("node 1 never joined within 4 s" in r["error"] for r in results), (out, err)
+    assert time.monotonic() - started < 60
+    assert orphans(tag) == set()
