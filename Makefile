@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/plan.py
 	$(BIN)/python bench/qualify.py
 	$(BIN)/python bench/faults.py
+	$(BIN)/python bench/torchrun.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

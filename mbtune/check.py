@@ -15,11 +15,15 @@ batch's mean, and no pipeline can fix that; the loss must.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from mbtune.config import CheckConfig, lr_for
 from mbtune.errors import HarnessError, TrialFailedError
 from mbtune.records import OK, BlockCheck, CheckResult
+
+if TYPE_CHECKING:
+    from mbtune.pipeline.timeline import PipelineOutcome
 
 PASS, FAIL = "PASS", "FAIL"
 # (rtol, atol) per precision: a block passes when max |pipeline - plain| <= atol + rtol x max |plain|.
@@ -32,8 +36,10 @@ VARYING_MEAN_FIX = ("Sum the loss over its elements and divide by one count for 
                     "fixed count per sample), not by each micro-batch's own count.")
 
 
-def check_update(config: CheckConfig) -> CheckResult:
-    """Run the configuration's pipeline and the plain model for one optimizer step; compare per block."""
+def check_update(config: CheckConfig, run_point: Callable[..., PipelineOutcome] | None = None) -> CheckResult:
+    """Run the configuration's pipeline and the plain model for one optimizer step; compare per block.
+    `run_point(spec, timeout_s=...)` runs the pipeline (default: the local launcher's run_pipeline_point;
+    a sweep under torchrun passes its session's)."""
     from mbtune.pipeline import PipelineSpec, run_pipeline_point
     from mbtune.worker import run_isolated
     from mbtune.workloads.facts import workload_facts
@@ -50,7 +56,7 @@ def check_update(config: CheckConfig) -> CheckResult:
         optimizer=config.optimizer, learning_rate=lr_for(config.optimizer, config.lr), precision=config.precision,
         capture_grads=True,
     )
-    outcome = run_pipeline_point(spec, timeout_s=config.timeout_s)
+    outcome = (run_point or run_pipeline_point)(spec, timeout_s=config.timeout_s)
     if outcome.status != OK:
         raise TrialFailedError(f"the pipeline of {point.label} ended as {outcome.status}: "
                                f"{(outcome.error or 'no error text').strip().splitlines()[-1]}",

@@ -357,6 +357,11 @@ def qualify(
     profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = PROFILES / "qualify-runs",
     save: Save = True,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
+    launcher: Launcher = S.launcher,
+    nnodes: NNodes = None,
+    node_rank: NodeRank = None,
+    rdzv_endpoint: RdzvEndpoint = None,
+    join_timeout: JoinTimeout = S.join_timeout_s,
 ) -> None:
     """Re-run a baseline's probe and sweep here and give a verdict: exit 0 pass, 1 a check failed, 3 could not run,
     4 inconclusive (the measured spread is wider than the tolerance)."""
@@ -370,6 +375,8 @@ def qualify(
 
     fmt = _check_format(format, allowed=("table", "json"))
     _check_outputs(files=(junit,))
+    launch = _launch(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
+    _lead_or_follow(launch)  # before the spec and baseline are read: only node 0 needs those files
     share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
     path = str(baseline) if baseline else None
     if spec is not None:
@@ -379,7 +386,7 @@ def qualify(
         plan = QualifySpec(baseline=path, tolerance=QualifySpec.tolerance if share is None else share,
                            allow_different_device=allow_different_device)
     verdict = _with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=_target(profiles_dir, save),
-                                                               repeats=repeats))
+                                                               repeats=repeats, launch=launch))
     if junit is not None:
         write_junit(verdict, junit)
     print_verdict(make_console(), verdict, fmt)
@@ -420,6 +427,7 @@ def plan(
     virtual_stages: VirtualStages = 2,
     link_bandwidth: Annotated[str | None, typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
     link_latency: Annotated[str | None, typer.Option("--link-latency", help="Stage-to-stage latency, e.g. 5us (default: as measured here).")] = None,
+    ranks_per_node: Annotated[int | None, typer.Option("--ranks-per-node", help="Pipeline ranks per node: hand-overs between nodes cost what torchrun sweeps measured across nodes (or --link-*), those within a node what was measured within one.")] = None,
     validation: Annotated[str, typer.Option("--validation", help="Check the simulator against the measured points: leave-one-out, in-sample or none.")] = DEFAULT_PLAN_VALIDATION,
     scatter: Annotated[str, typer.Option("--scatter", help="measured: draw costs from the scatter measured on this machine; none: predict with average costs (a quieter target).")] = DEFAULT_PLAN_SCATTER,
     plot: Plot = None,
@@ -444,6 +452,7 @@ def plan(
         recompute=parse_list(recompute, name="--recompute", convert=str),
         link_bandwidth_bytes_per_s=parse_rate(link_bandwidth, name="--link-bandwidth") if link_bandwidth else None,
         link_latency_s=parse_duration(link_latency, name="--link-latency") if link_latency else None,
+        ranks_per_node=ranks_per_node,
         validation_method=None if validation == "none" else validation, scatter=scatter,
         keep_timeline=bool(plot or trace),
     )

@@ -136,6 +136,7 @@ def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_s
         stage_blocks=_stage_blocks(pipeline), stage_imbalance=_stage_imbalance(pipeline),
         warnings=tuple(warnings), timeline=step_timeline(pipeline, typical), timeline_step=typical,
         wall_s=outcome.wall_s, cuda_step_times_s=tuple(outcome.cuda_step_times_s),
+        rank_nodes=tuple(r.node for r in pipeline) if any(r.node for r in pipeline) else (),
     )
 
 

@@ -385,10 +385,17 @@ class TrialResult(Record):
     error_kind: str = ""
     error_tail: str = ""
     flops_counted: float | None = None  # training FLOPs per sample, where this point was asked to count them
+    # Under torchrun, per pipeline rank (replica 0), the node it ran on ("node 1 (hostname)"); () on one host.
+    rank_nodes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    def crosses_nodes(self, rank: int, other: int) -> bool:
+        """Whether a hand-over between these two pipeline ranks crossed a node boundary."""
+        nodes = self.rank_nodes
+        return max(rank, other) < len(nodes) and nodes[rank].split(" (")[0] != nodes[other].split(" (")[0]
 
     @property
     def max_peak_memory_bytes(self) -> int | None:

@@ -491,17 +491,27 @@ def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | 
     point = sweep.best.point
     if progress:
         progress.start_trial(f"check {point.label}")
+    run_point = None
+    if config.launcher == "torchrun":  # the best row ran across these nodes: its check does too
+        from mbtune.pipeline.torchrun import session
+
+        run_point = session(config.nodes, config.command_line).run_point
     try:
         result = check_update(CheckConfig.for_point(
             point, workload=config.workload, workload_options=config.workload_options, device=config.device,
             precision=config.precision, optimizer=config.optimizer, lr=config.lr, seed=config.seed,
-            timeout_s=config.point_timeout_s, load_timeout_s=config.load_timeout_s))
+            timeout_s=config.point_timeout_s, load_timeout_s=config.load_timeout_s), run_point)
     except (Interrupted, KeyboardInterrupt):
         return replace(sweep, interrupted=True, check_error="interrupted")
     except MbtuneError as exc:
         if progress:
             progress.end_trial(ERROR, exc.one_line())
         return replace(sweep, check_error=exc.one_line())
+    finally:
+        if config.launcher == "torchrun" and config.nnodes == 1:
+            from mbtune.pipeline.torchrun import close_session
+
+            close_session(config.nodes, 0)
     if progress:
         progress.end_trial(OK if result.status == "PASS" else ERROR, f"check {result.status}")
     return replace(sweep, check=result)
@@ -637,13 +647,15 @@ def check_config_from_profile(path: Path, rank: int, **settings: Any) -> CheckCo
 
 
 def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
-                profiles_dir: Path | None, repeats: int | None = None) -> Verdict:
+                profiles_dir: Path | None, repeats: int | None = None,
+                launch: dict[str, Any] | None = None) -> Verdict:
     """Re-run a baseline's (or a spec's) probe and sweep here and judge them: PASS, FAIL, INCONCLUSIVE or
     ERROR per check (see mbtune.qualify). Each sweep point runs `repeats` times (default 3), each in fresh
     processes.
 
     Bad input (an unreadable baseline, another device model) raises; a run that cannot complete (no
-    device, a crash, a trial killed) becomes an ERROR check, so CI gets a verdict either way."""
+    device, a crash, a trial killed) becomes an ERROR check, so CI gets a verdict either way. `launch`:
+    the SweepConfig launcher fields (--launcher torchrun and its nodes) the sweep runs with."""
     from mbtune import qualify
     from mbtune.device import resolve_device
     from mbtune.profiles import load_profile
@@ -653,6 +665,8 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
         raise ConfigError(f"repeats={repeats} is out of range", hint="Use --repeats 1 or more (default 3).")
     baseline = load_profile(Path(spec.baseline)) if spec.baseline else None
     probe_config, sweep_config = _qualify_configs(spec, baseline, repeats)
+    if sweep_config is not None and launch:
+        sweep_config = dataclasses.replace(sweep_config, **launch)
     probe = sweep = info = None
     probe_error = None
     try:

@@ -88,7 +88,7 @@ def run_pipeline_point(
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     exit_if_bootstrapping()
     context = _context(start_method)
-    hang_rank = _hang_rank_from_env()
+    hang_rank = hang_rank_from_env()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mbtune-pp-") as tmp:
         messages = context.Queue()
@@ -140,7 +140,7 @@ def _context(start_method: str) -> Any:
     return multiprocessing.get_context(start_method)
 
 
-def _hang_rank_from_env() -> int | None:
+def hang_rank_from_env() -> int | None:
     value = os.environ.get(HANG_RANK_ENV, "").strip()
     return int(value) if value else None
 

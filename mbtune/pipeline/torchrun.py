@@ -39,7 +39,7 @@ from datetime import timedelta
 from typing import Any
 
 from mbtune.errors import ConfigError, HarnessError
-from mbtune.pipeline.launch import Message, Ranks, collect, failure_detail, rank_message
+from mbtune.pipeline.launch import Message, Ranks, collect, failure_detail, hang_rank_from_env, rank_message
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.timeline import PipelineOutcome
 from mbtune.records import ERROR, HARNESS_FAULT, TIMEOUT
@@ -103,8 +103,9 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 
 def nodes_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """nnodes, node_rank and endpoint as a scheduler set them (only those it did): torchrun's and
-    Kubeflow PyTorchJob's PET_NNODES, PET_NODE_RANK, PET_RDZV_ENDPOINT; MASTER_ADDR and MASTER_PORT;
-    Slurm's SLURM_JOB_NUM_NODES and SLURM_NODEID. Flags given on the command line win over these."""
+    Kubeflow PyTorchJob's PET_NNODES, PET_NODE_RANK, PET_RDZV_ENDPOINT, PET_MASTER_ADDR and
+    PET_MASTER_PORT; MASTER_ADDR and MASTER_PORT; Slurm's SLURM_JOB_NUM_NODES and SLURM_NODEID. Flags given
+    on the command line win over these."""
     env = os.environ if environ is None else environ
     found: dict[str, Any] = {}
     for key, names in (("nnodes", _NNODES_ENV), ("node_rank", _NODE_RANK_ENV)):
@@ -117,8 +118,10 @@ def nodes_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             found[key] = int(value)
     if env.get("PET_RDZV_ENDPOINT", "").strip():
         found["endpoint"] = env["PET_RDZV_ENDPOINT"].strip()
-    elif env.get("MASTER_ADDR", "").strip():
-        found["endpoint"] = f"{env['MASTER_ADDR'].strip()}:{env.get('MASTER_PORT', '').strip() or DEFAULT_PORT}"
+    for prefix in ("PET_", ""):
+        if "endpoint" not in found and env.get(f"{prefix}MASTER_ADDR", "").strip():
+            port = env.get(f"{prefix}MASTER_PORT", "").strip() or DEFAULT_PORT
+            found["endpoint"] = f"{env[f'{prefix}MASTER_ADDR'].strip()}:{port}"
     return found
 
 
@@ -276,7 +279,7 @@ class Session:
         key = f"mbtune/point/{index}"
         self.store.set(f"mbtune/ctl/{index}", pickle.dumps(("run", run_id, spec, timeout_s)))
         with tempfile.TemporaryDirectory(prefix="mbtune-tr-") as tmp:
-            agent = _start_agent(spec, self.nodes, self.endpoint, run_id, key, tmp)
+            agent = _start_agent(spec, self.nodes, self.endpoint, run_id, key, tmp, hang_rank_from_env())
             outcome = PipelineOutcome(status=ERROR, error="the launcher failed before collecting results")
             try:
                 outcome = self._collect(spec, agent, key, timeout_s)
@@ -379,7 +382,7 @@ class Session:
             key = f"mbtune/point/{index}"
             say(f"point {index + 1}: {spec.world_size // self.nodes.nnodes} rank(s) here of {spec.world_size}")
             with tempfile.TemporaryDirectory(prefix="mbtune-tr-") as tmp:
-                agent = _start_agent(spec, self.nodes, self.endpoint, run_id, key, tmp)
+                agent = _start_agent(spec, self.nodes, self.endpoint, run_id, key, tmp, hang_rank_from_env())
                 deadline = time.monotonic() + self.nodes.join_timeout_s + timeout_s + _GONE_S
                 try:
                     while agent.exitcode is None and time.monotonic() < deadline:
@@ -419,11 +422,12 @@ def close_sessions(exit_code: int) -> None:
 
 
 # The agent and its ranks (child processes) -------------------------------------------------------------
-def _start_agent(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, key: str, tmp: str) -> Any:
+def _start_agent(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, key: str, tmp: str,
+                 hang_rank: int | None) -> Any:
     from mbtune.worker import process_context
 
     agent = process_context().Process(target=_agent_main, name="mbtune-elastic-agent", daemon=False,
-                                      args=(spec, nodes, endpoint, run_id, key, tmp))
+                                      args=(spec, nodes, endpoint, run_id, key, tmp, hang_rank))
     agent.start()
     return agent
 
@@ -441,7 +445,8 @@ def _stop_agent(agent: Any, *, wait_s: float, grace_s: float) -> None:
     agent.join()
 
 
-def _agent_main(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, key: str, tmp: str) -> None:
+def _agent_main(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, key: str, tmp: str,
+                hang_rank: int | None) -> None:
     """In a fresh child: this node's elastic agent for one point. Its own process group, so that stopping
     it stops its ranks too; how ranks that died without a word exited goes to the store."""
     os.setpgid(0, 0)
@@ -464,7 +469,8 @@ def _agent_main(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, ke
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(tmp, "elastic")), shutdown_timeout=int(_STOP_GRACE_S),
     )
     try:
-        elastic_launch(config, _rank_entry)(spec, endpoint, key, tmp, nodes.node_rank, nodes.join_timeout_s)
+        elastic_launch(config, _rank_entry)(spec, endpoint, key, tmp, nodes.node_rank, nodes.join_timeout_s,
+                                            hang_rank)
     except ChildFailedError as exc:
         for rank, failure in exc.failures.items():
             store.set(f"{key}/died/{rank}", str(failure.exitcode))
@@ -476,7 +482,8 @@ def _agent_main(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, ke
     os._exit(0)
 
 
-def _rank_entry(spec: PipelineSpec, endpoint: str, key: str, tmp: str, node_rank: int, timeout_s: float) -> None:
+def _rank_entry(spec: PipelineSpec, endpoint: str, key: str, tmp: str, node_rank: int, timeout_s: float,
+                hang_rank: int | None) -> None:
     """One rank, started by the elastic agent: RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT come from it.
     Its messages go to the store, where node 0 reads them."""
     rank = int(os.environ["RANK"])
@@ -487,10 +494,7 @@ def _rank_entry(spec: PipelineSpec, endpoint: str, key: str, tmp: str, node_rank
     store = _store(host, port, serve=False, timeout_s=timeout_s)
     store.set(f"{key}/began/{rank}", f"node {node_rank} ({socket.gethostname()})")
     messages = StoreQueue(store, key, spec.world_size)
-    from mbtune.pipeline.launch import HANG_RANK_ENV
-
-    hang = os.environ.get(HANG_RANK_ENV, "").strip()
-    messages.put(rank_message(spec, rank, None, messages.put, int(hang) if hang else None))
+    messages.put(rank_message(spec, rank, None, messages.put, hang_rank))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -237,7 +237,8 @@ def recommended_timeline(report: PlanReport) -> Prediction | None:
     if report.recommended_timeline:
         return replace(best, timeline=report.recommended_timeline)
     return predict(deepen(report.model, best.num_blocks), best.point, memory_limit_bytes=report.memory_limit_bytes,
-                   link=Link(bandwidth_bytes_per_s=report.link_bandwidth_bytes_per_s, latency_s=report.link_latency_s),
+                   link=Link(bandwidth_bytes_per_s=report.link_bandwidth_bytes_per_s, latency_s=report.link_latency_s,
+                             ranks_per_node=report.ranks_per_node),
                    keep_timeline=True, seed=best.seed)
 
 

@@ -127,6 +127,7 @@ class _Samples:
     send: list[float]
     gap: list[float]
     transfer_gaps: dict[int, list[float]]  # size -> skew-cancelled hand-over gap (send_s not yet taken off)
+    inter_node_gaps: dict[int, list[float]]  # the same, of hand-overs that crossed a node boundary (torchrun)
     start: list[float]
     update_per_parameter: list[float]
     allreduce_bytes_per_s: list[float]
@@ -143,8 +144,8 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
     runs = usable(results)
     if not runs:
         raise ValueError("no point with a measured timeline to calibrate from; run a sweep first")
-    samples = _Samples(defaultdict(lambda: defaultdict(list)), defaultdict(list), [], [], defaultdict(list), [], [], [],
-                       [])
+    samples = _Samples(defaultdict(lambda: defaultdict(list)), defaultdict(list), [], [], defaultdict(list),
+                       defaultdict(list), [], [], [], [])
     for result in runs:
         _read(result, facts, samples)
     send_s = trimmed_mean(samples.send) if samples.send else 0.0
@@ -152,6 +153,11 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
     blocks, split_measured = _block_costs(samples.compute, facts.num_blocks)
     transfer = fit_samples({size: [max(0.0, g - send_s) for g in gaps] for size, gaps in samples.transfer_gaps.items()},
                            proportional_when_single=False)
+    inter_node = fit_samples({size: [max(0.0, g - send_s) for g in gaps]
+                              for size, gaps in samples.inter_node_gaps.items()},
+                             proportional_when_single=False) if samples.inter_node_gaps else None
+    if inter_node is not None and not samples.transfer_gaps:
+        transfer = inter_node  # every hand-over measured crossed nodes
     gap_s = trimmed_mean(samples.gap) if samples.gap else 0.0
     notes = _notes(runs, samples, split_measured)
     return CostModel(
@@ -162,7 +168,8 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
         micro_batch_sizes=tuple(sorted({r.point.micro_batch_size for r in runs})), num_points=len(runs),
         split_backward_measured=split_measured, spread=_spread(samples, blocks, transfer, send_s, gap_s),
         notes=notes, allreduce_bytes_per_s=median_or(samples.allreduce_bytes_per_s) or None,
-        allreduce_points=len(samples.allreduce_bytes_per_s),
+        allreduce_points=len(samples.allreduce_bytes_per_s), inter_node_transfer=inter_node,
+        inter_node_samples=sum(map(len, samples.inter_node_gaps.values())),
     )
 
 
@@ -175,7 +182,8 @@ def _read(result: TrialResult, facts: BlockFacts, samples: _Samples) -> None:
     for span in spans.values():
         _share(span, split, facts, size, samples, _recomputed_s(span, spans) if point.recompute == "full" else 0.0)
     _rank_gaps(spans, owners, samples)
-    samples.transfer_gaps[size].extend(_transfer_gaps(spans, owners))
+    for crossed, gap in _transfer_gaps(spans, owners, result):
+        (samples.inter_node_gaps if crossed else samples.transfer_gaps)[size].append(gap)
     first = [s.start_s for s in spans.values() if s.stage == 0 and s.accum == 0]
     if first:
         samples.start.append(min(first))
@@ -271,17 +279,19 @@ def _rank_gaps(spans: dict, owners: Sequence[int], samples: _Samples) -> None:
             (samples.send if _sends_remote(before, owners) else samples.gap).append(gap)
 
 
-def _transfer_gaps(spans: dict, owners: Sequence[int]) -> list[float]:
-    """Hand-over gaps where the receiver was idle, with the two ranks' clock offset taken out.
+def _transfer_gaps(spans: dict, owners: Sequence[int], result: TrialResult) -> list[tuple[bool, float]]:
+    """Hand-over gaps where the receiver was idle, with the two ranks' clock offset taken out, each with
+    whether it crossed a node boundary.
 
     Per stage boundary between two ranks, the offset is half the difference between the smallest backward
     and the smallest forward gap (a hand-over to an idle receiver takes the same time both ways)."""
     previous = _previous_on_rank(spans)
     last = len(owners) - 1
-    found = []
+    found: list[tuple[bool, float]] = []
     for s in range(last):
         if owners[s] == owners[s + 1]:
             continue
+        crossed = result.crosses_nodes(owners[s], owners[s + 1])
         forward = [(span, sender) for span in spans.values() if span.kind == FORWARD and span.stage == s + 1
                    and (sender := _sender(spans, span, last)) is not None]
         backward = [(span, sender) for span in spans.values() if span.kind in (BACKWARD, BACKWARD_INPUT)
@@ -294,11 +304,11 @@ def _transfer_gaps(spans: dict, owners: Sequence[int]) -> list[float]:
         for (receiver, sender), gap in zip(forward, forward_gaps):
             before = previous.get(id(receiver))
             if before is None or before.end_s + offset <= sender.end_s:
-                found.append(gap + offset)
+                found.append((crossed, gap + offset))
         for (receiver, sender), gap in zip(backward, backward_gaps):
             before = previous.get(id(receiver))
             if before is None or before.end_s - offset <= sender.compute_end_s:
-                found.append(gap - offset)
+                found.append((crossed, gap - offset))
     return found
 
 
@@ -362,7 +372,8 @@ def _spread(samples: _Samples, blocks: Sequence[BlockCost], transfer: LinearCost
         fitted = sum(getattr(blocks[b], kind).at(size) for b in stage_blocks)
         if fitted > 0:
             compute.append(seconds / fitted)
-    hand_overs = [max(0.0, g - send_s) / transfer.at(size) for size, gaps in samples.transfer_gaps.items()
+    measured = samples.transfer_gaps or samples.inter_node_gaps  # the ones `transfer` was fitted to
+    hand_overs = [max(0.0, g - send_s) / transfer.at(size) for size, gaps in measured.items()
                   for g in gaps if transfer.at(size) > 0]
     gaps = [g / send_s for g in samples.send if send_s > 0] + [g / gap_s for g in samples.gap if gap_s > 0]
     return Spread(compute=quantiles(compute), transfer=quantiles(hand_overs), gap=quantiles(gaps))
@@ -399,6 +410,12 @@ def _notes(runs: Sequence[TrialResult], samples: _Samples, split_measured: bool)
     if not split_measured:
         notes.append("no zero-bubble point measured: backward input and weight parts are each taken as half the "
                      "full backward")
-    if not samples.transfer_gaps:
+    inter = sum(map(len, samples.inter_node_gaps.values()))
+    if not samples.transfer_gaps and not inter:
         notes.append("no stage-to-stage hand-over measured (one rank): transfer is taken as free")
+    elif inter:
+        within = ("; within a node, as measured there" if samples.transfer_gaps else
+                  "; none within a node was measured, so within a node they are taken as the same")
+        notes.append(f"{inter} hand-over(s) measured across nodes, calibrated apart (plan --ranks-per-node "
+                     f"says which boundaries cross){within}")
     return tuple(notes)

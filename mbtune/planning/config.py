@@ -93,6 +93,7 @@ class PlanConfig:
     virtual_stages: int = DEFAULT_VIRTUAL_STAGES  # stages per rank of the looped schedules
     link_bandwidth_bytes_per_s: float | None = None  # None: hand-overs cost what they cost when profiled
     link_latency_s: float | None = None
+    ranks_per_node: int | None = None  # None: every hand-over as within a node (or over the given link)
     validation_method: str | None = DEFAULT_PLAN_VALIDATION
     scatter: str = DEFAULT_PLAN_SCATTER
     keep_timeline: bool = False
@@ -138,6 +139,8 @@ class PlanConfig:
         bandwidth, latency = self.link_bandwidth_bytes_per_s, self.link_latency_s
         require(bandwidth is None or bandwidth > 0, "link_bandwidth_bytes_per_s", bandwidth, "bytes/s above 0")
         require(latency is None or latency >= 0, "link_latency_s", latency, "seconds >= 0")
+        require(self.ranks_per_node is None or self.ranks_per_node >= 1, "ranks_per_node", self.ranks_per_node,
+                "an integer >= 1")
         require(self.validation_method is None or self.validation_method in METHODS, "validation_method",
                 self.validation_method, f"{' | '.join(METHODS)}, or None to skip it")
         require(self.scatter in SCATTER_MODES, "scatter", self.scatter, " | ".join(SCATTER_MODES))
@@ -177,7 +180,8 @@ class PlanConfig:
 
     def link(self) -> Link:
         """The interconnect to plan with (None parts: as measured)."""
-        return Link(bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s, latency_s=self.link_latency_s)
+        return Link(bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s, latency_s=self.link_latency_s,
+                    ranks_per_node=self.ranks_per_node)
 
     def work(self) -> PlanWork:
         """What simulating the grid's runnable points costs (points that cannot run are not simulated). A

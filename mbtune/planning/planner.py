@@ -64,6 +64,17 @@ class Link:
 
     bandwidth_bytes_per_s: float | None = None
     latency_s: float | None = None
+    # Pipeline ranks per node: a hand-over between ranks on different nodes costs the inter-node transfer
+    # measured under torchrun (CostModel.inter_node_transfer), or this link where bandwidth or latency is
+    # given; within a node, what was measured there. None: one kind of boundary, this link or as measured.
+    ranks_per_node: int | None = None
+
+    def crosses(self, rank: int, other: int) -> bool:
+        return self.ranks_per_node is not None and rank // self.ranks_per_node != other // self.ranks_per_node
+
+    @property
+    def given(self) -> bool:
+        return self.bandwidth_bytes_per_s is not None or self.latency_s is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +177,9 @@ def simulate_point(model: CostModel, point: SweepPoint, *, link: Link | None = N
     split = point_split(point, model.facts)
     owners = stage_to_rank(point.schedule, point.num_stages, len(split))
     size = point.micro_batch_size
-    transfers = tuple(_transfer_s(model, link, blocks[-1], size) for blocks in split[:-1])
+    transfers = tuple(_transfer_s(model, link, blocks[-1], size,
+                                  crosses=link is not None and link.crosses(owners[s], owners[s + 1]))
+                      for s, blocks in enumerate(split[:-1]))
     overheads = Overheads(transfer_s=transfers, send_s=model.send_s, gap_s=model.gap_s, start_s=model.start_s)
     orders = orders_of(point)
     costs = stage_costs(model, split, size, point.recompute)
@@ -201,8 +214,12 @@ def simulated_actions(point: SweepPoint, scatter: str = SCATTER_MEASURED) -> int
     return actions * spread_samples(actions) if scatter == SCATTER_MEASURED else actions
 
 
-def _transfer_s(model: CostModel, link: Link | None, last_block: int, micro_batch_size: int) -> float:
-    if link is None or (link.bandwidth_bytes_per_s is None and link.latency_s is None):
+def _transfer_s(model: CostModel, link: Link | None, last_block: int, micro_batch_size: int, *,
+                crosses: bool = False) -> float:
+    """One hand-over across a stage boundary: as measured, or over the given link (see Link)."""
+    if crosses and not (link is not None and link.given) and model.inter_node_transfer is not None:
+        return model.inter_node_transfer.at(micro_batch_size)
+    if link is None or not link.given or (link.ranks_per_node is not None and not crosses):
         return model.transfer.at(micro_batch_size)
     latency = link.latency_s if link.latency_s is not None else model.transfer.fixed_s
     sizes = model.facts.output_bytes_per_sample
@@ -336,6 +353,13 @@ def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_l
         else:
             notes.append("data-parallel all-reduce taken as free: no data-parallel point was measured; sweep "
                          "with --data-parallel 2, or give --link-bandwidth")
+    if link is not None and link.ranks_per_node is not None:
+        across = ("the given link" if link.given else f"{model.inter_node_transfer.at(1) * 1e3:.3g} ms at one sample, "
+                  f"calibrated on {model.inter_node_samples} hand-over(s) measured across nodes"
+                  if model.inter_node_transfer is not None else
+                  "as within a node: no hand-over across nodes was measured (sweep with --launcher torchrun "
+                  "--nnodes 2, or give --link-bandwidth)")
+        notes.append(f"{link.ranks_per_node} pipeline rank(s) per node: hand-overs between nodes cost {across}")
     if memory_limit_bytes is None:
         notes.append("no probed ceiling: memory per rank is predicted but not checked")
     return PlanReport(workload=model.workload, workload_options=dict(model.workload_options), model=model,
@@ -344,7 +368,8 @@ def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_l
                       recommended=recommended, validation=validation, warnings=tuple(notes),
                       memory_limit_bytes=memory_limit_bytes, memory_limit_source=memory_limit_source,
                       link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s if link else None,
-                      link_latency_s=link.latency_s if link else None)
+                      link_latency_s=link.latency_s if link else None,
+                      ranks_per_node=link.ranks_per_node if link else None)
 
 
 def _depth_notes(model: CostModel, predictions: Sequence[Prediction]) -> list[str]:

@@ -152,6 +152,10 @@ class CostModel(Record):
     # all-reduce), the median over the measured data-parallel points; None where none was measured.
     allreduce_bytes_per_s: float | None = None
     allreduce_points: int = 0
+    # Hand-overs that crossed a node boundary (torchrun across nodes), fitted apart from `transfer`; None
+    # where none was measured.
+    inter_node_transfer: LinearCost | None = None
+    inter_node_samples: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,6 +276,7 @@ class PlanReport(Record):
     per_sample_memory: bool = True  # False: activations per sample left out (the probe could not resolve them)
     link_bandwidth_bytes_per_s: float | None = None
     link_latency_s: float | None = None
+    ranks_per_node: int | None = None
     memory_limit_bytes: float | None = None
     memory_limit_source: str = ""  # what the limit is (the probe's peak at its ceiling, ...)
     predictions: tuple[Prediction, ...] = ()  # best first: fitting ones by throughput, then the rest

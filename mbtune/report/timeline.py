@@ -59,13 +59,21 @@ def _coverage(actions: Sequence[TimelineAction], width: int, slice_s: float,
 
 def timeline_renderable(actions: Sequence[TimelineAction] | TrialResult, *, width: int = 80,
                         title: str = "") -> RenderableType:
-    """The timeline as rich text: a header, one coloured row per stage (with its rank), and a legend."""
+    """The timeline as rich text: a header, one coloured row per stage (with its rank, and its node when
+    the ranks ran on several), a legend, and which hand-overs crossed a node boundary."""
+    result = actions if isinstance(actions, TrialResult) else None
     if isinstance(actions, TrialResult):
         title = title or f"Timeline of {actions.point.label} (median measured step)"
         actions = actions.timeline
     if not actions:
         return Text("no timeline recorded", style="dim")
     ranks = {a.stage: a.rank for a in actions}
+    nodes = result.rank_nodes if result is not None and len({n.split(" (")[0] for n in result.rank_nodes}) > 1 else ()
+
+    def _label(stage: int, rank: int) -> str:
+        node = f", {nodes[rank].split(' (')[0]}" if rank < len(nodes) else ""
+        return f"stage {stage} (rank {rank}{node})"
+
     rows = timeline_rows(actions, width=width)
     label_width = max(len(_label(s, ranks[s])) for s in rows)
     lines: list[RenderableType] = []
@@ -84,11 +92,12 @@ def timeline_renderable(actions: Sequence[TimelineAction] | TrialResult, *, widt
         legend.append(char, style=style)
         legend.append(f" {kind.replace('_', ' ')}  ")
     lines.append(legend)
+    crossing = [f"{s} -> {s + 1}" for s in sorted(ranks)[:-1]
+                if s + 1 in ranks and result is not None and result.crosses_nodes(ranks[s], ranks[s + 1])]
+    if crossing:
+        lines.append(Text(" " * (label_width + 1) + "hand-overs across nodes (inter-node link): stages "
+                          + ", ".join(crossing), style="dim"))
     return Group(*lines)
-
-
-def _label(stage: int, rank: int) -> str:
-    return f"stage {stage} (rank {rank})"
 
 
 def _style_of(char: str) -> str:

@@ -18,12 +18,14 @@ _COLOURS = {FORWARD: "thread_state_running", BACKWARD: "thread_state_iowait", BA
             BACKWARD_WEIGHT: "rail_animation", LOSS: "yellow", ALLREDUCE: "terrible"}
 
 
-def trace_events(actions: Sequence[TimelineAction], *, label: str = "") -> dict[str, Any]:
-    """The trace document: metadata naming every rank and stage track, then one 'X' event per action."""
+def trace_events(actions: Sequence[TimelineAction], *, label: str = "",
+                 nodes: Sequence[str] = ()) -> dict[str, Any]:
+    """The trace document: metadata naming every rank (and its node, where `nodes` names them per rank)
+    and stage track, then one 'X' event per action."""
     events: list[dict[str, Any]] = []
     tracks = sorted({(a.rank, a.stage) for a in actions})
     for rank in sorted({rank for rank, _ in tracks}):
-        name = f"rank {rank}" + (f" - {label}" if label else "")
+        name = f"rank {rank}" + (f" on {nodes[rank]}" if rank < len(nodes) else "") + (f" - {label}" if label else "")
         events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": name}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
     for rank, stage in tracks:
@@ -44,10 +46,12 @@ def write_trace(result: TrialResult | Sequence[TimelineAction], path: str | os.P
                 label: str = "") -> Path:
     """Write the timeline (of a TrialResult's median measured step, or any actions) as trace-event JSON,
     atomically; returns the path written."""
+    nodes: Sequence[str] = ()
     if isinstance(result, TrialResult):
         label = label or result.point.label
         actions: Sequence[TimelineAction] = result.timeline
+        nodes = result.rank_nodes
     else:
         actions = result
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return write_atomic(path, json.dumps(trace_events(actions, label=label)))
+    return write_atomic(path, json.dumps(trace_events(actions, label=label, nodes=nodes)))

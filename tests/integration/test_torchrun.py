@@ -19,7 +19,7 @@ import torch
 from mbtune.pipeline import PipelineSpec, run_pipeline_point
 from mbtune.pipeline.torchrun import Nodes, close_session, session
 from tests.fixtures.processes import orphans
-from tests.unit.test_cli import ROOT
+from tests.unit.test_cli import ROOT, mbtune
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +61,22 @@ def test_torchrun_ranks_give_the_local_launchers_losses_and_gradients():
             torch.testing.assert_close(theirs.grads[name], grad, rtol=0, atol=0)
 
 
+def test_a_hung_rank_ends_the_point_at_its_deadline(monkeypatch):
+    from mbtune.pipeline.launch import HANG_RANK_ENV
+
+    monkeypatch.setenv(HANG_RANK_ENV, "1")
+    spec = PipelineSpec(workload="mlp", workload_options=(("layers", 2), ("width", 16)), num_ranks=2,
+                        num_microbatches=2, measured_steps=1)
+    nodes = Nodes()
+    started = time.monotonic()
+    try:
+        outcome = session(nodes).run_point(spec, timeout_s=4)
+    finally:
+        close_session(nodes, 0)
+    assert outcome.status == "timeout" and "still running after 4 s" in outcome.error, outcome.error
+    assert time.monotonic() - started < 30
+
+
 def test_two_nodes_run_every_point_and_only_node_0_writes(tmp_path):
     tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
     args = [*SWEEP, "--steps", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint]
@@ -72,8 +88,14 @@ def test_two_nodes_run_every_point_and_only_node_0_writes(tmp_path):
     report = json.loads(out)
     assert [r["status"] for r in report["results"]] == ["ok"] * 4
     assert all("torchrun on 2 node(s)" in r["ran_as"] for r in report["results"])
+    # Each rank on its own node, named in the record; the hand-over between them crossed nodes.
+    assert all({n.split(" (")[0] for n in r["rank_nodes"]} == {"node 0", "node 1"} for r in report["results"])
     [profile] = (tmp_path / "node0" / "profiles").glob("cpu-*/mlp.json")
     assert len(json.loads(profile.read_text())["sweep"]["results"]) == 4
+    planned = mbtune("plan", str(profile), "--stages", "4", "--ranks-per-node", "2", "--format", "json")
+    assert planned.returncode == 0, planned.stderr
+    assert any("hand-overs between nodes cost" in w and "measured across nodes" in w
+               for w in json.loads(planned.stdout)["warnings"])
     assert follower_out == "" and sorted(p.name for p in (tmp_path / "node1").iterdir()) == []
     assert "node 0 ended the run (exit code 0)" in follower_err
     assert orphans(tag) == set()
@@ -114,4 +136,25 @@ def test_a_node_that_never_joins_fails_every_point_at_the_join_timeout(tmp_path)
     results = json.loads(out)["results"] if out.strip() else []
     assert results and all("node 1 never joined within 4 s" in r["error"] for r in results), (out, err)
     assert time.monotonic() - started < 60
+    assert orphans(tag) == set()
+
+
+def test_ctrl_c_on_node_0_stops_every_node_with_what_finished_saved(tmp_path):
+    tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
+    args = [*SWEEP, "-O", "width=256", "--steps", "200", "--nnodes", "2", "--rdzv-endpoint", endpoint]
+    follower = node(args, 1, tmp_path / "node1", tag)
+    leader = node(args, 0, tmp_path / "node0", tag)
+    seen = ""
+    while "trial 1:" not in seen:  # the first point finished, the second runs
+        line = leader.stderr.readline()
+        assert line, f"node 0 ended early: {seen}"
+        seen += line
+    leader.send_signal(signal.SIGINT)
+    out, err = leader.communicate(timeout=60)
+    follower_err = follower.communicate(timeout=60)[1]
+    assert leader.returncode == 130 and follower.returncode == 130, err + follower_err
+    [profile] = (tmp_path / "node0" / "profiles").glob("cpu-*/mlp.json")
+    saved = json.loads(profile.read_text())["sweep"]
+    assert saved["interrupted"] is True and [r["status"] for r in saved["results"]][:1] == ["ok"]
+    assert "node 0 ended the run (exit code 130)" in follower_err
     assert orphans(tag) == set()

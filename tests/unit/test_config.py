@@ -61,3 +61,25 @@ def test_configs_are_frozen():
     config = ProbeConfig()
     with pytest.raises(AttributeError):
         config.margin = 0.2  # type: ignore[misc]
+
+
+def test_nodes_come_from_the_flags_or_the_schedulers_environment():
+    from mbtune.pipeline.torchrun import command_fingerprint, nodes_from_env, parse_endpoint
+
+    assert parse_endpoint("node0:29400") == ("node0", 29400) and parse_endpoint("node0") == ("node0", 29500)
+    assert parse_endpoint("[::1]:7") == ("::1", 7)
+    slurm = {"SLURM_JOB_NUM_NODES": "4", "SLURM_NODEID": "2", "MASTER_ADDR": "n1", "MASTER_PORT": "6000"}
+    assert nodes_from_env(slurm) == {"nnodes": 4, "node_rank": 2, "endpoint": "n1:6000"}
+    kubeflow = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_RDZV_ENDPOINT": "job-master-0:23456",
+                "MASTER_ADDR": "ignored"}
+    assert nodes_from_env(kubeflow) == {"nnodes": 2, "node_rank": 1, "endpoint": "job-master-0:23456"}
+    assert nodes_from_env({"MASTER_ADDR": "n1"}) == {"endpoint": "n1:29500"} and nodes_from_env({}) == {}
+    assert nodes_from_env({"PET_MASTER_ADDR": "m", "PET_MASTER_PORT": "23456", "MASTER_ADDR": "x"}) == {
+        "endpoint": "m:23456"}
+    with pytest.raises(ConfigError, match="SLURM_NODEID='x' is not a whole number"):
+        nodes_from_env({"SLURM_NODEID": "x"})
+    # Node 0's outputs and the node rank are not what the nodes must agree on; the grid is.
+    one = ["sweep", "-w", "gpt", "--node-rank", "0", "--profiles-dir", "/a", "-f", "json", "--no-save"]
+    other = ["sweep", "-w", "gpt", "--node-rank=1", "--profiles-dir=/b"]
+    assert command_fingerprint(one) == command_fingerprint(other) == "sweep -w gpt"
+    assert command_fingerprint([*one, "-m", "2"]) != command_fingerprint(other)

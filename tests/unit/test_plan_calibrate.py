@@ -195,3 +195,33 @@ def test_the_spread_of_measured_actions_is_recovered() -> None:
     assert sorted(compute) == list(compute)
     # Both halves are drawn about equally often, so about half the quantiles are above 1.
     assert 0.3 < sum(q > 1.0 for q in compute) / len(compute) < 0.7
+
+
+def test_hand_overs_across_nodes_are_calibrated_apart_and_planned_where_the_nodes_meet() -> None:
+    from mbtune.planning.planner import Link
+
+    truth = replace(TRUTH, inter_node_transfer=LinearCost(fixed_s=3e-3, per_sample_s=1e-4))
+    across = Link(ranks_per_node=2)  # ranks 0-1 on one node, 2-3 on the other: boundary 1 -> 2 crosses
+    nodes = ("node 0 (a)", "node 0 (a)", "node 1 (b)", "node 1 (b)")
+    four = [SweepPoint(schedule=s, num_stages=4, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b)
+            for s in ("gpipe", "1f1b") for m in (4, 8) for b in (2, 4)]
+    results = []
+    for point in four:
+        p = predict(truth, point, link=across, keep_timeline=True)
+        results.append(TrialResult(point=point, status="ok", step_times_s=(p.step_time_s,),
+                                   step_time_median_s=p.step_time_s, samples_per_s=p.samples_per_s,
+                                   peak_memory_bytes=tuple(int(b) for b in p.memory_bytes), timeline=p.timeline,
+                                   rank_nodes=nodes))
+    assert results[0].crosses_nodes(1, 2) and not results[0].crosses_nodes(0, 1)
+    model = calibrate(results, FACTS, workload="synthetic")
+    assert model.inter_node_transfer is not None and model.inter_node_samples > 0
+    assert_cost(model.inter_node_transfer, truth.inter_node_transfer)
+    # Within a node, what the hand-overs there cost (at four stages read less exactly than at two), not
+    # an average with the ones across.
+    assert all(abs(model.transfer.at(b) / truth.transfer.at(b) - 1) < 0.3 for b in (2, 4))
+    assert any("across nodes" in note for note in model.notes)
+    # Planned with the nodes where they were, each step is near the measured one; as if on one node, shorter.
+    for point, result in zip(four, results):
+        planned = predict(model, point, link=across).step_time_s
+        assert planned == pytest.approx(result.step_time_median_s, rel=0.06)
+        assert predict(model, point).step_time_s < planned
