@@ -334,7 +334,7 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
     if report.best is not None and report.best.timeline:
         from mbtune.report.timeline import timeline_renderable
 
-        console.print(timeline_renderable(report.best, width=max(40, console.width - 20)))
+        console.print(timeline_renderable(report.best, fit=console.width))
     for line in failure_lines(report):
         console.print(line)
     print_warnings(console, list(report.warnings) + [f"{r.point.label}: {w}" for r in report.results for w in r.warnings])

@@ -58,9 +58,10 @@ def _coverage(actions: Sequence[TimelineAction], width: int, slice_s: float,
 
 
 def timeline_renderable(actions: Sequence[TimelineAction] | TrialResult, *, width: int = 80,
-                        title: str = "") -> RenderableType:
+                        title: str = "", fit: int | None = None) -> RenderableType:
     """The timeline as rich text: a header, one coloured row per stage (with its rank, and its node when
-    the ranks ran on several), a legend, and which hand-overs crossed a node boundary."""
+    the ranks ran on several), a legend, and which hand-overs crossed a node boundary. `width` columns of
+    time, or with `fit`, as many as fit in that many columns beside the labels."""
     result = actions if isinstance(actions, TrialResult) else None
     if isinstance(actions, TrialResult):
         title = title or f"Timeline of {actions.point.label} (median measured step)"
@@ -74,8 +75,10 @@ def timeline_renderable(actions: Sequence[TimelineAction] | TrialResult, *, widt
         node = f", {nodes[rank].split(' (')[0]}" if rank < len(nodes) else ""
         return f"stage {stage} (rank {rank}{node})"
 
+    label_width = max(len(_label(s, ranks[s])) for s in ranks)
+    if fit is not None:  # the whole line, labels included, within `fit` columns
+        width = max(40, fit - label_width - 2)
     rows = timeline_rows(actions, width=width)
-    label_width = max(len(_label(s, ranks[s])) for s in rows)
     lines: list[RenderableType] = []
     if title:
         lines.append(Text(title, style="bold"))
