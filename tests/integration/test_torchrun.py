@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,34 @@ def test_torchrun_ranks_give_the_local_launchers_losses_and_gradients():
             torch.testing.assert_close(theirs.grads[name], grad, rtol=0, atol=0)
 
 
+def test_a_sweep_through_torchrun_has_the_local_sweeps_rows():
+    from mbtune.config import SweepConfig
+    from mbtune.runs import sweep_workload
+
+    config = SweepConfig(workload="mlp", workload_options=(("layers", 2), ("width", 32)), device="cpu", num_stages=2,
+                         schedules=("gpipe", "1f1b"), micro_batches=(2,), accum_steps=(1, 2), micro_batch_size=(2,),
+                         measured_steps=1, threads=1)
+    local, elastic = sweep_workload(config), sweep_workload(replace(config, launcher="torchrun"))
+    assert [r.point for r in elastic.results] == [r.point for r in local.results]
+    assert [r.status for r in elastic.results] == ["ok"] * 4 and [r.loss for r in elastic.results] == [
+        r.loss for r in local.results]
+    assert all(r.ran_as.endswith(", torchrun") for r in elastic.results)
+
+
+def test_a_rank_killed_like_the_oom_killer_is_named_as_killed(tmp_path):
+    spec = PipelineSpec(workload="tests.fixtures.workloads:killed_once",
+                        workload_options=(("marker", str(tmp_path / "killed")),), num_ranks=2, num_microbatches=2,
+                        micro_batch_size=4, measured_steps=1)
+    nodes = Nodes()
+    try:
+        killed = session(nodes).run_point(spec, timeout_s=60)
+        again = session(nodes).run_point(spec, timeout_s=60)  # the marker is there: it runs
+    finally:
+        close_session(nodes, 0)
+    assert killed.status == "killed" and killed.failed_rank == 1 and "SIGKILL" in killed.error, killed.error
+    assert again.ok, again.error
+
+
 def test_a_hung_rank_ends_the_point_at_its_deadline(monkeypatch):
     from mbtune.pipeline.launch import HANG_RANK_ENV
 
@@ -79,7 +108,9 @@ def test_a_hung_rank_ends_the_point_at_its_deadline(monkeypatch):
 
 def test_two_nodes_run_every_point_and_only_node_0_writes(tmp_path):
     tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
-    args = [*SWEEP, "--steps", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint]
+    # 2 stages, one rank per node; then 2 stages x 2 replicas, two ranks per node.
+    args = [*SWEEP, "--steps", "1", "--accum", "1", "--data-parallel", "1,2", "--nnodes", "2",
+            "--rdzv-endpoint", endpoint]
     follower = node(args, 1, tmp_path / "node1", tag)
     leader = node(args, 0, tmp_path / "node0", tag)
     out, err = leader.communicate(timeout=300)
@@ -88,8 +119,10 @@ def test_two_nodes_run_every_point_and_only_node_0_writes(tmp_path):
     report = json.loads(out)
     assert [r["status"] for r in report["results"]] == ["ok"] * 4
     assert all("torchrun on 2 node(s)" in r["ran_as"] for r in report["results"])
-    # Each rank on its own node, named in the record; the hand-over between them crossed nodes.
-    assert all({n.split(" (")[0] for n in r["rank_nodes"]} == {"node 0", "node 1"} for r in report["results"])
+    assert sorted(r["point"]["data_parallel_size"] for r in report["results"]) == [1, 1, 2, 2]
+    # Each pipeline rank of one stage-per-node point on its own node, named in the record.
+    alone = [r for r in report["results"] if r["point"]["data_parallel_size"] == 1]
+    assert all({n.split(" (")[0] for n in r["rank_nodes"]} == {"node 0", "node 1"} for r in alone)
     [profile] = (tmp_path / "node0" / "profiles").glob("cpu-*/mlp.json")
     assert len(json.loads(profile.read_text())["sweep"]["results"]) == 4
     planned = mbtune("plan", str(profile), "--stages", "4", "--ranks-per-node", "2", "--format", "json")
