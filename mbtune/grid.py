@@ -49,14 +49,16 @@ def default_micro_batch_size(config: SweepConfig) -> int:
 
 
 def plan_grid(config: SweepConfig, *, num_blocks: int, num_stages: int | None = None,
-              max_processes: int | None = None) -> Grid:
+              max_processes: int | None = None, nnodes: int = 1) -> Grid:
     """Every (schedule, micro-batches, accumulation, replicas, micro-batch size) point, or the config's
     explicit points, split into runnable and skipped (with the reason). `max_processes`: the most ranks
-    the device can hold (GPUs: one rank each)."""
+    the device can hold (GPUs: one rank each); `nnodes`: the nodes a point's processes split over evenly."""
     points, skipped = [], []
     for point, reason in _candidates(config, num_stages or config.num_stages):
         reason = reason or check_point(point.schedule, point.virtual_stages * point.num_stages, point.num_stages,
                                        point.num_microbatches, num_blocks=num_blocks)
+        if reason is None and point.num_processes % nnodes:
+            reason = f"{point.num_processes} process(es) do not split evenly over {nnodes} nodes"
         if reason is None and max_processes is not None and point.num_processes > max_processes:
             reason = (f"{point.num_stages} stages x {point.data_parallel_size} replicas need {point.num_processes} "
                       f"GPUs, {max_processes} visible")

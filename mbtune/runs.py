@@ -101,7 +101,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
             if outcome.batch_size != batch_size:
                 raise ConfigError(f"the journal does not match this probe (it ran batch {outcome.batch_size} "
                                   f"where this run asks for {batch_size})", hint="Run without --resume.")
-            workload = workload.with_counted_flops(outcome.flops_counted)
+            workload = workload.with_counted_flops(outcome.flops_counted, tried=outcome.ok)
             if progress:
                 progress.end_trial(outcome.status, REPLAYED)
             return outcome
@@ -110,7 +110,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
                                                           count_flops=workload.needs_flops_count),
                                        config.trial_timeout_s)
         log.info("batch %d: %s in %.1f s", batch_size, outcome.status, outcome.wall_s)
-        workload = workload.with_counted_flops(outcome.flops_counted)
+        workload = workload.with_counted_flops(outcome.flops_counted, tried=outcome.ok)
         if store:
             store.record(PROBE_TRIAL, outcome.to_dict())
         if progress:
@@ -234,7 +234,8 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     num_stages, threads, max_processes, warnings = _placement(config, device)
     warnings += workload.warnings
     config = _with_saved_limits(config, info, warnings)
-    grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages, max_processes=max_processes)
+    grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages, max_processes=max_processes,
+                     nnodes=config.nnodes)
     # A resumed sweep keeps the split its journaled points ran with.
     replayed = [Balance.from_dict(b) for b in store.replayed(BALANCE)] if store else []
     balance = replayed[0] if replayed else _balance(config, grid.points, device, threads)
@@ -257,7 +258,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
             detail = _result_detail(result)
             if store:
                 store.record(SWEEP_POINT, result.to_dict())
-        workload = workload.with_counted_flops(result.flops_counted)  # a user's, counted in its first point
+        workload = workload.with_counted_flops(result.flops_counted, tried=result.ok)  # counted in its first point
         results.append(result)
         if progress:
             progress.end_trial(result.status, detail)
@@ -354,11 +355,11 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, int |
     get the same threads, the cores over the most processes a point has (stages x the most replicas), so
     costs measured at one point are costs at another (calibration pools them)."""
     warnings: list[str] = []
-    p = config.num_stages
+    p, nodes = config.num_stages, config.nnodes  # across nodes, each node holds its share of a point's ranks
     if device.startswith("cuda"):
         import torch
 
-        gpus = torch.cuda.device_count()
+        gpus = torch.cuda.device_count() * nodes  # as many on every node as here
         if p > gpus:
             warnings.append(
                 f"{p} stages need {p} GPUs (NCCL allows one rank per GPU) but {gpus} is visible: ran one rank "
@@ -367,11 +368,12 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, int |
             p = 1
         return p, config.threads, gpus, warnings
     cores = os.cpu_count() or 1
-    most = p * max(config.data_parallel)
+    most = -(-p * max(config.data_parallel) // nodes)  # a node's share of the largest point
     if most > cores:
-        replicas = f" x {max(config.data_parallel)} data-parallel replicas" if most > p else ""
-        warnings.append(f"{p} stages{replicas} ({most} processes) on {cores} CPU cores oversubscribe the machine: "
-                        "timings are distorted")
+        replicas = f" x {max(config.data_parallel)} data-parallel replicas" if max(config.data_parallel) > 1 else ""
+        where = f" per node ({nodes} nodes)" if nodes > 1 else ""
+        warnings.append(f"{p} stages{replicas} ({most} processes{where}) on {cores} CPU cores oversubscribe the "
+                        "machine: timings are distorted")
     return p, config.threads or max(1, cores // most), None, warnings
 
 
@@ -398,7 +400,7 @@ def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: i
     runs: list[TrialResult] = []
     while len(runs) < config.repeats and (not runs or runs[-1].ok):
         runs.append(_run_point(point, config, device, threads, workload, peak_total, block_times_s))
-        workload = workload.with_counted_flops(runs[-1].flops_counted)
+        workload = workload.with_counted_flops(runs[-1].flops_counted, tried=runs[-1].ok)
     return replace(merge_repeats(runs), flops_counted=next((r.flops_counted for r in runs if r.flops_counted), None))
 
 
@@ -430,7 +432,7 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
             outcome = session(config.nodes, config.command_line).run_point(spec, timeout_s=config.point_timeout_s)
         else:
             outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
-    workload = workload.with_counted_flops(outcome.flops_counted)
+    workload = workload.with_counted_flops(outcome.flops_counted, tried=outcome.ok)
     result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
                              flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
     window, uuids = outcome.measured_window_unix_s, outcome.device_uuids
@@ -491,12 +493,12 @@ def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | 
     point = sweep.best.point
     if progress:
         progress.start_trial(f"check {point.label}")
-    run_point = None
-    if config.launcher == "torchrun":  # the best row ran across these nodes: its check does too
-        from mbtune.pipeline.torchrun import session
-
-        run_point = session(config.nodes, config.command_line).run_point
     try:
+        run_point = None
+        if config.launcher == "torchrun":  # the best row ran across these nodes: its check does too
+            from mbtune.pipeline.torchrun import session
+
+            run_point = session(config.nodes, config.command_line).run_point
         result = check_update(CheckConfig.for_point(
             point, workload=config.workload, workload_options=config.workload_options, device=config.device,
             precision=config.precision, optimizer=config.optimizer, lr=config.lr, seed=config.seed,
@@ -540,8 +542,10 @@ def limits_from_profile(path: str, config: SweepConfig) -> SweepLimits:
 _RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
 
 # Fields that say where and how to write, not what to measure: a resumed run may change them.
+# Settings that change where or how patiently a run happens, not what it measures: a resumed run may change
+# them (a rescheduled multi-node job gets a new endpoint and node numbers).
 _NOT_MEASUREMENT = {"command_line", "profiles_dir", "extra_warnings", "trial_timeout_s", "point_timeout_s", "reference_batch",
-                    "load_timeout_s"}
+                    "load_timeout_s", "rdzv_endpoint", "node_rank", "join_timeout_s"}
 
 
 @dataclass(frozen=True, kw_only=True)

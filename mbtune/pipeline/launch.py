@@ -145,9 +145,11 @@ def hang_rank_from_env() -> int | None:
     return int(value) if value else None
 
 
-def collect(ranks: Ranks, messages: Any, *, deadline: float, timeout_s: float) -> PipelineOutcome:
+def collect(ranks: Ranks, messages: Any, *, deadline: float, timeout_s: float,
+            settle_s: float = _SETTLE_S) -> PipelineOutcome:
     """Every rank's report from `messages` (a queue: get(timeout=) raising queue.Empty), or the root
-    cause of the first failure, or a timeout at the deadline."""
+    cause of the first failure (after `settle_s` for the others to report theirs), or a timeout at the
+    deadline."""
     reports: dict[int, StageReport] = {}
     while len(reports) < ranks.count:
         remaining = deadline - time.monotonic()
@@ -157,7 +159,7 @@ def collect(ranks: Ranks, messages: Any, *, deadline: float, timeout_s: float) -
         if message is None:
             continue
         if message[0] != OK:
-            return _root_cause(ranks, messages, set(reports), message)
+            return _root_cause(ranks, messages, set(reports), message, settle_s)
         reports[message[1]] = pickle.loads(message[2])
     return PipelineOutcome(status=OK, reports=tuple(reports[r] for r in range(ranks.count)))
 
@@ -173,12 +175,12 @@ def _timed_out(ranks: Ranks, missing: list[int], timeout_s: float) -> PipelineOu
                            error_kind=HARNESS_FAULT if not_started else WORKLOAD_FAULT)
 
 
-def _root_cause(ranks: Ranks, messages: Any, done: set[int], first: Message) -> PipelineOutcome:
+def _root_cause(ranks: Ranks, messages: Any, done: set[int], first: Message, settle_s: float) -> PipelineOutcome:
     """When one rank fails its peers fail too ("connection closed by peer"), sometimes first. Give every rank
     a moment to report or die, then name the most telling failure: killed, then OOM, then a non-finite
     loss, then the first error."""
     failures = [first]
-    settle_end = time.monotonic() + _SETTLE_S
+    settle_end = time.monotonic() + settle_s
     while time.monotonic() < settle_end and len(done) + len(failures) < ranks.count:
         accounted = done | {f[1] for f in failures}
         message = _next_message(ranks, messages, accounted, wait_s=_POLL_S)

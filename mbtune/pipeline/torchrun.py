@@ -24,6 +24,7 @@ a root cause, the deadline, a node gone) and tells the others to stop theirs.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
 import queue as queue_module
@@ -151,11 +152,15 @@ class StoreQueue:
     def __init__(self, store: Any, key: str, count: int, watch: Callable[[], None] | None = None) -> None:
         self.store, self.key, self.count, self.watch = store, key, count, watch
         self.seen = [0] * count
+        self.sent: dict[int, int] = {}
 
     def put(self, message: Message) -> None:
+        """The message first, then the count that makes it visible: a reader never waits for a value a
+        rank died before writing. (One writer per rank, so the index is its own.)"""
         rank = message[1]
-        index = self.store.add(f"{self.key}/n/{rank}", 1)
-        self.store.set(f"{self.key}/m/{rank}/{index}", pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        self.sent[rank] = self.sent.get(rank, 0) + 1
+        self.store.set(f"{self.key}/m/{rank}/{self.sent[rank]}", pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        self.store.add(f"{self.key}/n/{rank}", 1)
 
     def get(self, timeout: float | None = None) -> Message:
         end = time.monotonic() + (timeout or 0.0)
@@ -262,17 +267,19 @@ class Session:
     # Node 0 --------------------------------------------------------------------------------------------
     def run_point(self, spec: PipelineSpec, *, timeout_s: float, grace_s: float = _STOP_GRACE_S) -> PipelineOutcome:
         """Run one point on every node and return every rank's report, or why not (as run_pipeline_point)."""
-        if spec.world_size % self.nodes.nnodes:
+        index, started = self.points, time.monotonic()
+        self.points += 1
+        if spec.world_size % self.nodes.nnodes:  # the grid skips these (grid.plan_grid); a caller may not
+            self.store.set(f"mbtune/ctl/{index}", pickle.dumps(("skip",)))
             return PipelineOutcome(status=ERROR, error_kind=HARNESS_FAULT,
                                    error=f"{spec.world_size} process(es) do not split over {self.nodes.nnodes} "
                                          "nodes evenly")
-        index, started = self.points, time.monotonic()
-        self.points += 1
         if self.points == 1 and (missing := self.wait_for_nodes()):
             gone = missing
         else:
             gone = self.gone_nodes()
-        if gone:
+        if gone:  # the others still step over this index, so every node stays at the same point
+            self.store.set(f"mbtune/ctl/{index}", pickle.dumps(("skip",)))
             return PipelineOutcome(status=ERROR, error_kind=HARNESS_FAULT, wall_s=0.0,
                                    error="; ".join(why for _, why in gone) + ": the point did not run")
         run_id = f"mbtune-{self.run_base}-{index}"
@@ -333,7 +340,10 @@ class Session:
                                                  "complete")
                 watch()
                 time.sleep(_POLL_S)
-            return collect(ranks, messages, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
+            # A failing rank's peers are stopped by their agent, which then says how its lost ranks exited:
+            # the root cause waits for that word.
+            return collect(ranks, messages, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s,
+                           settle_s=_STOP_GRACE_S + 1.0)
         except _Abort as exc:
             return PipelineOutcome(status=exc.status, error=str(exc), error_kind=HARNESS_FAULT)
 
@@ -347,6 +357,8 @@ class Session:
                 others = [n for n in others if not self.store.check([f"mbtune/bye/{n}"])]
                 time.sleep(0.1)
         self._stop.set()
+        self._beat.join(timeout=2 * _HEARTBEAT_S)
+        del self.store  # node 0: the server goes with it, so its port is free again
 
     # Other nodes ---------------------------------------------------------------------------------------
     def _check_command(self, command: str) -> None:
@@ -374,6 +386,9 @@ class Session:
         index = 0
         while True:
             item = pickle.loads(self._wait_for(f"mbtune/ctl/{index}"))
+            if item[0] == "skip":  # node 0 did not run this one (a node was gone)
+                index += 1
+                continue
             if item[0] == "end":
                 self.store.set(f"mbtune/bye/{self.nodes.node_rank}", "1")
                 self._stop.set()
@@ -453,6 +468,9 @@ def _agent_main(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, ke
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     capture_stderr(os.path.join(tmp, "agent.stderr"))
+    # LaunchConfig asks torch.cuda.is_available(), which would start CUDA in this process; ranks forked from
+    # a process with CUDA started cannot use it. NVML answers the question without starting it.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -462,8 +480,8 @@ def _agent_main(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, ke
     config = LaunchConfig(
         min_nodes=nodes.nnodes, max_nodes=nodes.nnodes, nproc_per_node=spec.world_size // nodes.nnodes,
         run_id=run_id, rdzv_backend="c10d", rdzv_endpoint=endpoint,
-        rdzv_configs={"timeout": int(nodes.join_timeout_s), "join_timeout": int(nodes.join_timeout_s),
-                      "is_host": False},
+        rdzv_configs={"timeout": max(1, math.ceil(nodes.join_timeout_s)),
+                      "join_timeout": max(1, math.ceil(nodes.join_timeout_s)), "is_host": False},
         max_restarts=0, monitor_interval=0.1, start_method="fork",
         local_addr="127.0.0.1" if host in ("127.0.0.1", "localhost") else None,
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(tmp, "elastic")), shutdown_timeout=int(_STOP_GRACE_S),
@@ -489,6 +507,8 @@ def _rank_entry(spec: PipelineSpec, endpoint: str, key: str, tmp: str, node_rank
     rank = int(os.environ["RANK"])
     capture_stderr(os.path.join(tmp, f"rank{rank}.stderr"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):  # the agent's handlers, inherited by fork:
+        signal.signal(signum, signal.SIG_DFL)  # a rank its agent stops is stopped, not "an error"
     die_with_parent()
     host, port = parse_endpoint(endpoint)
     store = _store(host, port, serve=False, timeout_s=timeout_s)

@@ -32,20 +32,24 @@ class WorkloadFacts(Record):
     # (trial.py, pipeline/runner.py), where its code runs anyway, and added by with_counted_flops.
     flops_counted: float | None = None
     warnings: tuple[str, ...] = ()
+    flops_uncountable: bool = False  # a trial that ran tried to count them and could not: not tried again
 
     @property
     def needs_flops_count(self) -> bool:
-        return self.flops_counted is None
+        return self.flops_counted is None and not self.flops_uncountable
 
-    def with_counted_flops(self, counted: float | None) -> WorkloadFacts:
+    def with_counted_flops(self, counted: float | None, *, tried: bool = True) -> WorkloadFacts:
         """These facts with a count made in a trial: the figure MFU uses where the workload gave none, and a
-        warning where the workload's own figure is more than 10% from it."""
+        warning where the workload's own figure is more than 10% from it. `tried`: the trial ran (and so
+        counted, if it was asked to); where it could not count, no later trial is asked."""
         from dataclasses import replace
 
         from mbtune.workloads.flops import flops_warning
 
-        if counted is None or not self.needs_flops_count:
+        if not self.needs_flops_count:
             return self
+        if counted is None:
+            return replace(self, flops_uncountable=True) if tried else self
         warning = flops_warning(self.name, self.flops_per_sample, counted)
         return replace(self, flops_per_sample=self.flops_per_sample or counted, flops_counted=counted,
                        warnings=self.warnings + ((warning,) if warning else ()))

@@ -72,7 +72,10 @@ def test_counted_flops_fill_a_missing_figure_and_check_a_typed_one():
     bare = WorkloadFacts(name="w", num_blocks=2, num_parameters=10)
     filled = bare.with_counted_flops(1e9)
     assert (filled.flops_per_sample, filled.flops_counted, filled.warnings) == (1e9, 1e9, ())
-    assert filled.with_counted_flops(5e9) == filled and bare.with_counted_flops(None) == bare
+    assert filled.with_counted_flops(5e9) == filled and bare.with_counted_flops(None, tried=False) == bare
+    # A trial that ran and could not count: no later trial is asked to, and MFU stays unknown.
+    uncountable = bare.with_counted_flops(None)
+    assert not uncountable.needs_flops_count and uncountable.flops_per_sample is None
     near = WorkloadFacts(name="w", num_blocks=2, num_parameters=10, flops_per_sample=1.05e9)
     assert near.with_counted_flops(1e9).warnings == () and near.with_counted_flops(1e9).flops_per_sample == 1.05e9
     far = WorkloadFacts(name="w", num_blocks=2, num_parameters=10, flops_per_sample=1.2e9).with_counted_flops(1e9)
