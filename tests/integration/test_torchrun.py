@@ -43,6 +43,14 @@ def node(args: list[str], rank: int, folder: Path, tag: str) -> subprocess.Popen
                             cwd=folder, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def two_nodes(tmp_path: Path, args: list[str]) -> tuple[str, subprocess.Popen, subprocess.Popen]:
+    """A tag, then node 0 and node 1 of one run of `args` meeting at a free local port."""
+    tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
+    args = [*args, "--nnodes", "2", "--rdzv-endpoint", endpoint]
+    follower = node(args, 1, tmp_path / "node1", tag)
+    return tag, node(args, 0, tmp_path / "node0", tag), follower
+
+
 def test_torchrun_ranks_give_the_local_launchers_losses_and_gradients():
     spec = PipelineSpec(workload="mlp", workload_options=(("layers", 2), ("width", 32)), schedule="1f1b",
                         num_ranks=2, num_microbatches=4, micro_batch_size=2, grad_accum_steps=2,
@@ -107,12 +115,8 @@ def test_a_hung_rank_ends_the_point_at_its_deadline(monkeypatch):
 
 
 def test_two_nodes_run_every_point_and_only_node_0_writes(tmp_path):
-    tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
     # 2 stages, one rank per node; then 2 stages x 2 replicas, two ranks per node.
-    args = [*SWEEP, "--steps", "1", "--accum", "1", "--data-parallel", "1,2", "--nnodes", "2",
-            "--rdzv-endpoint", endpoint]
-    follower = node(args, 1, tmp_path / "node1", tag)
-    leader = node(args, 0, tmp_path / "node0", tag)
+    tag, leader, follower = two_nodes(tmp_path, [*SWEEP, "--steps", "1", "--accum", "1", "--data-parallel", "1,2"])
     out, err = leader.communicate(timeout=300)
     follower_out, follower_err = follower.communicate(timeout=60)
     assert leader.returncode == 0 and follower.returncode == 0, err + follower_err
@@ -135,11 +139,7 @@ def test_two_nodes_run_every_point_and_only_node_0_writes(tmp_path):
 
 
 def test_a_node_killed_mid_sweep_fails_its_point_and_the_sweep_goes_on(tmp_path):
-    tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
-    args = [*SWEEP, "-O", "width=256", "--steps", "400", "--point-timeout", "60", "--nnodes", "2",
-            "--rdzv-endpoint", endpoint]
-    follower = node(args, 1, tmp_path / "node1", tag)
-    leader = node(args, 0, tmp_path / "node0", tag)
+    tag, leader, follower = two_nodes(tmp_path, [*SWEEP, "-O", "width=256", "--steps", "400", "--point-timeout", "60"])
     seen = ""
     while "point 2:" not in seen:
         line = follower.stderr.readline()
@@ -173,10 +173,7 @@ def test_a_node_that_never_joins_fails_every_point_at_the_join_timeout(tmp_path)
 
 
 def test_ctrl_c_on_node_0_stops_every_node_with_what_finished_saved(tmp_path):
-    tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
-    args = [*SWEEP, "-O", "width=256", "--steps", "200", "--nnodes", "2", "--rdzv-endpoint", endpoint]
-    follower = node(args, 1, tmp_path / "node1", tag)
-    leader = node(args, 0, tmp_path / "node0", tag)
+    tag, leader, follower = two_nodes(tmp_path, [*SWEEP, "-O", "width=256", "--steps", "200"])
     seen = ""
     while "trial 1:" not in seen:  # the first point finished, the second runs
         line = leader.stderr.readline()
