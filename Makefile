@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/qualify.py
 	$(BIN)/python bench/faults.py
 	$(BIN)/python bench/torchrun.py
+	$(BIN)/python bench/serve.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,7 +1,7 @@
 """mbtune: profile real hardware to find the best batch configuration for pipeline-parallel training.
 
 The Python API (imported on first use, so `import mbtune` stays fast): mbtune.probe, mbtune.sweep,
-mbtune.tune, mbtune.plan and mbtune.load_profile; see mbtune.api.
+mbtune.tune, mbtune.plan, mbtune.serve and mbtune.load_profile; see mbtune.api.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 logging.getLogger("mbtune").addHandler(logging.NullHandler())  # the application (the CLI's -v) decides
-__all__ = ["__version__", "load_profile", "plan", "probe", "sweep", "tune"]
-_API = {"probe", "sweep", "tune", "plan", "load_profile"}
+__all__ = ["__version__", "load_profile", "plan", "probe", "serve", "sweep", "tune"]
+_API = {"probe", "sweep", "tune", "plan", "serve", "load_profile"}
 
 
 def __getattr__(name: str) -> Any:

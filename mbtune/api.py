@@ -1,4 +1,5 @@
-"""The public Python API: `mbtune.probe`, `mbtune.sweep`, `mbtune.tune`, `mbtune.plan`, `mbtune.load_profile`.
+"""The public Python API: `mbtune.probe`, `mbtune.sweep`, `mbtune.tune`, `mbtune.plan`, `mbtune.serve`,
+`mbtune.load_profile`.
 
 Each takes the same settings as its command, by keyword, under the flag's name with underscores
 (`trial_timeout=60`, `accum=(1, 2)`, `stages=2`) or the config field's (`trial_timeout_s=60`), and
@@ -23,6 +24,7 @@ from typing import Any
 from mbtune.config import ProbeConfig, SweepConfig, field_for, parse_bytes
 from mbtune.errors import ConfigError
 from mbtune.records import ProbeResult, Profile, SweepReport
+from mbtune.serving.records import ServeReport
 
 
 def probe(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
@@ -70,6 +72,19 @@ def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: A
         check=check)
     assert outcome.probe is not None and outcome.sweep is not None
     return outcome.probe, outcome.sweep
+
+
+def serve(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
+          **settings: Any) -> ServeReport:
+    """Find the dynamic-batching configuration that sustains the highest Poisson rate with its p99 within
+    the budget (`p99="50ms"` or `p99_budget_s=0.05`; see `mbtune serve --help` for the settings)."""
+    from mbtune.serving.config import ServeConfig, with_durations
+    from mbtune.serving.run import run_serve
+
+    settings = with_durations(settings)
+    report = run_serve(_config(ServeConfig, settings), progress, profiles_dir=_folder(save_to), resume=resume).serve
+    assert report is not None, "a serve run that returns holds its report"
+    return report
 
 
 def plan(profile: str | Path | Profile, **settings: Any) -> Any:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from mbtune.config import ProbeConfig, SweepConfig
     from mbtune.report.progress import TrialProgressBar
     from mbtune.runs import RunOutcome
+    from mbtune.serving.config import ServeConfig
 
 T = TypeVar("T")
 quiet: list[bool] = [False]  # -q: no per-trial progress lines
@@ -62,6 +63,45 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
         from_profile=str(from_profile) if from_profile is not None else None, command_line=command_line(),
         **(launch or {}),
     )
+
+
+def _serve_config(*, p99: str, option: list[str] | None, memory_budget: str | None, rates: str | None,
+                  concurrency: str | None, max_batch_sizes: str | None, queue_delays: str | None,
+                  preferred: str | None, window: str, queue_timeout: str | None, **fields: Any) -> ServeConfig:
+    from mbtune.config import parse_bytes, parse_duration, parse_list, parse_options
+    from mbtune.profiles import command_line
+    from mbtune.serving.config import ServeConfig
+
+    delays = parse_list(queue_delays, name="--queue-delays", convert=str)
+    return ServeConfig(
+        p99_budget_s=parse_duration(p99, name="--p99"), workload_options=parse_options(option or []),
+        memory_budget_bytes=parse_bytes(memory_budget, name="--memory-budget") if memory_budget is not None else None,
+        rates=parse_list(rates, name="--rates", convert=float), concurrency=parse_list(concurrency, name="--concurrency") or (),
+        max_batch_sizes=parse_list(max_batch_sizes, name="--max-batch-sizes"),
+        queue_delays_s=tuple(parse_duration(d, name="--queue-delays") for d in delays) if delays else None,
+        preferred=parse_list(preferred, name="--preferred") or (), window_s=parse_duration(window, name="--window"),
+        queue_timeout_s=parse_duration(queue_timeout, name="--queue-timeout") if queue_timeout is not None else None,
+        command_line=command_line(), **fields)
+
+
+def _finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: Path | None) -> None:
+    """Print a serve run, write its picture; exit as _finish does when it was interrupted."""
+    from mbtune.report import make_console
+    from mbtune.report.serve import print_serve, write_serve_plot
+
+    if outcome.notes:
+        err = make_console(stderr=True)
+        for note in outcome.notes:
+            err.print(f"note: {note}")
+    assert outcome.serve is not None
+    with _printing_to(output):
+        print_serve(make_console(), outcome.serve, fmt, saved_to=str(outcome.saved_to) if outcome.saved_to else None)
+    if plot is not None:
+        make_console(stderr=True).print(f"wrote {write_serve_plot(outcome.serve, plot)}")
+    if outcome.interrupted:
+        from mbtune.errors import EXIT_INTERRUPTED
+
+        raise typer.Exit(128 + _received[-1] if _received else EXIT_INTERRUPTED)
 
 
 def _launch(launcher: str, nnodes: int | None, node_rank: int | None, endpoint: str | None,

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from mbtune.pipeline.torchrun import Nodes
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+# What a trial runs: full training steps, or forward passes in eval mode under torch.inference_mode.
+TRAIN, INFER = "train", "infer"
+MODES = (TRAIN, INFER)
 OPTIMIZERS = ("adamw", "sgd")
 # The learning rate each optimizer trains with when --lr is not given (memory and speed do not depend on it).
 DEFAULT_LR = {"adamw": 1e-4, "sgd": 1e-3}
@@ -38,7 +41,9 @@ FLAG_NAMES = {"trial_timeout_s": "trial-timeout", "load_timeout_s": "load-timeou
               "accum_steps": "accum", "measured_steps": "steps", "warmup_steps": "warmup", "num_stages": "stages",
               "memory_budget_bytes": "memory-budget", "workload_options": "option", "grad_accum_steps": "accum",
               "num_blocks": "blocks", "link_bandwidth_bytes_per_s": "link-bandwidth", "link_latency_s": "link-latency",
-              "validation_method": "validation", "num_microbatches": "micro-batches", "timeout_s": "timeout"}
+              "validation_method": "validation", "num_microbatches": "micro-batches", "timeout_s": "timeout",
+              "p99_budget_s": "p99", "queue_delays_s": "queue-delays", "window_s": "window",
+              "queue_timeout_s": "queue-timeout"}
 
 
 _FIELDS_OF_KEY: dict[str, list[str]] = {"options": ["workload_options"]}  # flag name with underscores -> fields
@@ -184,17 +189,19 @@ class TrialConfig:
     lr: float | None = None  # None: the optimizer's default (DEFAULT_LR)
     recompute: str = "none"  # one of RECOMPUTE_MODES
     count_flops: bool = False  # after its steps, count the workload's FLOPs per sample (workloads/flops.py)
+    mode: str = TRAIN  # train: full training steps; infer: forward passes only (`steps` of them)
 
     def __post_init__(self) -> None:
         check_types(self)
         _check_lr(self.lr)
+        _require(self.mode in MODES, "mode", self.mode, " | ".join(MODES))
         _require(self.recompute in RECOMPUTE_MODES, "recompute", self.recompute, " | ".join(RECOMPUTE_MODES))
         _require(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
         _require(self.steps >= 2, "steps", self.steps, ">= 2 (optimizer state must exist)")
         _require(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
         _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
-        if self.precision == "fp16" and not self.device.startswith("cuda"):
+        if self.precision == "fp16" and not self.device.startswith("cuda") and self.mode == TRAIN:
             raise ConfigError("precision fp16 needs a CUDA device (its GradScaler is CUDA-only)",
                               hint="Use --precision bf16 or fp32 on CPU.")
 
@@ -221,12 +228,14 @@ class ProbeConfig:
     seed: int = 0
     lr: float | None = None  # None: the optimizer's default (DEFAULT_LR)
     recompute: tuple[str, ...] = ("none",)  # one probe per mode; the first is the main one
+    mode: str = TRAIN  # infer: the inference ceiling (forward passes only), as `mbtune serve` probes it
     command_line: str = ""
     extra_warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         _as_tuple(self, "recompute")
         check_types(self)
+        _require(self.mode in MODES, "mode", self.mode, " | ".join(MODES))
         _check_recompute(self.recompute)
         require_unique(self.recompute, "recompute")
         # Without recompute first, where asked for: the main search is the one a sweep's plain points take.
@@ -242,11 +251,12 @@ class ProbeConfig:
         _check_timeout(self.load_timeout_s, "load_timeout_s")
         _require(self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "memory_budget_bytes",
                  self.memory_budget_bytes, "a size above zero")
-        if self.precision == "fp16" and self.device == "cpu":
+        if self.precision == "fp16" and self.device == "cpu" and self.mode == TRAIN:
             raise ConfigError("precision fp16 needs a CUDA device (its GradScaler is CUDA-only)",
                               field="precision", hint="Use --precision bf16 or fp32 on CPU.")
         # The remaining fields are validated by building a trial config from them.
-        self.trial(batch_size=self.granularity, device="cuda:0" if self.precision == "fp16" else self.device)
+        self.trial(batch_size=self.granularity,
+                   device="cuda:0" if self.precision == "fp16" and self.mode == TRAIN else self.device)
 
     def warnings(self) -> tuple[str, ...]:
         """Settings that are allowed but unusual."""
@@ -263,7 +273,7 @@ class ProbeConfig:
             workload=self.workload, workload_options=self.workload_options, device=device,
             batch_size=batch_size, precision=self.precision, optimizer=self.optimizer, steps=self.steps,
             memory_budget_bytes=self.memory_budget_bytes, threads=self.threads, seed=self.seed, lr=self.lr,
-            recompute=recompute or self.recompute[0],
+            recompute=recompute or self.recompute[0], mode=self.mode,
         )
 
 
@@ -513,7 +523,8 @@ class CheckConfig:
                           data_parallel_size=self.data_parallel, recompute=self.recompute)
 
 
-THRESHOLD_KEYS = ("min_ceiling", "min_safe_batch", "min_best_samples_per_s", "max_best_bubble")
+THRESHOLD_KEYS = ("min_ceiling", "min_safe_batch", "min_best_samples_per_s", "max_best_bubble", "min_rate_at_p99")
+SERVE_THRESHOLDS = ("min_rate_at_p99",)  # judged on `mbtune serve`'s answer (a spec's [serve] section)
 
 
 def parse_fraction(text: str | float, *, name: str) -> float:
@@ -537,10 +548,18 @@ class QualifySpec:
     tolerance: float = 0.10
     thresholds: tuple[tuple[str, float], ...] = ()
     allow_different_device: bool = False
+    # A [serve] section: `mbtune serve` runs too, for min_rate_at_p99. A ServeConfig (serving/config.py,
+    # which builds on this module, so it is checked by name rather than by annotation).
+    serve: Any = None
 
     def __post_init__(self) -> None:
         check_types(self)
-        if self.baseline is None and self.probe is None:
+        _require(self.serve is None or type(self.serve).__name__ == "ServeConfig", "serve", self.serve,
+                 "a ServeConfig or nothing")
+        if any(k in SERVE_THRESHOLDS for k, _ in self.thresholds) and self.serve is None:
+            raise ConfigError("threshold min_rate_at_p99 needs a [serve] section in the spec (with its p99 budget)",
+                              hint='Add [serve] with p99 = "50ms" (and any mbtune serve setting).')
+        if self.baseline is None and self.probe is None and self.serve is None:
             raise ConfigError("nothing to qualify against: no baseline and no workload in the spec",
                               hint="Pass --baseline profiles/<device>/<workload>.json or --spec qualify.toml.")
         _require(0 <= self.tolerance < 1, "tolerance", self.tolerance, "0% to 99%")

@@ -24,15 +24,18 @@ from mbtune.records import (
     ProbeResult,
     Profile,
     RecordFieldError,
+    ServeReport,
     SweepReport,
     short_repr,
     shorten,
 )
 
-# Schema versions this mbtune reads, and the step that upgrades each older one (none yet: version 1 is
-# the first). A field added with a default needs no step; a renamed or restructured one does.
+# Schema versions this mbtune reads, and the step that upgrades each older one. A field added with a
+# default needs no more than the version bump; a renamed or restructured one needs a real step.
 OLDEST_READABLE_SCHEMA = 1
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {
+    1: lambda data: {**data, "schema_version": 2, "serve": None},  # 2 adds `serve`: version 1 had none
+}
 
 # Settings that move the memory ceiling; recorded so a profile says what it was measured under.
 ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX",
@@ -64,7 +67,8 @@ def collect_metadata(command_line: str, torch_version: str) -> Metadata:
 
 
 def save_results(root: Path, device: DeviceInfo, workload: str, command_line: str, *,
-                 probe: ProbeResult | None = None, sweep: SweepReport | None = None) -> Path:
+                 probe: ProbeResult | None = None, sweep: SweepReport | None = None,
+                 serve: ServeReport | None = None) -> Path:
     """Write results into their profile, keeping the sections of an existing valid profile that this run
     did not produce. A profile that cannot be read is never overwritten: the results go beside it."""
     path = profile_path(root, device, workload)
@@ -79,6 +83,7 @@ def save_results(root: Path, device: DeviceInfo, workload: str, command_line: st
         schema_version=SCHEMA_VERSION, metadata=collect_metadata(command_line, device.torch_version),
         probe=probe if probe is not None else (existing.probe if existing else None),
         sweep=sweep if sweep is not None else (existing.sweep if existing else None),
+        serve=serve if serve is not None else (existing.serve if existing else None),
     )
     write_profile(path, profile)
     return path

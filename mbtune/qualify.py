@@ -46,6 +46,7 @@ quantity that could not be measured (a crash, a timeout) is an ERROR.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping
@@ -53,6 +54,7 @@ from dataclasses import dataclass
 
 from mbtune.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
 from mbtune.records import OK, OOM, ProbeResult, Profile, SweepReport, TrialResult
+from mbtune.serving.records import ServeReport
 from mbtune.verdicts import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, ComparisonRow
 
 DEFAULT_REPEATS = 3  # runs of each sweep point a qualification makes, each in fresh processes
@@ -304,6 +306,8 @@ def against_thresholds(thresholds: Mapping[str, float], probe: ProbeResult | Non
     }
     checks = []
     for key, bound in thresholds.items():
+        if key not in measured:  # a serving threshold: serve_thresholds judges it
+            continue
         value, spread = measured[key]
         if key == "min_best_samples_per_s":
             checks.append(judge(MINIMUMS[key], value, bound, rule=f">= minimum {bound:g}", spread=spread,
@@ -313,6 +317,28 @@ def against_thresholds(thresholds: Mapping[str, float], probe: ProbeResult | Non
         else:
             checks.append(at_most(MAXIMUMS[key], value, bound, f"<= maximum {bound:g}", spread))
     return checks
+
+
+def serve_thresholds(thresholds: Mapping[str, float], report: ServeReport | None, error: str | None) -> list[Check]:
+    """min_rate_at_p99: the best serving configuration's highest Poisson rate within the p99 budget. The
+    rate is one the run measured at (it ascends through its rates), so the check has no spread of its own;
+    one whose measurement was unstable is INCONCLUSIVE rather than a PASS."""
+    if "min_rate_at_p99" not in thresholds:
+        return []
+    bound = thresholds["min_rate_at_p99"]
+    name = "highest Poisson rate within the p99 budget (requests/s)"
+    if error is not None:
+        return [Check(name=name, status=CHECK_ERROR, expected=bound, rule=f">= minimum {bound:g}", detail=error)]
+    winner = report.winner if report else None
+    if winner is None or winner.max_rate_per_s is None:
+        return [Check(name=name, status=FAIL, expected=bound, rule=f">= minimum {bound:g}",
+                      detail="no configuration met the budget at any rate it ran")]
+    check = at_least(name, winner.max_rate_per_s, bound, f">= minimum {bound:g}")
+    detail = f"{winner.config.label}, p99 {winner.p99_at_max_s * 1e3:.1f} ms" if winner.p99_at_max_s else winner.config.label
+    if check.status == PASS and not winner.stable:
+        return [dataclasses.replace(check, status=INCONCLUSIVE, detail=f"{detail}; the windows at that rate disagreed "
+                                                                         "by more than 10% (unstable)")]
+    return [dataclasses.replace(check, detail="; ".join(p for p in (detail, check.detail) if p))]
 
 
 def _bubble_spread(result: TrialResult | None) -> Spread | None:

@@ -15,7 +15,8 @@ from mbtune.recordio import (  # noqa: F401 - the loader's names are part of thi
     shorten,
 )
 
-SCHEMA_VERSION = 1
+# 2: a profile may hold `serve` (mbtune serve's report); version 1 files read as having none.
+SCHEMA_VERSION = 2
 
 OK, OOM, ERROR, TIMEOUT, KILLED = "ok", "oom", "error", "timeout", "killed"
 NONFINITE = "nonfinite"  # the loss was NaN or infinite: the run stopped at that step
@@ -153,6 +154,7 @@ class ProbeResult(Record):
     warnings: tuple[str, ...] = ()
     recompute: str = "none"  # activation recompute of the trials above (one of RECOMPUTE_MODES)
     recompute_ceilings: tuple[RecomputeCeiling, ...] = ()  # the other modes asked for
+    mode: str = "train"  # train: full training steps | infer: forward passes only (mbtune serve's ceiling)
 
     @property
     def stopped_at_max_batch(self) -> bool:
@@ -485,6 +487,9 @@ class Metadata(Record):
     allocator_settings: dict[str, str] = field(default_factory=dict)
 
 
+from mbtune.serving.records import ServeReport  # noqa: E402 - it builds on the records above
+
+
 @dataclass(frozen=True, kw_only=True)
 class Profile(Record):
     """The versioned file saved under profiles/<device>/<workload>.json."""
@@ -497,3 +502,4 @@ class Profile(Record):
     metadata: Metadata
     probe: ProbeResult | None = None
     sweep: SweepReport | None = None
+    serve: ServeReport | None = None

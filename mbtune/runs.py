@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-from mbtune.config import CheckConfig, ProbeConfig, QualifySpec, SweepConfig, TrialConfig, lr_for
+from mbtune.config import TRAIN, CheckConfig, ProbeConfig, QualifySpec, SweepConfig, TrialConfig, lr_for
 from mbtune.errors import (
     EXIT_COULD_NOT_RUN,
     BudgetTooSmallError,
@@ -44,6 +44,7 @@ from mbtune.records import (
     TrialOutcome,
     TrialResult,
 )
+from mbtune.serving.records import ServeReport
 from mbtune.verdicts import ComparisonRow, Verdict
 
 if TYPE_CHECKING:
@@ -71,11 +72,13 @@ class TrialProgress(Protocol):
 
 
 def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
-                   store: RunStore | None = None) -> ProbeResult:
+                   store: RunStore | None = None, *,
+                   on_trial: Callable[[TrialOutcome], None] | None = None) -> ProbeResult:
     """Find the memory ceiling and safe batch of a workload on a device with real, isolated trials.
 
     With a store, every finished trial is journaled, and trials journaled by an interrupted run are
-    replayed in order instead of run again (the search is deterministic given its outcomes)."""
+    replayed in order instead of run again (the search is deterministic given its outcomes). `on_trial`
+    sees each outcome as it comes (and may end the probe by raising)."""
     from mbtune.ceiling import search_ceiling
     from mbtune.device import resolve_device
     from mbtune.workloads.facts import workload_facts
@@ -104,10 +107,13 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
             workload = workload.with_counted_flops(outcome.flops_counted, tried=outcome.ok)
             if progress:
                 progress.end_trial(outcome.status, REPLAYED)
+            if on_trial:
+                on_trial(outcome)
             return outcome
         log.debug("probe trial at batch %d on %s", batch_size, device)
         outcome = run_classified_trial(trial_config.trial(batch_size=batch_size, device=device, recompute=recompute,
-                                                          count_flops=workload.needs_flops_count),
+                                                          count_flops=workload.needs_flops_count
+                                                          and config.mode == TRAIN),
                                        config.trial_timeout_s)
         log.info("batch %d: %s in %.1f s", batch_size, outcome.status, outcome.wall_s)
         workload = workload.with_counted_flops(outcome.flops_counted, tried=outcome.ok)
@@ -115,6 +121,8 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
             store.record(PROBE_TRIAL, outcome.to_dict())
         if progress:
             progress.end_trial(outcome.status, _trial_detail(outcome))
+        if on_trial:
+            on_trial(outcome)
         return outcome
 
     def search() -> SearchResult:
@@ -142,7 +150,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         num_parameters=workload.num_parameters, flops_per_sample=workload.flops_per_sample,
         max_batch=config.max_batch, confirm=config.confirm, steps=config.steps, resolution=found.resolution,
         safe_batch_first=found.safe_batch_first, warnings=tuple(warnings) + found.warnings,
-        recompute=config.recompute[0], recompute_ceilings=tuple(others),
+        recompute=config.recompute[0], recompute_ceilings=tuple(others), mode=config.mode,
     )
 
 
@@ -554,12 +562,13 @@ class RunOutcome:
 
     probe: ProbeResult | None = None
     sweep: SweepReport | None = None
+    serve: ServeReport | None = None
     saved_to: Path | None = None
     notes: tuple[str, ...] = ()
 
     @property
     def interrupted(self) -> bool:
-        return self.sweep is not None and self.sweep.interrupted
+        return any(part is not None and part.interrupted for part in (self.sweep, self.serve))
 
 
 def run_probe(config: ProbeConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,
@@ -588,13 +597,14 @@ def run_tune(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: Tri
 
 def _saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, profiles_dir: Path | None,
                resume: bool, command_line: str, body: Any) -> RunOutcome:
+    """Run `body(store)` -> (probe, sweep) or (probe, sweep, serve) under a RunStore, and save what it
+    returns into the profile (without a profiles folder: no store, nothing written)."""
     from mbtune.device import resolve_device
     from mbtune.store import RunStore
     from mbtune.workloads.facts import workload_facts
 
     if profiles_dir is None:
-        probe, sweep = body(None)
-        return RunOutcome(probe=probe, sweep=sweep)
+        return RunOutcome(**_sections(body(None)))
     first = next(iter(configs.values()))
     workload_facts(workload, first.workload_options, timeout_s=first.load_timeout_s)  # bad input fails before any file
     resolved = resolve_device(device)
@@ -602,11 +612,16 @@ def _saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, p
         configs["probe"].trial(batch_size=configs["probe"].granularity, device=resolved)
     info = describe(resolved)
     with RunStore(profiles_dir, info, workload, kind=kind, config=_comparable(configs), resume=resume) as store:
-        probe, sweep = body(store)
-        saved = store.save(command_line=command_line, probe=probe, sweep=sweep)
-        if sweep is None or not sweep.interrupted:
+        sections = _sections(body(store))
+        saved = store.save(command_line=command_line, **sections)
+        outcome = RunOutcome(**sections, saved_to=saved, notes=tuple(store.notes))
+        if not outcome.interrupted:
             store.finish()
-        return RunOutcome(probe=probe, sweep=sweep, saved_to=saved, notes=tuple(store.notes))
+        return outcome
+
+
+def _sections(parts: tuple) -> dict[str, Any]:
+    return dict(zip(("probe", "sweep", "serve"), parts, strict=False))
 
 
 def _comparable(configs: dict[str, Any]) -> dict[str, Any]:
@@ -674,11 +689,13 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     probe = sweep = info = None
     probe_error = None
     try:
-        info = describe(resolve_device(probe_config.device))
+        info = describe(resolve_device(probe_config.device if probe_config else _serve_device(spec)))
         qualify.check_same_device(qualify.device_model(baseline) if baseline else None,
                                   f"{info.backend}: {info.name}", allow=spec.allow_different_device,
                                   what="the baseline and this machine")
-        if sweep_config is None:
+        if probe_config is None:
+            pass  # a serving spec alone
+        elif sweep_config is None:
             probe = run_probe(probe_config, progress, profiles_dir=profiles_dir).probe
         else:
             outcome = run_tune(probe_config, sweep_config, progress, profiles_dir=profiles_dir)
@@ -687,21 +704,44 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
         if not (isinstance(exc, _RUN_FAILURES) or exc.exit_code == EXIT_COULD_NOT_RUN):
             raise
         probe_error = exc.one_line()
+    serve, serve_error = _qualify_serve(spec, progress, profiles_dir) if spec.serve and info else (None, None)
     checks = qualify.run_errors(probe_error, sweep)
     if baseline is not None:
         checks += qualify.against_baseline(baseline.probe, baseline.sweep, probe, sweep, tolerance=spec.tolerance)
     checks += qualify.against_thresholds(dict(spec.thresholds), probe, sweep)
+    checks += qualify.serve_thresholds(dict(spec.thresholds), serve, serve_error)
     return Verdict(checks=tuple(checks), device=info, baseline=spec.baseline,
                    baseline_device=qualify.device_model(baseline) if baseline else None, tolerance=spec.tolerance,
                    repeats=repeats if sweep_config is not None else None, probe=probe, sweep=sweep)
 
 
+def _serve_device(spec: QualifySpec) -> str:
+    assert spec.serve is not None, "a spec with neither a probe nor a baseline has a serve section"
+    return spec.serve.device
+
+
+def _qualify_serve(spec: QualifySpec, progress: TrialProgress | None,
+                   profiles_dir: Path | None) -> tuple[ServeReport | None, str | None]:
+    """The spec's serving run, or why it could not complete (an ERROR check, as a probe's would be)."""
+    from mbtune.serving.run import run_serve
+
+    assert spec.serve is not None
+    try:
+        return run_serve(spec.serve, progress, profiles_dir=profiles_dir).serve, None
+    except MbtuneError as exc:
+        if not (isinstance(exc, _RUN_FAILURES) or exc.exit_code == EXIT_COULD_NOT_RUN):
+            raise
+        return None, exc.one_line()
+
+
 def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
-                     repeats: int) -> tuple[ProbeConfig, SweepConfig | None]:
+                     repeats: int) -> tuple[ProbeConfig | None, SweepConfig | None]:
     """The spec's own configs, or the ones that reproduce what the baseline measured; sweeps run each
-    point `repeats` times."""
+    point `repeats` times. A serving spec alone has neither."""
     from mbtune.errors import ProfileError
 
+    if spec.probe is None and baseline is None:
+        return None, None
     if spec.probe is not None:
         return spec.probe, dataclasses.replace(spec.sweep, repeats=repeats) if spec.sweep else None
     if baseline is None or baseline.probe is None:

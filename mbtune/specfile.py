@@ -20,7 +20,12 @@ stages = 1
 schedules = ["gpipe", "1f1b"]
 micro_batches = [2, 4, 8]
 
+[serve]                          # optional: run `mbtune serve` too (any of its settings)
+p99 = "50ms"
+max_batch_sizes = [8, 16]
+
 [thresholds]                     # absolute bounds
+min_rate_at_p99 = 200.0          # requests/s the best serving configuration sustains within [serve] p99
 min_ceiling = 100
 min_safe_batch = 85
 min_best_samples_per_s = 1000.0
@@ -39,6 +44,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from mbtune.config import (
+    SERVE_THRESHOLDS,
     THRESHOLD_KEYS,
     ProbeConfig,
     QualifySpec,
@@ -52,12 +58,15 @@ from mbtune.errors import ConfigError
 from mbtune.qualify import DEFAULT_REPEATS
 from mbtune.records import RecordFieldError, load_value, short_repr, shorten
 
+if typing.TYPE_CHECKING:
+    from mbtune.serving.config import ServeConfig
+
 # Each top-level key: the TOML types it may hold, and those in words.
 _TOP: dict[str, tuple[type | tuple[type, ...], str]] = {
     "workload": (str, "a string"), "device": (str, "a string"), "memory_budget": ((str, int, float), "a size such as \"8GiB\""),
     "tolerance": ((str, int, float), "a share such as \"10%\" or 0.1"), "repeats": (int, "an integer"),
     "baseline": (str, "a path"), "options": (dict, "a table"), "probe": (dict, "a table"), "sweep": (dict, "a table"),
-    "thresholds": (dict, "a table"),
+    "thresholds": (dict, "a table"), "serve": (dict, "a table"),
 }
 _SET_AT_THE_TOP = {"workload", "workload_options", "device", "memory_budget_bytes", "command_line", "extra_warnings"}
 _OPTION = int | float | str | bool  # a workload option's value
@@ -91,7 +100,10 @@ def read_spec(path: Path, *, baseline: str | None = None, tolerance: float | Non
     if baseline is None and data.get("baseline"):
         baseline = str((Path(path).parent / data["baseline"]).resolve())
     repeats = _repeats(path, data, repeats)
-    probe = _probe(path, data, command_line) if "workload" in data else None
+    serve = _serve(path, data, command_line) if "serve" in data else None
+    serving_only = serve is not None and not {"probe", "sweep"} & set(data) and set(
+        _table(data, "thresholds")) <= set(SERVE_THRESHOLDS)
+    probe = _probe(path, data, command_line) if "workload" in data and not serving_only else None
     sweep = _sweep(path, data, command_line) if probe and "sweep" in data else None
     if tolerance is None:
         with _named(path, "the top level"):
@@ -99,6 +111,7 @@ def read_spec(path: Path, *, baseline: str | None = None, tolerance: float | Non
     spec = QualifySpec(
         baseline=baseline, probe=probe, sweep=dataclasses.replace(sweep, repeats=repeats) if sweep else None,
         tolerance=tolerance, thresholds=_thresholds(path, data), allow_different_device=allow_different_device,
+        serve=serve,
     )
     return LoadedSpec(spec=spec, repeats=repeats)
 
@@ -160,6 +173,24 @@ def _sweep(path: Path, data: dict[str, Any], command_line: str,
     with _named(path, "sweep"):
         return SweepConfig(workload=data.get("workload", SweepConfig.workload), workload_options=options,
                            device=data.get("device", SweepConfig.device), command_line=command_line, **fields)
+
+
+def _serve(path: Path, data: dict[str, Any], command_line: str) -> ServeConfig:
+    from mbtune.serving.config import DURATIONS, ServeConfig, with_durations
+
+    table = _table(data, "serve")
+    written = {k: v for k, v in table.items() if k in DURATIONS or k in DURATIONS.values()}
+    with _named(path, "serve"):
+        durations = with_durations(written)
+    fields = _fields(path, {"serve": {k: v for k, v in table.items() if k not in written}}, "serve", ServeConfig)
+    budget = data.get("memory_budget")
+    with _named(path, "serve"):
+        if "p99_budget_s" not in durations:
+            raise ConfigError(f"spec {path}: [serve] has no p99 budget", hint='Add p99 = "50ms" to [serve].')
+        return ServeConfig(workload=data.get("workload", "gpt"), workload_options=_options(path, data),
+                           device=data.get("device", "auto"),
+                           memory_budget_bytes=parse_bytes(budget, name="memory_budget") if budget is not None else None,
+                           command_line=command_line, **durations, **fields)
 
 
 def read_settings(path: Path, command: str) -> dict[str, Any]:

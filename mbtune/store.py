@@ -27,17 +27,20 @@ from mbtune.records import (
     ProbeResult,
     Record,
     RecordFieldError,
+    ServeReport,
     SweepReport,
     TrialOutcome,
     TrialResult,
     short_repr,
     shorten,
 )
+from mbtune.serving.records import ConfigRun, ServiceCurve
 
 JOURNAL_VERSION = 1
 # The record each kind of journal entry holds (runs.PROBE_TRIAL, runs.SWEEP_POINT and runs.BALANCE).
 JOURNAL_RECORDS: dict[str, type[Record]] = {"probe_trial": TrialOutcome, "sweep_point": TrialResult,
-                                            "balance": Balance}
+                                            "balance": Balance, "service_curve": ServiceCurve,
+                                            "serve_config": ConfigRun}
 _BAD_JOURNAL = "Fix or delete that line, or run without --resume."
 
 
@@ -101,10 +104,10 @@ class RunStore:
         os.fsync(self._journal.fileno())
 
     def save(self, *, command_line: str, probe: ProbeResult | None = None,
-             sweep: SweepReport | None = None) -> Path:
+             sweep: SweepReport | None = None, serve: ServeReport | None = None) -> Path:
         """Write the profile atomically (under this run's lock)."""
         return save_results(self.path.parents[1], self._device, self._workload, command_line,
-                            probe=probe, sweep=sweep)
+                            probe=probe, sweep=sweep, serve=serve)
 
     def finish(self) -> None:
         """The run completed and its profile is saved: the journal has done its job."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from mbtune.config import TrialConfig, lr_for
+from mbtune.config import INFER, TRAIN, TrialConfig, lr_for
 from mbtune.device import classify_error, get_backend
 from mbtune.errors import NonFiniteLossError
 from mbtune.records import NONFINITE, OK, WORKLOAD_FAULT, TrialOutcome
@@ -40,7 +40,9 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
     status, error, tail = OK, "", ""
     try:
         workload = load_workload(config.workload, config.workload_options)
-        for step, (step_s, loss) in enumerate(_train(workload, config, backend), 1):
+        if config.mode == INFER:
+            step_times_s = _infer(workload, config)
+        for step, (step_s, loss) in enumerate(_train(workload, config, backend) if config.mode == TRAIN else (), 1):
             if not math.isfinite(loss):
                 raise NonFiniteLossError(loss, step)
             step_times_s.append(step_s)
@@ -119,6 +121,19 @@ def _train(workload: Workload, config: TrialConfig, backend: Any):
         step_s = time.perf_counter() - start
         yield step_s, float(loss.detach())
         del inputs, targets, loss
+
+
+def _infer(workload: Workload, config: TrialConfig) -> list[float]:
+    """Seconds of each of `config.steps` forward passes under torch.inference_mode, in eval mode."""
+    from mbtune.serving.infer import InferenceModel
+
+    model = InferenceModel(workload, device=config.device, precision=config.precision, seed=config.seed)
+    times = []
+    for _ in range(config.steps):
+        inputs = model.inputs(config.batch_size)
+        times.append(model.run(inputs))
+        del inputs
+    return times
 
 
 def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -115,6 +115,50 @@ def run_isolated(target: Callable[..., Any], *args: Any, timeout_s: float) -> Ch
         stderr_path = os.path.join(tmp, "stderr")
         status, value, exitcode, wall_s = _run_child(target, args, stderr_path, timeout_s)
         began, stderr = read_child_stderr(stderr_path)
+    return _child_result(status, value, exitcode, wall_s, began, stderr, timeout_s)
+
+
+def run_beside(background: Callable[..., Any], background_args: tuple, target: Callable[..., Any], *args: Any,
+               timeout_s: float, grace_s: float = 10.0,
+               handed_over: tuple[multiprocessing.connection.Connection, ...] = ()) -> tuple[ChildResult, ChildResult]:
+    """Start background(*background_args) in a fresh process, then call target(*args) in another, as
+    run_isolated does; once target has returned, give the background process `grace_s` to return too (the
+    target tells it to, e.g. over a pipe passed to both), then kill it. (target's result, background's).
+
+    `handed_over`: this process's copies of pipe ends that the background process now holds alone; they
+    are closed once it has started, so the target sees the pipe close if the background process dies."""
+    exit_if_bootstrapping()
+    with tempfile.TemporaryDirectory(prefix="mbtune-beside-") as tmp:
+        stderr_path = os.path.join(tmp, "stderr")
+        ctx = process_context()
+        receiver, sender = ctx.Pipe(duplex=False)
+        process = ctx.Process(target=_child_main, args=(sender, background, background_args, stderr_path),
+                              daemon=False)
+        started = time.perf_counter()
+        process.start()
+        sender.close()
+        for connection in handed_over:
+            connection.close()
+        try:
+            front = run_isolated(target, *args, timeout_s=timeout_s)
+            status: str | None = TIMEOUT
+            value: Any = None
+            if receiver.poll(grace_s):
+                try:
+                    status, value = receiver.recv()
+                except EOFError:
+                    status = None
+            process.join(_GRACE_S if status != TIMEOUT else 0)
+        finally:
+            _kill_group(process)
+            receiver.close()
+        began, stderr = read_child_stderr(stderr_path)
+    back = _child_result(status, value, process.exitcode, time.perf_counter() - started, began, stderr, grace_s)
+    return front, back
+
+
+def _child_result(status: str | None, value: Any, exitcode: int | None, wall_s: float, began: bool, stderr: str,
+                  timeout_s: float) -> ChildResult:
     forward_stderr(stderr)
     stderr_tail = tail_lines(stderr)
     if status == OK:

@@ -36,6 +36,10 @@ def print_profile(console: Console, profile: Profile, fmt: str, *, path: str, er
         print_probe(console, profile.probe, fmt)
     if profile.sweep is not None:
         print_sweep(console, profile.sweep, fmt)
+    if profile.serve is not None:
+        from mbtune.report.serve import print_serve
+
+        print_serve(console, profile.serve, fmt)
     if errors and fmt == "table":
         print_error_tails(console, profile)
 

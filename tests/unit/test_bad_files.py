@@ -296,8 +296,10 @@ def test_a_complete_but_wrong_last_line_is_not_taken_for_a_torn_one(tmp_path):
 
 def test_journal_kinds_are_the_ones_the_runs_write():
     from mbtune import runs
+    from mbtune.serving import run as serving
 
-    assert set(JOURNAL_RECORDS) == {runs.PROBE_TRIAL, runs.SWEEP_POINT, runs.BALANCE}
+    assert set(JOURNAL_RECORDS) == {runs.PROBE_TRIAL, runs.SWEEP_POINT, runs.BALANCE, serving.SERVICE_CURVE,
+                                    serving.SERVE_CONFIG}
 
 
 # --- spec files ------------------------------------------------------------------------------------------

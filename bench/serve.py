@@ -1,0 +1,80 @@
+"""Benchmark: `mbtune serve` on the gpt workload on CPU: the throughput-latency table, the queueing
+simulator's p99 error against what was measured, and the noise floor it should be read against (the
+winning configuration's loads measured a second time, in a fresh server).
+
+Prints, per configuration and rate: throughput, p50, p99 measured, p99 predicted (leave one out) and the
+error; then the median and worst error, the same loads' p99 run-to-run difference (median and worst),
+and the wall time.
+
+Run (a few minutes on two cores):   .venv/bin/python bench/serve.py [--p99 200ms] [--workload gpt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from mbtune.config import parse_duration
+from mbtune.serving.config import ServeConfig
+from mbtune.serving.load import POISSON
+from mbtune.serving.run import serve_workload
+from mbtune.serving.server import LoadPlan, ServerSpec, run_config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="gpt")
+    parser.add_argument("--p99", default="200ms")
+    parser.add_argument("--strategy", default="grid")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    config = ServeConfig(p99_budget_s=parse_duration(args.p99, name="--p99"), workload=args.workload, device="cpu",
+                         strategy=args.strategy)
+    report = serve_workload(config)
+    wall_s = time.perf_counter() - started
+    print(f"{args.workload} on CPU, p99 budget {config.p99_budget_s * 1e3:g} ms, {report.threads} model thread(s); "
+          f"inference ceiling {report.ceiling.ceiling}, safe batch {report.ceiling.safe_batch}")
+    print(f"{'configuration':<34} {'rate/s':>8} {'thru/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'pred ms':>8} {'error':>7}")
+    errors = []
+    for load in report.loads:
+        if load.kind != POISSON:
+            continue
+        error = ""
+        if load.p99_s and load.predicted_p99_s is not None:
+            errors.append(abs(load.predicted_p99_s - load.p99_s) / load.p99_s)
+            error = f"{errors[-1]:.0%}"
+        print(f"{load.config.label:<34} {load.rate_per_s:>8g} {load.throughput_per_s:>8.1f} {_ms(load.p50_s):>8} "
+              f"{_ms(load.p99_s):>8} {_ms(load.predicted_p99_s):>8} {error:>7}")
+    if errors:
+        print(f"simulator p99 error (leave one out): median {statistics.median(errors):.0%}, worst {max(errors):.0%} "
+              f"over {len(errors)} loads")
+    winner = report.winner
+    if winner is not None:
+        print(f"winner: {winner.config.label}, {winner.max_rate_per_s:g} requests/s within the budget "
+              f"(p99 {_ms(winner.p99_at_max_s)} ms)")
+        noise_floor(report, config)
+    print(f"wall time: {wall_s:.0f} s for the run")
+
+
+def noise_floor(report, config: ServeConfig) -> None:
+    """The winner's loads again, in a fresh server: how far the same point's p99 moves run to run."""
+    run = next(r for r in report.runs if r.config == report.winner.config)
+    rates = tuple((POISSON, load.rate_per_s) for load in run.loads if load.kind == POISSON)
+    plan = LoadPlan(rules=run.config, loads=rates, budget_s=config.p99_budget_s, window_s=config.window_s,
+                    max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=config.seed + 1,
+                    stop_after_failure=False)
+    spec = ServerSpec(workload=config.workload, device="cpu", rules=run.config, queue_timeout_s=config.queue_timeout)
+    again = run_config(spec, plan, timeout_s=600)
+    differences = [abs(b.p99_s - a.p99_s) / a.p99_s for a, b in zip(run.loads, again.loads) if a.p99_s and b.p99_s]
+    if differences:
+        print(f"noise floor: the winner's {len(differences)} loads measured again differ in p99 by median "
+              f"{statistics.median(differences):.0%}, worst {max(differences):.0%}")
+
+
+def _ms(value: float | None) -> str:
+    return "lost" if value is None else f"{value * 1e3:.1f}"
+
+
+if __name__ == "__main__":
+    main()

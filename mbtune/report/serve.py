@@ -1,0 +1,191 @@
+"""`mbtune serve` results for people (rich), machines (JSON, CSV), servers (Triton's config.pbtxt fragment,
+TorchServe's settings) and pictures (the throughput-latency curve)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from mbtune.report import fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
+from mbtune.serving.records import BatchConfig, ConfigAnswer, LoadResult, ServeReport
+
+
+def triton_fragment(config: BatchConfig) -> str:
+    """The configuration as Triton Inference Server's config.pbtxt lines."""
+    lines = [f"max_batch_size: {config.max_batch_size}", "dynamic_batching {"]
+    if config.preferred:
+        lines.append(f"  preferred_batch_size: [ {', '.join(map(str, config.preferred))} ]")
+    lines.append(f"  max_queue_delay_microseconds: {round(config.max_queue_delay_s * 1e6)}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def torchserve_settings(config: BatchConfig) -> dict[str, int]:
+    """TorchServe's batch_size and max_batch_delay (milliseconds) for the configuration. TorchServe has no
+    preferred sizes: it waits up to the delay to fill batch_size."""
+    return {"batch_size": config.max_batch_size, "max_batch_delay": math.ceil(config.max_queue_delay_s * 1e3)}
+
+
+def print_serve(console: Console, report: ServeReport, fmt: str, *, saved_to: str | None = None) -> None:
+    if fmt == "json":
+        print_json(serve_document(report))
+        return
+    if fmt == "csv":
+        loads_frame(report).to_csv(sys.stdout, index=False)
+        return
+    console.print(curve_table(report))
+    console.print(loads_table(report))
+    console.print(answers_table(report))
+    console.print(summary_panel(report))
+    winner = report.winner
+    if winner is not None:
+        settings = torchserve_settings(winner.config)
+        console.print(Panel(triton_fragment(winner.config), title="Triton config.pbtxt", title_align="left",
+                            expand=False))
+        console.print(f"TorchServe: batch_size={settings['batch_size']} max_batch_delay={settings['max_batch_delay']}"
+                      " (ms; TorchServe has no preferred sizes)")
+    for reason in report.skipped:
+        console.print(f"[dim]skipped: {reason}[/]")
+    print_warnings(console, report.warnings)
+    if report.interrupted:
+        console.print("[yellow]interrupted: the figures above are what finished[/]")
+    if saved_to:
+        console.print(f"profile saved to {saved_to}")
+
+
+def serve_document(report: ServeReport) -> dict[str, Any]:
+    """The JSON output: the report as saved, with the winner's server settings beside it."""
+    winner = report.winner
+    return {"serve": report.to_dict(),
+            "winner": None if winner is None else {
+                "config": winner.config.to_dict(), "max_rate_per_s": winner.max_rate_per_s,
+                "triton_config_pbtxt": triton_fragment(winner.config),
+                "torchserve": torchserve_settings(winner.config)}}
+
+
+def curve_table(report: ServeReport) -> Table:
+    table = Table(title=f"Service time of one batch ({report.precision}, {report.threads} thread(s), warm)",
+                  title_justify="left")
+    for name in ("batch", "median", "min-max", "passes", "samples/s"):
+        table.add_column(name, justify="right")
+    for time in report.curve.times:
+        table.add_row(str(time.batch_size), fmt_seconds(time.median_s),
+                      f"{fmt_seconds(time.min_s)}-{fmt_seconds(time.max_s)}", str(len(time.times_s)),
+                      fmt_rate(time.batch_size / time.median_s))
+    return table
+
+
+def loads_table(report: ServeReport) -> Table:
+    """The throughput-latency curve: every configuration under every load it ran."""
+    budget = report.p99_budget_s
+    table = Table(title=f"Measured under load (p99 budget {fmt_seconds(budget)})", title_justify="left")
+    for name in ("configuration", "load", "throughput/s", "p50", "p90", "p99", "predicted p99", "mean batch",
+                 "queued", "lost", "windows"):
+        table.add_column(name, justify="left" if name in ("configuration", "load") else "right")
+    for run in report.runs:
+        if run.error:
+            table.add_row(run.config.label, "[red]failed[/]", run.error, *[""] * 8)
+        for load in run.loads:
+            style = "green" if load.meets(budget) else "red"
+            table.add_row(run.config.label, load.label, fmt_rate(load.throughput_per_s), _latency(load.p50_s),
+                          _latency(load.p90_s), f"[{style}]{_latency(load.p99_s)}[/]", _latency(load.predicted_p99_s),
+                          f"{load.mean_batch_size:.1f}", f"{load.queue_share:.0%}", str(load.lost),
+                          f"{load.windows}{'' if load.stable else ' unstable'}")
+    return table
+
+
+def _latency(value: float | None) -> str:
+    return "lost >1%" if value is None else fmt_seconds(value)
+
+
+def answers_table(report: ServeReport) -> Table:
+    table = Table(title="Highest Poisson rate with p99 within the budget", title_justify="left")
+    for name in ("", "configuration", "max rate/s", "p99 there", "throughput/s", "first over budget",
+                 "predicted max rate/s"):
+        table.add_column(name, justify="left" if name in ("", "configuration") else "right")
+    for index, answer in enumerate(report.answers):
+        mark = "*" if index == report.best else ""
+        table.add_row(mark, answer.config.label, _rate(answer), fmt_seconds(answer.p99_at_max_s)
+                      if answer.p99_at_max_s is not None else "", fmt_rate(answer.throughput_at_max_per_s)
+                      if answer.throughput_at_max_per_s is not None else "",
+                      f"{answer.first_failing_rate_per_s:g}" if answer.first_failing_rate_per_s else "",
+                      f"{answer.predicted_max_rate_per_s:g}" if answer.predicted_max_rate_per_s else "none")
+    return table
+
+
+def _rate(answer: ConfigAnswer) -> str:
+    if not answer.ran:
+        return "not run"
+    if answer.max_rate_per_s is None:
+        return "none"
+    return f"{answer.max_rate_per_s:g}" + ("" if answer.stable else " (unstable)")
+
+
+def summary_panel(report: ServeReport) -> Panel:
+    grid = key_value_grid()
+    device, ceiling = report.device, report.ceiling
+    grid.add_row("device", f"{device.label} {device.name}")
+    options = ", ".join(f"{k}={v}" for k, v in report.workload_options.items())
+    grid.add_row("workload", f"{report.workload}{f' ({options})' if options else ''}, {report.precision}, "
+                             "eval mode under torch.inference_mode")
+    bound = " (stopped at --max-batch)" if ceiling.stopped_at_max_batch else f", first failing {ceiling.first_failing}"
+    grid.add_row("inference ceiling", f"{ceiling.ceiling}{bound}; safe batch {ceiling.safe_batch} "
+                                      f"(margin {ceiling.margin:.0%}, {len(ceiling.trials)} trials)")
+    grid.add_row("p99 budget", fmt_seconds(report.p99_budget_s))
+    winner = report.winner
+    grid.add_row("best", f"[bold green]{winner.config.label}[/]: {winner.max_rate_per_s:g} requests/s within the "
+                         f"budget (p99 {fmt_seconds(winner.p99_at_max_s)})" if winner and winner.max_rate_per_s
+                 else "[red]no configuration met the budget at any rate it ran[/]")
+    check = report.simulator
+    if check is not None:
+        error = (f"median {check.median_error_pct:.0f}%, worst {check.worst_error_pct:.0f}% over {check.points} "
+                 "loads" if check.median_error_pct is not None else "no load to compare with")
+        noise = f"; a batch's passes spread {check.noise_pct:.0f}% (median max/min)" if check.noise_pct is not None else ""
+        grid.add_row("simulator p99 error", f"{error} (each predicted from the others){noise}")
+        grid.add_row("simulator calibration", f"a batch under load took x{check.service_scale:.2f} its time alone; "
+                                              f"transport {fmt_seconds(check.overhead_s)} per request")
+    grid.add_row("strategy", report.strategy)
+    return Panel(grid, title="Serving result", title_align="left", expand=False)
+
+
+def loads_frame(report: ServeReport) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([_load_row(load, report.p99_budget_s) for load in report.loads])
+
+
+def _load_row(load: LoadResult, budget_s: float) -> dict[str, Any]:
+    return {
+        "max_batch_size": load.config.max_batch_size, "max_queue_delay_s": load.config.max_queue_delay_s,
+        "preferred": ",".join(map(str, load.config.preferred)), "kind": load.kind, "rate_per_s": load.rate_per_s,
+        "concurrency": load.concurrency, "throughput_per_s": load.throughput_per_s, "p50_s": load.p50_s,
+        "p90_s": load.p90_s, "p99_s": load.p99_s, "predicted_p99_s": load.predicted_p99_s,
+        "mean_batch_size": load.mean_batch_size, "queue_share": load.queue_share, "sent": load.sent,
+        "completed": load.completed, "rejected": load.rejected, "timed_out": load.timed_out,
+        "stable": load.stable, "windows": load.windows, "meets_budget": load.meets(budget_s),
+    }
+
+
+def write_serve_plot(report: ServeReport, directory: Path) -> Path:
+    """serve_curve.png: p99 against throughput per configuration, the budget as a line."""
+    from mbtune.report.plots import _figure, _save
+
+    directory.mkdir(parents=True, exist_ok=True)
+    figure = _figure(8.0, 5.0)
+    ax = figure.subplots()
+    for run in report.runs:
+        points = [(load.throughput_per_s, load.p99_s * 1e3) for load in run.loads if load.p99_s is not None]
+        if points:
+            ax.plot(*zip(*sorted(points)), marker="o", label=run.config.label)
+    ax.axhline(report.p99_budget_s * 1e3, color="tab:red", linestyle="--", label="p99 budget")
+    ax.set_xlabel("throughput (requests/s)")
+    ax.set_ylabel("p99 latency (ms)")
+    ax.set_title(f"Throughput against p99: {report.workload} on {report.device.label}", fontsize="small")
+    ax.legend(fontsize="x-small")
+    return _save(figure, directory / "serve_curve.png")

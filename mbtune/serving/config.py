@@ -1,0 +1,148 @@
+"""ServeConfig: the settings of `mbtune serve`, frozen and keyword-only, validating themselves like the
+training configs in mbtune.config (whose helpers they use)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from mbtune.checks import check_types, require_unique
+from mbtune.checks import require as _require
+from mbtune.config import (
+    DEFAULT_LOAD_TIMEOUT_S,
+    DEFAULT_MARGIN,
+    DEFAULT_TRIAL_TIMEOUT_S,
+    INFER,
+    PRECISIONS,
+    STRATEGIES,
+    ProbeConfig,
+    _check_timeout,
+    parse_device,
+)
+
+# The inference probe grows no further than this by default: batches this large rarely meet a latency
+# budget, and each trial at them takes seconds.
+DEFAULT_SERVE_MAX_BATCH = 1024
+# Defaults relative to what was measured: queue delays as shares of the p99 budget, Poisson rates as
+# shares of the largest configuration's capacity (its largest batch over that batch's service time).
+DEFAULT_DELAY_SHARES = (0.0, 0.1)
+DEFAULT_RATE_SHARES = (0.2, 0.4, 0.6, 0.75, 0.9, 1.05)
+DEFAULT_MAX_BATCH_SIZES = 3  # the largest powers of two whose batch fits in the budget and the safe batch
+QUEUE_TIMEOUT_BUDGETS = 10  # by default a request waiting ten budgets in the queue is rejected
+INFERENCE_STEPS = 2  # forward passes per inference probe trial (the second is warm)
+
+
+# Settings written as durations ("50ms", or a list of them for queue delays): flag name -> field.
+DURATIONS = {"p99": "p99_budget_s", "queue_delays": "queue_delays_s", "window": "window_s",
+             "queue_timeout": "queue_timeout_s"}
+
+
+def with_durations(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings with their durations in seconds, under the field's name: "50ms" -> 0.05, a list of
+    durations -> a tuple of seconds; numbers are seconds already. Any other setting is left as it is."""
+    from mbtune.config import parse_duration
+
+    converted = dict(settings)
+    for flag, name in DURATIONS.items():
+        for key in (flag, name):
+            if key not in converted:
+                continue
+            value = converted.pop(key)
+            if isinstance(value, list | tuple):
+                value = tuple(parse_duration(v, name=flag) if isinstance(v, str) else v for v in value)
+            elif isinstance(value, str):
+                value = parse_duration(value, name=flag)
+            converted[name] = value
+    return converted
+
+
+def serve_threads(threads: int | None) -> int:
+    """torch threads of the model process: as given, else all cores but one (the load generator's)."""
+    return threads or max(1, (os.cpu_count() or 2) - 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    """Settings of `mbtune serve`: find the dynamic-batching configuration that sustains the highest
+    Poisson rate with its p99 latency within the budget."""
+
+    p99_budget_s: float
+    workload: str = "gpt"
+    workload_options: tuple[tuple[str, int | float | str], ...] = ()
+    device: str = "auto"
+    precision: str = "fp32"
+    rates: tuple[float, ...] | None = None  # Poisson rates, requests/s (default: shares of the capacity)
+    concurrency: tuple[int, ...] = ()  # closed-loop runs too: this many requests always in flight
+    max_batch_sizes: tuple[int, ...] | None = None
+    queue_delays_s: tuple[float, ...] | None = None
+    preferred: tuple[int, ...] = ()  # preferred batch sizes (each configuration keeps those within its max)
+    memory_budget_bytes: int | None = None
+    margin: float = DEFAULT_MARGIN
+    granularity: int = 1
+    max_batch: int | None = DEFAULT_SERVE_MAX_BATCH  # the inference probe grows no further
+    confirm: int = 2
+    resolution: int | None = None
+    threads: int | None = None  # the model process's torch threads (default: all cores but one)
+    window_s: float = 1.0  # a measurement window (open loop: long enough for 100 expected arrivals)
+    max_windows: int = 8
+    queue_timeout_s: float | None = None  # default: ten budgets
+    strategy: str = "grid"  # grid: every configuration; quick: those the simulator finds promising
+    seed: int = 0
+    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+    command_line: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("rates", "concurrency", "max_batch_sizes", "queue_delays_s", "preferred"):
+            value = getattr(self, name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                object.__setattr__(self, name, (value,))
+        check_types(self)
+        object.__setattr__(self, "device", parse_device(self.device))
+        _require(math.isfinite(self.p99_budget_s) and self.p99_budget_s > 0, "p99_budget_s", self.p99_budget_s,
+                 "a duration above 0 (e.g. 50ms)")
+        _require(self.rates is None or (bool(self.rates) and all(math.isfinite(r) and r > 0 for r in self.rates)),
+                 "rates", self.rates, "request rates above 0 per second (e.g. 10,50,100)")
+        _require(all(c >= 1 for c in self.concurrency), "concurrency", self.concurrency, "integers >= 1")
+        _require(self.max_batch_sizes is None or (bool(self.max_batch_sizes) and min(self.max_batch_sizes) >= 1),
+                 "max_batch_sizes", self.max_batch_sizes, "integers >= 1")
+        _require(self.queue_delays_s is None or (bool(self.queue_delays_s) and all(
+            math.isfinite(d) and d >= 0 for d in self.queue_delays_s)), "queue_delays_s", self.queue_delays_s,
+            "durations >= 0 (e.g. 0,2ms,10ms)")
+        _require(all(p >= 1 for p in self.preferred), "preferred", self.preferred, "integers >= 1")
+        for name in ("rates", "concurrency", "max_batch_sizes", "queue_delays_s", "preferred"):
+            require_unique(getattr(self, name), name)
+        _require(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
+        _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
+        _require(math.isfinite(self.window_s) and self.window_s > 0, "window_s", self.window_s, "seconds above 0")
+        _require(self.max_windows >= 3, "max_windows", self.max_windows, "an integer >= 3 (3 windows must agree)")
+        _require(self.queue_timeout_s is None or (math.isfinite(self.queue_timeout_s) and self.queue_timeout_s > 0),
+                 "queue_timeout_s", self.queue_timeout_s, "seconds above 0")
+        _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
+        _check_timeout(self.trial_timeout_s, "trial_timeout_s")
+        _check_timeout(self.load_timeout_s, "load_timeout_s")
+        self.probe_config()  # the probe's own checks: margin, granularity, max batch, confirm, budget
+
+    @property
+    def queue_timeout(self) -> float:
+        """Seconds a request may wait in the queue before the server rejects it."""
+        return self.queue_timeout_s if self.queue_timeout_s is not None else QUEUE_TIMEOUT_BUDGETS * self.p99_budget_s
+
+    @property
+    def delays_s(self) -> tuple[float, ...]:
+        """The max queue delays tried: as given, else shares of the budget."""
+        if self.queue_delays_s is not None:
+            return tuple(sorted(self.queue_delays_s))
+        return tuple(round(share * self.p99_budget_s, 6) for share in DEFAULT_DELAY_SHARES)
+
+    def probe_config(self) -> ProbeConfig:
+        """The inference ceiling's probe: forward passes only, under the same budget and precision."""
+        return ProbeConfig(workload=self.workload, workload_options=self.workload_options, device=self.device,
+                           memory_budget_bytes=self.memory_budget_bytes, margin=self.margin,
+                           granularity=self.granularity, max_batch=self.max_batch, confirm=self.confirm,
+                           resolution=self.resolution, precision=self.precision, steps=INFERENCE_STEPS,
+                           threads=serve_threads(self.threads), trial_timeout_s=self.trial_timeout_s,
+                           load_timeout_s=self.load_timeout_s, seed=self.seed, mode=INFER,
+                           command_line=self.command_line)

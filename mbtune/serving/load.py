@@ -1,0 +1,95 @@
+"""The load generator's pure half: Poisson arrivals, percentiles with rejected requests counted, and
+perf_analyzer's rule for when a measurement counts (consecutive windows that agree).
+
+No torch and no clock here: server.py drives real requests with these, simulate.py simulated ones.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+POISSON, CLOSED = "poisson", "closed"
+LOAD_KINDS = (POISSON, CLOSED)
+# perf_analyzer's defaults: a measurement is stable when this many consecutive windows agree within this
+# share on throughput and on mean latency.
+STABLE_WINDOWS = 3
+STABILITY = 0.10
+
+
+def poisson_arrivals(rate_per_s: float, duration_s: float, *, seed: int) -> list[float]:
+    """Arrival times in [0, duration_s) of a Poisson process: exponential gaps of mean 1 / rate."""
+    draw = random.Random(seed)
+    times: list[float] = []
+    now = draw.expovariate(rate_per_s)
+    while now < duration_s:
+        times.append(now)
+        now += draw.expovariate(rate_per_s)
+    return times
+
+
+def percentile(values: Sequence[float], share: float, *, rejected: int = 0) -> float:
+    """The `share` (0-1) percentile by the nearest-rank rule; `rejected` requests count as slower than
+    every served one (a request the server dropped broke any latency budget). inf when the percentile
+    falls among the rejected, nan with nothing at all."""
+    total = len(values) + rejected
+    if total == 0:
+        return math.nan
+    rank = max(1, math.ceil(share * total))
+    if rank > len(values):
+        return math.inf
+    return sorted(values)[rank - 1]
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one measurement window saw: requests completed in it, their latencies, and the rejected."""
+
+    completed: int
+    mean_latency_s: float
+    throughput_per_s: float
+    offered: int = 0  # open loop: requests that arrived in the window (0: closed loop)
+
+    @property
+    def pace(self) -> float:
+        """What stability compares: the throughput in a closed loop; in an open loop the share of the
+        window's arrivals it completed, which holds still while the server keeps up, whatever the Poisson
+        count of arrivals, and falls as a backlog grows."""
+        if self.offered:
+            return self.completed / self.offered
+        return self.throughput_per_s
+
+
+def window_of(latencies_s: Sequence[float], length_s: float, *, offered: int = 0) -> Window:
+    mean = sum(latencies_s) / len(latencies_s) if latencies_s else math.inf
+    return Window(completed=len(latencies_s), mean_latency_s=mean, throughput_per_s=len(latencies_s) / length_s,
+                  offered=offered)
+
+
+def stable(windows: Sequence[Window], *, count: int = STABLE_WINDOWS, within: float = STABILITY) -> bool:
+    """perf_analyzer's rule: the last `count` windows each within `within` of their mean, on throughput
+    (its pace, see Window.pace) and on mean latency, and none empty."""
+    if len(windows) < count:
+        return False
+    last = windows[-count:]
+    for values in ([w.pace for w in last], [w.mean_latency_s for w in last]):
+        mean = sum(values) / count
+        if not all(math.isfinite(v) for v in values) or mean <= 0:
+            return False
+        if any(abs(v - mean) > within * mean for v in values):
+            return False
+    return True
+
+
+def spread_of(windows: Sequence[Window]) -> float:
+    """How far the windows' pace or mean latency strays from its mean (the largest share); inf when a
+    window saw nothing."""
+    worst = 0.0
+    for values in ([w.pace for w in windows], [w.mean_latency_s for w in windows]):
+        mean = sum(values) / len(values) if values else 0.0
+        if not values or not math.isfinite(mean) or mean <= 0:
+            return math.inf
+        worst = max(worst, *(abs(v - mean) / mean for v in values))
+    return worst

@@ -1,0 +1,338 @@
+"""`mbtune serve`: the inference ceiling, the service-time curve, then real load on real server processes
+for each dynamic-batching configuration, the queueing simulator calibrated on the curve and validated on
+what ran, and the answer: per configuration the highest Poisson rate whose p99 stays within the budget.
+
+With a store, every finished trial, the curve and every configuration's loads are journaled, and an
+interrupted run resumes without measuring them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from mbtune.errors import ConfigError, Interrupted, TrialFailedError
+from mbtune.records import OK, ProbeResult, TrialOutcome
+from mbtune.serving import simulate
+from mbtune.serving.config import DEFAULT_MAX_BATCH_SIZES, DEFAULT_RATE_SHARES, ServeConfig
+from mbtune.serving.load import CLOSED, POISSON
+from mbtune.serving.records import (
+    BatchConfig,
+    ConfigAnswer,
+    ConfigRun,
+    LoadResult,
+    ServeReport,
+    ServiceCurve,
+    SimulatorCheck,
+)
+
+if TYPE_CHECKING:
+    from mbtune.runs import TrialProgress
+    from mbtune.store import RunStore
+
+log = logging.getLogger(__name__)
+SERVICE_CURVE, SERVE_CONFIG = "service_curve", "serve_config"  # journal kinds
+QUICK_CONFIGS = 2  # --strategy quick measures the configurations the simulator ranks this high
+
+
+def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
+                   store: RunStore | None = None) -> ServeReport:
+    """Find the dynamic-batching configuration that sustains the highest Poisson rate within the p99
+    budget, from real measurements (see the module docstring). Ctrl-C keeps what finished."""
+    from mbtune.device import resolve_device
+    from mbtune.runs import probe_workload
+    from mbtune.workloads.facts import workload_facts
+
+    workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
+    device = resolve_device(config.device)
+    ceiling = probe_workload(config.probe_config(), progress, store, on_trial=_budget_check(config))
+    curve = _curve(config, device, ceiling, store)
+    _check_batch_of_one(config, curve)
+    warnings = [f"inference probe: {w}" for w in ceiling.warnings]
+    skipped: list[str] = [curve.stopped] if curve.stopped else []
+    rules = _configurations(config, ceiling, curve, skipped)
+    if not rules:
+        raise ConfigError(f"no configuration to run: {'; '.join(skipped)}",
+                          hint="Give --max-batch-sizes within the safe batch whose batch fits in the budget.")
+    rates = config.rates or _default_rates(curve, rules)
+    service = simulate.curve_sampler(curve)
+    runs: list[ConfigRun] = []
+    interrupted = False
+    try:
+        for rule, rule_rates in _to_run(config, rules, rates, service, skipped):
+            runs.append(_run(config, device, rule, rule_rates, store, progress))
+    except (Interrupted, KeyboardInterrupt):
+        interrupted = True
+    fit = calibrate(curve, [load for run in runs for load in run.loads])
+    runs = _predicted(runs, curve, config)
+    service = simulate.curve_sampler(curve, fit.service_scale)
+    answers = tuple(_answer(rule, runs, rates, service, fit.overhead_s, config) for rule in rules)
+    warnings += _load_warnings(runs, config)
+    best = _best(answers)
+    if best is not None and answers[best].max_rate_per_s == max(rates):
+        warnings.append(f"{answers[best].config.label} met the budget at the highest rate tried "
+                        f"({max(rates):g}/s): it may sustain more (add higher --rates)")
+    return ServeReport(
+        workload=config.workload, workload_options=dict(config.workload_options), device=ceiling.device,
+        precision=config.precision, p99_budget_s=config.p99_budget_s, ceiling=ceiling, curve=curve,
+        runs=tuple(runs), answers=answers, best=best, strategy=config.strategy,
+        simulator=_validation(runs, curve, fit), skipped=tuple(skipped), warnings=tuple(warnings),
+        threads=curve.threads, interrupted=interrupted)
+
+
+def _budget_check(config: ServeConfig) -> Any:
+    """Refuse a budget that one batch of the smallest size cannot meet, at the probe's first trial."""
+    def check(outcome: TrialOutcome) -> None:
+        warm = outcome.step_times_s[1:]  # the first pass pays for the first call's set-up
+        if outcome.ok and outcome.batch_size == config.granularity and warm:
+            _refuse_budget(config, outcome.batch_size, min(warm))
+
+    return check
+
+
+def _check_batch_of_one(config: ServeConfig, curve: ServiceCurve) -> None:
+    first = min(curve.times, key=lambda t: t.batch_size)
+    _refuse_budget(config, first.batch_size, first.min_s)
+
+
+def _refuse_budget(config: ServeConfig, batch_size: int, fastest_s: float) -> None:
+    if fastest_s > config.p99_budget_s:
+        raise ConfigError(f"--p99 {config.p99_budget_s * 1e3:g}ms is below the latency of one batch of {batch_size}: "
+                          f"its fastest forward pass took {fastest_s * 1e3:.1f} ms",
+                          hint=f"Give a --p99 above {fastest_s * 1e3:.0f}ms, a faster device or a smaller model.")
+
+
+def _curve(config: ServeConfig, device: str, ceiling: ProbeResult, store: RunStore | None) -> ServiceCurve:
+    """The service-time curve up to the safe batch, measured in a fresh process (or replayed)."""
+    from mbtune.serving.infer import CurveSpec, measure_curve
+    from mbtune.worker import run_isolated
+
+    replayed = store.replayed(SERVICE_CURVE) if store else []
+    if replayed:
+        return ServiceCurve.from_dict(replayed[0])
+    limit = ceiling.safe_batch
+    sizes = {1 << k for k in range(limit.bit_length()) if 1 << k <= limit} | {limit}
+    sizes |= {s for s in (*config.preferred, *(config.max_batch_sizes or ())) if s <= limit}
+    spec = CurveSpec(workload=config.workload, workload_options=config.workload_options, device=device,
+                     precision=config.precision, threads=config.threads, seed=config.seed, sizes=tuple(sorted(sizes)),
+                     stop_above_s=config.p99_budget_s)
+    result = run_isolated(measure_curve, spec, timeout_s=config.trial_timeout_s)
+    if result.status != OK:
+        raise TrialFailedError(f"the service-time curve could not be measured: {result.error}",
+                               detail=result.error_tail)
+    curve: ServiceCurve = result.value
+    if store:
+        store.record(SERVICE_CURVE, curve.to_dict())
+    return curve
+
+
+def _configurations(config: ServeConfig, ceiling: ProbeResult, curve: ServiceCurve,
+                    skipped: list[str]) -> tuple[BatchConfig, ...]:
+    """Every (max batch size, queue delay) configuration to consider; sizes that cannot run are skipped."""
+    measured = {t.batch_size: t.median_s for t in curve.times}
+    if config.max_batch_sizes is None:
+        fitting = [s for s, t in sorted(measured.items()) if s & (s - 1) == 0 and t <= config.p99_budget_s / 2]
+        sizes = fitting[-DEFAULT_MAX_BATCH_SIZES:] or [min(measured)]
+    else:
+        sizes = []
+        for size in sorted(config.max_batch_sizes):
+            if size > ceiling.safe_batch:
+                skipped.append(f"max batch size {size}: above the inference safe batch ({ceiling.safe_batch})")
+            elif curve.median_s(size) > config.p99_budget_s:
+                skipped.append(f"max batch size {size}: one batch takes {curve.median_s(size) * 1e3:.1f} ms, "
+                               f"over the {config.p99_budget_s * 1e3:g} ms budget")
+            else:
+                sizes.append(size)
+    return tuple(BatchConfig(max_batch_size=size, max_queue_delay_s=delay,
+                             preferred=tuple(p for p in config.preferred if p <= size))
+                 for size, delay in itertools.product(sizes, config.delays_s))
+
+
+def _default_rates(curve: ServiceCurve, rules: Sequence[BatchConfig]) -> tuple[float, ...]:
+    """Shares of the largest configuration's capacity, to two significant figures."""
+    capacity = max((curve.capacity_per_s(r.max_batch_size) for r in rules), default=1.0)
+    return tuple(sorted({_two_figures(share * capacity) for share in DEFAULT_RATE_SHARES}))
+
+
+def _two_figures(value: float) -> float:
+    if value <= 0:
+        return 1.0
+    digits = 1 - math.floor(math.log10(value))
+    return max(round(value, digits), 10.0 ** -digits)
+
+
+def _to_run(config: ServeConfig, rules: Sequence[BatchConfig], rates: Sequence[float],
+            service: simulate.ServiceSampler, skipped: list[str]) -> list[tuple[BatchConfig, tuple[float, ...]]]:
+    """(configuration, Poisson rates to run, ascending) for each configuration measured."""
+    ordered = tuple(sorted(rates))
+    if config.strategy != "quick":
+        return [(rule, ordered) for rule in rules]
+    predicted = {rule: simulate.predicted_max_rate(rule, ordered, service, config.p99_budget_s,
+                                                   queue_timeout_s=config.queue_timeout, seed=config.seed)[0]
+                 for rule in rules}
+    ranked = sorted(rules, key=lambda r: -(predicted[r] or 0.0))
+    chosen = ranked[:QUICK_CONFIGS]
+    for rule in ranked[QUICK_CONFIGS:]:
+        skipped.append(f"{rule.label}: not run (--strategy quick: predicted to sustain "
+                       f"{_rate_text(predicted[rule])}, below the {QUICK_CONFIGS} best)")
+    plan = []
+    for rule in chosen:
+        best = predicted[rule]
+        start = max(0, ordered.index(best) - 1) if best is not None else 0  # one rate below the boundary
+        plan.append((rule, ordered[start:]))
+    return plan
+
+
+def _rate_text(rate: float | None) -> str:
+    return f"{rate:g}/s" if rate is not None else "no rate"
+
+
+def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float, ...], store: RunStore | None,
+         progress: TrialProgress | None) -> ConfigRun:
+    """One configuration's server under its loads (or its journaled run)."""
+    from mbtune.runs import REPLAYED
+    from mbtune.serving.server import LoadPlan, ServerSpec, run_config
+
+    if progress:
+        progress.start_trial(rule.label)
+    done = [ConfigRun.from_dict(r) for r in store.replayed(SERVE_CONFIG)] if store else []
+    run = next((r for r in done if r.config == rule), None)
+    detail = REPLAYED
+    if run is None:
+        loads = tuple((POISSON, rate) for rate in rates) + tuple((CLOSED, float(c)) for c in config.concurrency)
+        plan = LoadPlan(rules=rule, loads=loads, budget_s=config.p99_budget_s, window_s=config.window_s,
+                        max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=config.seed,
+                        ready_timeout_s=config.load_timeout_s)
+        spec = ServerSpec(workload=config.workload, workload_options=config.workload_options, device=device,
+                          precision=config.precision, threads=config.threads, seed=config.seed, rules=rule,
+                          queue_timeout_s=config.queue_timeout)
+        run = run_config(spec, plan, timeout_s=_run_timeout(plan))
+        if store:
+            store.record(SERVE_CONFIG, run.to_dict())
+        detail = run.error or _run_detail(run, config.p99_budget_s)
+    if progress:
+        progress.end_trial("error" if run.error else OK, detail)
+    return run
+
+
+def _run_timeout(plan: Any) -> float:
+    """Enough for the server to start and every load to run all its windows and drain."""
+    per_load = plan.max_windows * max(plan.window_s, plan.min_window_requests / min(
+        (amount for kind, amount in plan.loads if kind == POISSON), default=plan.min_window_requests))
+    drain = (plan.queue_timeout_s or 10 * plan.budget_s) + 2 * plan.budget_s + 2.0
+    return plan.ready_timeout_s + len(plan.loads) * (per_load + drain)
+
+
+def _run_detail(run: ConfigRun, budget_s: float) -> str:
+    met = [load.rate_per_s for load in run.loads
+           if load.kind == POISSON and load.rate_per_s is not None and load.meets(budget_s)]
+    return f"up to {max(met):g}/s within the budget" if met else "no rate within the budget"
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """What the loads that ran teach the simulator beyond the service-time curve."""
+
+    service_scale: float = 1.0  # a batch's service under load over the curve's median at its size
+    overhead_s: float = 0.0  # per request: latency beyond its queue wait and its batch's service
+
+
+def calibrate(curve: ServiceCurve, loads: Sequence[LoadResult]) -> Calibration:
+    """Medians over the loads (none: the curve alone)."""
+    scales, extra = [], []
+    for load in loads:
+        if not load.completed or load.mean_latency_s is None or load.mean_service_s is None:
+            continue
+        alone = curve.median_s(max(1, round(load.mean_batch_size)))
+        scales.append(load.mean_service_s / alone)
+        extra.append(load.mean_latency_s * (1 - load.queue_share) - load.mean_service_s)
+    if not scales:
+        return Calibration()
+    return Calibration(service_scale=max(1.0, statistics.median(scales)), overhead_s=max(0.0, statistics.median(extra)))
+
+
+def _predicted(runs: Sequence[ConfigRun], curve: ServiceCurve, config: ServeConfig) -> list[ConfigRun]:
+    """Each Poisson load's predicted p99, the simulator calibrated on every other load (leave one out), so
+    the comparison with what was measured is not in-sample."""
+    every = [load for run in runs for load in run.loads]
+    predicted = []
+    for run in runs:
+        loads = []
+        for load in run.loads:
+            if load.kind == POISSON and load.rate_per_s is not None:
+                fit = calibrate(curve, [other for other in every if other is not load])
+                guess = simulate.predict(load.config, load.rate_per_s, simulate.curve_sampler(curve, fit.service_scale),
+                                         overhead_s=fit.overhead_s, queue_timeout_s=config.queue_timeout,
+                                         seed=config.seed)
+                load = dataclasses.replace(load, predicted_p99_s=guess.p99_s if math.isfinite(guess.p99_s) else None)
+            loads.append(load)
+        predicted.append(dataclasses.replace(run, loads=tuple(loads)))
+    return predicted
+
+
+def _answer(rule: BatchConfig, runs: Sequence[ConfigRun], rates: Sequence[float], service: simulate.ServiceSampler,
+            overhead_s: float, config: ServeConfig) -> ConfigAnswer:
+    """The highest rate measured within the budget, every lower rate measured having met it too."""
+    predicted, _ = simulate.predicted_max_rate(rule, rates, service, config.p99_budget_s, overhead_s=overhead_s,
+                                               queue_timeout_s=config.queue_timeout, seed=config.seed)
+    run = next((r for r in runs if r.config == rule), None)
+    if run is None:
+        return ConfigAnswer(config=rule, max_rate_per_s=None, predicted_max_rate_per_s=predicted, ran=False,
+                            note="predicted only")
+    passing: LoadResult | None = None
+    failing: LoadResult | None = None
+    for load in sorted((x for x in run.loads if x.kind == POISSON), key=lambda x: x.rate_per_s or 0.0):
+        if not load.meets(config.p99_budget_s):
+            failing = load
+            break
+        passing = load
+    note = run.error or ("" if passing else "no rate it ran met the budget")
+    return ConfigAnswer(
+        config=rule, max_rate_per_s=passing.rate_per_s if passing else None,
+        p99_at_max_s=passing.p99_s if passing else None,
+        throughput_at_max_per_s=passing.throughput_per_s if passing else None,
+        first_failing_rate_per_s=failing.rate_per_s if failing else None, predicted_max_rate_per_s=predicted,
+        stable=passing.stable if passing else True, note=note)
+
+
+def _best(answers: Sequence[ConfigAnswer]) -> int | None:
+    """The configuration that sustains the highest rate (ties: the lower p99 there)."""
+    measured = [i for i, a in enumerate(answers) if a.max_rate_per_s is not None]
+    if not measured:
+        return None
+    return max(measured, key=lambda i: (answers[i].max_rate_per_s or 0.0, -(answers[i].p99_at_max_s or 0.0)))
+
+
+def _load_warnings(runs: Sequence[ConfigRun], config: ServeConfig) -> list[str]:
+    found = [f"{run.config.label}: {run.error}" for run in runs if run.error]
+    unstable = [f"{run.config.label} at {load.label}" for run in runs for load in run.loads
+                if not load.stable and load.meets(config.p99_budget_s)]
+    if unstable:
+        found.append(f"unstable (windows disagreed by more than 10%) though within the budget: {', '.join(unstable)}")
+    return found
+
+
+def _validation(runs: Sequence[ConfigRun], curve: ServiceCurve, fit: Calibration) -> SimulatorCheck:
+    """Predicted (leave one out) against measured p99 over the Poisson loads where both are finite."""
+    errors = [abs(load.predicted_p99_s - load.p99_s) / load.p99_s * 100 for run in runs for load in run.loads
+              if load.kind == POISSON and load.p99_s and load.predicted_p99_s is not None]
+    noise = [(t.max_s / t.min_s - 1) * 100 for t in curve.times if t.min_s > 0]
+    return SimulatorCheck(points=len(errors), median_error_pct=statistics.median(errors) if errors else None,
+                          worst_error_pct=max(errors) if errors else None, overhead_s=fit.overhead_s,
+                          service_scale=fit.service_scale,
+                          noise_pct=statistics.median(noise) if noise else None)
+
+
+def run_serve(config: ServeConfig, progress: TrialProgress | None = None, *, profiles_dir: Any,
+              resume: bool = False) -> Any:
+    """serve_workload, journaled and saved into the workload's profile (its `serve` section, beside the
+    training probe and sweep). Returns a runs.RunOutcome."""
+    from mbtune.runs import _saved_run
+
+    return _saved_run("serve", {"serve": config}, config.workload, config.device, profiles_dir, resume,
+                      config.command_line, lambda store: (None, None, serve_workload(config, progress, store)))

@@ -1,0 +1,345 @@
+"""Real load on a real server: a server process holds the model behind a dynamic batcher (batcher.py's
+rules: one queue, requests served in order), and a load-generator process drives it over a pipe, with
+Poisson arrivals at a rate (open loop) or a fixed number of requests in flight (closed loop), recording
+every request's end-to-end latency.
+
+Both processes come from the trial forkserver (worker.run_beside) and read the same monotonic clock, so
+the server's stamps (arrived, batch began, batch ended) and the generator's (when the request was due,
+when its answer came back) compare directly. Latency runs from when a request was due, not when it was
+sent, so a generator that falls behind does not hide the wait (no coordinated omission).
+
+Messages: generator -> server ("req", id) and ("end",); server -> generator ("ready", facts),
+("done", [(id, arrived, began, ended), ...]) per batch and ("rejected", [id, ...]) for requests that
+waited past the queue timeout.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing.connection
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mbtune.records import OK
+from mbtune.serving import load as gen
+from mbtune.serving.batcher import expired, next_batch
+from mbtune.serving.records import BatchConfig, ConfigRun, LoadResult
+
+Connection = multiprocessing.connection.Connection
+POOL_SIZE = 256  # distinct request samples the server holds (requests cycle through them)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSpec:
+    """The model a server process holds and the batcher it runs."""
+
+    workload: str
+    workload_options: tuple[tuple[str, Any], ...] = ()
+    device: str = "cpu"
+    precision: str = "fp32"
+    threads: int | None = None
+    seed: int = 0
+    rules: BatchConfig
+    queue_timeout_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadPlan:
+    """What the load generator runs against one server, in order."""
+
+    rules: BatchConfig
+    loads: tuple[tuple[str, float], ...]  # (poisson, rate per s) | (closed, concurrency)
+    budget_s: float
+    window_s: float = 1.0
+    min_window_requests: int = 100  # an open-loop window lasts long enough to expect this many arrivals
+    max_windows: int = 8
+    stable_windows: int = gen.STABLE_WINDOWS
+    stability: float = gen.STABILITY
+    queue_timeout_s: float | None = None
+    seed: int = 0
+    stop_after_failure: bool = True  # poisson rates ascend: after the first over the budget, stop
+    ready_timeout_s: float = 120.0
+
+
+def serve_requests(conn: Connection, spec: ServerSpec) -> dict[str, int]:
+    """The server process: hold the model, batch requests by the rules, answer each batch."""
+    import torch
+
+    from mbtune.serving.config import serve_threads
+    from mbtune.serving.infer import InferenceModel
+    from mbtune.workloads import load_workload
+
+    threads = serve_threads(spec.threads)
+    torch.set_num_threads(threads)
+    pool = max(POOL_SIZE, spec.rules.max_batch_size)
+    model = InferenceModel(load_workload(spec.workload, spec.workload_options), device=spec.device,
+                           precision=spec.precision, seed=spec.seed, pool_size=pool)
+    for size in sorted({1, *spec.rules.sizes, spec.rules.max_batch_size}):  # warm: first passes are slow
+        for _ in range(2):
+            model.run(model.gather(list(range(size))))
+    queue: deque[tuple[int, float]] = deque()
+    ready = threading.Condition()
+    closed = threading.Event()
+
+    def read() -> None:
+        try:
+            while True:
+                message = conn.recv()
+                if message[0] != "req":
+                    break
+                with ready:
+                    queue.append((message[1], time.monotonic()))
+                    ready.notify()
+        except (EOFError, OSError):
+            pass
+        closed.set()
+        with ready:
+            ready.notify()
+
+    threading.Thread(target=read, name="mbtune-serve-reader", daemon=True).start()
+    conn.send(("ready", {"threads": threads}))
+    batches = 0
+    while (batch := _next(spec, queue, ready, closed, conn)) is not None:
+        began = time.monotonic()
+        model.run(model.gather([request_id % pool for request_id, _ in batch]))
+        ended = time.monotonic()
+        conn.send(("done", [(request_id, arrived, began, ended) for request_id, arrived in batch]))
+        batches += 1
+    return {"batches": batches}
+
+
+def _next(spec: ServerSpec, queue: deque[tuple[int, float]], ready: threading.Condition, closed: threading.Event,
+          conn: Connection) -> list[tuple[int, float]] | None:
+    """The next batch the rules send, waiting as they say; None once the generator has gone."""
+    with ready:
+        while True:
+            now = time.monotonic()
+            dropped = []
+            while queue and expired(queue[0][1], now, spec.queue_timeout_s):
+                dropped.append(queue.popleft()[0])
+            if dropped:
+                conn.send(("rejected", dropped))
+            decision = next_batch(spec.rules, len(queue), queue[0][1] if queue else None, now)
+            if decision.take:
+                return [queue.popleft() for _ in range(decision.take)]
+            if closed.is_set():
+                return None
+            wait = None if decision.wait_until is None else max(0.0, decision.wait_until - now)
+            if queue and spec.queue_timeout_s is not None:
+                timeout_at = queue[0][1] + spec.queue_timeout_s - now
+                wait = timeout_at if wait is None else min(wait, timeout_at)
+            ready.wait(timeout=None if wait is None else max(wait, 0.0) + 1e-4)
+
+
+@dataclass
+class _Requests:
+    """What the generator knows of the requests of one load, filled by the reader thread."""
+
+    due: dict[int, float] = field(default_factory=dict)  # id -> when it was due
+    answered: dict[int, tuple[float, float, float, float, int]] = field(default_factory=dict)
+    rejected: dict[int, float] = field(default_factory=dict)  # id -> when the rejection came back
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    settled: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.settled = threading.Condition(self.lock)
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.due) - len(self.answered) - len(self.rejected)
+
+
+class _Generator:
+    """The load generator's side of the pipe: one reader thread for the whole session."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.requests = _Requests()
+        self.on_answer: Any = None  # closed loop: called with the time of each answer, to send the next
+        self.next_id = 0
+        self.failed = threading.Event()
+        self._send_lock = threading.Lock()
+
+    def start(self, ready_timeout_s: float) -> dict[str, Any]:
+        if not self.conn.poll(ready_timeout_s):
+            raise TimeoutError(f"the server was not ready within {ready_timeout_s:g} s")
+        kind, facts = self.conn.recv()  # EOFError: the server died while starting
+        threading.Thread(target=self._read, name="mbtune-load-reader", daemon=True).start()
+        return facts
+
+    def send(self, due: float) -> None:
+        with self._send_lock:
+            request_id = self.next_id
+            self.next_id += 1
+            with self.requests.lock:
+                self.requests.due[request_id] = due
+            self.conn.send(("req", request_id))
+
+    def _read(self) -> None:
+        try:
+            while True:
+                kind, items = self.conn.recv()
+                now = time.monotonic()
+                requests = self.requests
+                with requests.lock:
+                    # Answers to an earlier load's stragglers (ids never reused) are not this load's.
+                    if kind == "done":
+                        for request_id, arrived, began, ended in items:
+                            if request_id in requests.due:
+                                requests.answered[request_id] = (now, arrived, began, ended, len(items))
+                    else:
+                        for request_id in items:
+                            if request_id in requests.due:
+                                requests.rejected[request_id] = now
+                    requests.settled.notify_all()
+                callback = self.on_answer  # read once: the load may end (and clear it) meanwhile
+                if kind == "done" and callback is not None:
+                    for _ in items:
+                        callback(now)
+        except (EOFError, OSError):
+            self.failed.set()
+            with self.requests.lock:
+                self.requests.settled.notify_all()
+
+
+def drive_load(conn: Connection, plan: LoadPlan) -> tuple[LoadResult, ...]:
+    """The load-generator process: run each load of the plan against the server on `conn`."""
+    generator = _Generator(conn)
+    generator.start(plan.ready_timeout_s)
+    results: list[LoadResult] = []
+    try:
+        for index, (kind, amount) in enumerate(plan.loads):
+            if generator.failed.is_set():
+                raise RuntimeError("the server stopped answering (its process ended)")
+            result = _one_load(generator, plan, kind, amount, seed=plan.seed + index)
+            results.append(result)
+            if plan.stop_after_failure and kind == gen.POISSON and not result.meets(plan.budget_s):
+                break
+    finally:
+        try:
+            conn.send(("end",))
+        except OSError:
+            pass
+    return tuple(results)
+
+
+def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *, seed: int) -> LoadResult:
+    generator.requests = requests = _Requests()
+    open_loop = kind == gen.POISSON
+    window_s = max(plan.window_s, plan.min_window_requests / amount) if open_loop else plan.window_s
+    start = time.monotonic() + 0.05
+    stop = threading.Event()
+    if open_loop:
+        due_times = gen.poisson_arrivals(amount, window_s * plan.max_windows, seed=seed)
+        sender = threading.Thread(target=_send_open, args=(generator, start, due_times, stop), daemon=True)
+    else:
+        def more(now: float) -> None:
+            if not stop.is_set():
+                generator.send(now)
+
+        generator.on_answer = more
+        sender = threading.Thread(target=_send_closed, args=(generator, start, int(amount)), daemon=True)
+    sender.start()
+    windows: list[gen.Window] = []
+    overloaded = False
+    while len(windows) < plan.max_windows and not generator.failed.is_set():
+        end = start + (len(windows) + 1) * window_s
+        time.sleep(max(0.0, end - time.monotonic()))
+        windows.append(_window(requests, end - window_s, end, open_loop))
+        if gen.stable(windows, count=plan.stable_windows, within=plan.stability):
+            break
+        if len(windows) >= plan.stable_windows and windows[-1].mean_latency_s > 3 * plan.budget_s:
+            overloaded = True  # the backlog has outgrown the budget several times over: no need to watch it grow
+            break
+    stop.set()
+    generator.on_answer = None
+    sender.join(timeout=window_s)
+    _drain(requests, plan)
+    is_stable = not overloaded and gen.stable(windows, count=plan.stable_windows, within=plan.stability)
+    counted = windows[-plan.stable_windows:] if is_stable else windows
+    span = (start + (len(windows) - len(counted)) * window_s, start + len(windows) * window_s)
+    return replace(_summary(requests, plan.rules, span), kind=kind, windows=len(windows), stable=is_stable,
+                   rate_per_s=amount if open_loop else None, concurrency=None if open_loop else int(amount),
+                   window_spread=_finite(gen.spread_of(counted)))
+
+
+def _send_open(generator: _Generator, start: float, due_times: list[float], stop: threading.Event) -> None:
+    for offset in due_times:
+        due = start + offset
+        pause = due - time.monotonic()
+        if pause > 0 and stop.wait(pause):
+            return
+        if stop.is_set() or generator.failed.is_set():
+            return
+        generator.send(due)
+
+
+def _send_closed(generator: _Generator, start: float, concurrency: int) -> None:
+    time.sleep(max(0.0, start - time.monotonic()))
+    for _ in range(concurrency):
+        generator.send(time.monotonic())
+
+
+def _window(requests: _Requests, begin: float, end: float, open_loop: bool) -> gen.Window:
+    with requests.lock:
+        latencies = [answer[0] - requests.due[i] for i, answer in requests.answered.items() if begin <= answer[0] < end]
+        offered = sum(1 for due in requests.due.values() if begin <= due < end) if open_loop else 0
+    return gen.window_of(latencies, end - begin, offered=offered)
+
+
+def _drain(requests: _Requests, plan: LoadPlan) -> None:
+    """Wait for the requests still in flight: answered, rejected, or given up on."""
+    limit = (plan.queue_timeout_s or 10 * plan.budget_s) + 2 * plan.budget_s + 1.0
+    deadline = time.monotonic() + limit
+    with requests.lock:
+        while requests.outstanding > 0 and time.monotonic() < deadline:
+            requests.settled.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _summary(requests: _Requests, rules: BatchConfig, span: tuple[float, float]) -> LoadResult:
+    """The figures over the requests due within `span` (latency) and answered within it (throughput)."""
+    begin, end = span
+    with requests.lock:
+        due = {i: t for i, t in requests.due.items() if begin <= t < end}
+        answered = {i: requests.answered[i] for i in due if i in requests.answered}
+        rejected = sum(1 for i in due if i in requests.rejected)
+        throughput = sum(1 for a in requests.answered.values() if begin <= a[0] < end) / (end - begin)
+        sent = len(requests.due)
+        completed, lost_all = len(requests.answered), len(requests.rejected)
+    timed_out = len(due) - len(answered) - rejected
+    latencies = [answer[0] - due[i] for i, answer in answered.items()]
+    lost = rejected + timed_out
+    queued = [answer[2] - answer[1] for answer in answered.values()]
+    served = [answer[3] - answer[2] for answer in answered.values()]
+    mean = sum(latencies) / len(latencies) if latencies else None
+    return LoadResult(
+        config=rules, sent=sent, completed=completed, rejected=lost_all, timed_out=max(0, sent - completed - lost_all),
+        duration_s=end - begin, throughput_per_s=throughput,
+        p50_s=_finite(gen.percentile(latencies, 0.50, rejected=lost)),
+        p90_s=_finite(gen.percentile(latencies, 0.90, rejected=lost)),
+        p99_s=_finite(gen.percentile(latencies, 0.99, rejected=lost)), mean_latency_s=mean,
+        mean_batch_size=sum(a[4] for a in answered.values()) / len(answered) if answered else 0.0,
+        queue_share=(sum(queued) / len(queued)) / mean if queued and mean else 0.0,
+        mean_service_s=sum(served) / len(served) if served else None)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def run_config(spec: ServerSpec, plan: LoadPlan, *, timeout_s: float) -> ConfigRun:
+    """One server process with `spec`'s rules, driven through `plan` by a load-generator process."""
+    from mbtune.worker import process_context, run_beside
+
+    server_end, generator_end = process_context().Pipe(duplex=True)
+    front, back = run_beside(serve_requests, (server_end, spec), drive_load, generator_end, plan,
+                             timeout_s=timeout_s, handed_over=(server_end,))
+    generator_end.close()
+    if front.status == OK:
+        return ConfigRun(config=spec.rules, loads=front.value)
+    why = back.error if back.status != OK and back.error else front.error
+    last = (why.strip().splitlines() or ["no detail"])[-1]
+    return ConfigRun(config=spec.rules, error=f"{front.status}: {last}")
