@@ -330,6 +330,10 @@ def serve_thresholds(thresholds: Mapping[str, float], report: ServeReport | None
     if error is not None:
         return [Check(name=name, status=CHECK_ERROR, expected=bound, rule=f">= minimum {bound:g}", detail=error)]
     winner = report.winner if report else None
+    failed = [f"{run.config.label}: {run.error}" for run in report.runs if run.error] if report else []
+    if report is not None and (report.interrupted or (winner is None and failed)):
+        why = "the run was interrupted" if report.interrupted else "; ".join(failed)
+        return [Check(name=name, status=CHECK_ERROR, expected=bound, rule=f">= minimum {bound:g}", detail=why)]
     if winner is None or winner.max_rate_per_s is None:
         return [Check(name=name, status=FAIL, expected=bound, rule=f">= minimum {bound:g}",
                       detail="no configuration met the budget at any rate it ran")]

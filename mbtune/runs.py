@@ -704,7 +704,9 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
         if not (isinstance(exc, _RUN_FAILURES) or exc.exit_code == EXIT_COULD_NOT_RUN):
             raise
         probe_error = exc.one_line()
-    serve, serve_error = _qualify_serve(spec, progress, profiles_dir) if spec.serve and info else (None, None)
+    serve, serve_error = None, None
+    if spec.serve is not None:
+        serve, serve_error = _qualify_serve(spec, progress, profiles_dir) if info else (None, probe_error)
     checks = qualify.run_errors(probe_error, sweep)
     if baseline is not None:
         checks += qualify.against_baseline(baseline.probe, baseline.sweep, probe, sweep, tolerance=spec.tolerance)

@@ -134,6 +134,11 @@ class RunStore:
         trials = self._replay.get("probe_trial", [])
         if trials and _killed(trials[-1]):
             self.notes.append(f"the trial at batch {trials.pop()['batch_size']} was killed from outside: it runs again")
+        runs = self._replay.get("serve_config", [])
+        gone = [r for r in runs if str(r.get("error", "")).startswith(("the server killed", "the load generator killed"))]
+        if gone:
+            self._replay["serve_config"] = [r for r in runs if r not in gone]
+            self.notes.append(f"{len(gone)} serving configuration(s) killed from outside run again")
         points = self._replay.get("sweep_point", [])
         killed = [p for p in points if _killed(p)]
         if killed:

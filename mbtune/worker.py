@@ -107,26 +107,29 @@ def die_with_parent(*, group: bool = False) -> None:
     threading.Thread(target=watch, name="mbtune-die-with-parent", daemon=True).start()
 
 
-def run_isolated(target: Callable[..., Any], *args: Any, timeout_s: float) -> ChildResult:
+def run_isolated(target: Callable[..., Any], *args: Any, timeout_s: float,
+                 started: Callable[[], Any] | None = None) -> ChildResult:
     """Call target(*args) in a fresh process and return its value, or how the process ended and whose
     fault that was. What the child writes to stderr is kept (its tail) and passed on to this stderr."""
     exit_if_bootstrapping()
     with tempfile.TemporaryDirectory(prefix="mbtune-trial-") as tmp:
         stderr_path = os.path.join(tmp, "stderr")
-        status, value, exitcode, wall_s = _run_child(target, args, stderr_path, timeout_s)
+        status, value, exitcode, wall_s = _run_child(target, args, stderr_path, timeout_s, started)
         began, stderr = read_child_stderr(stderr_path)
     return _child_result(status, value, exitcode, wall_s, began, stderr, timeout_s)
 
 
 def run_beside(background: Callable[..., Any], background_args: tuple, target: Callable[..., Any], *args: Any,
                timeout_s: float, grace_s: float = 10.0,
-               handed_over: tuple[multiprocessing.connection.Connection, ...] = ()) -> tuple[ChildResult, ChildResult]:
+               handed_over: tuple[multiprocessing.connection.Connection, ...] = (),
+               target_handed_over: tuple[multiprocessing.connection.Connection, ...] = ()) -> tuple[ChildResult, ChildResult]:
     """Start background(*background_args) in a fresh process, then call target(*args) in another, as
     run_isolated does; once target has returned, give the background process `grace_s` to return too (the
     target tells it to, e.g. over a pipe passed to both), then kill it. (target's result, background's).
 
     `handed_over`: this process's copies of pipe ends that the background process now holds alone; they
-    are closed once it has started, so the target sees the pipe close if the background process dies."""
+    are closed once it has started, so the target sees the pipe close if the background process dies.
+    `target_handed_over`: the same for the target's, so the background process sees the target die."""
     exit_if_bootstrapping()
     with tempfile.TemporaryDirectory(prefix="mbtune-beside-") as tmp:
         stderr_path = os.path.join(tmp, "stderr")
@@ -137,10 +140,10 @@ def run_beside(background: Callable[..., Any], background_args: tuple, target: C
         started = time.perf_counter()
         process.start()
         sender.close()
-        for connection in handed_over:
-            connection.close()
+        _close_all(handed_over)
         try:
-            front = run_isolated(target, *args, timeout_s=timeout_s)
+            front = run_isolated(target, *args, timeout_s=timeout_s,
+                                 started=lambda: _close_all(target_handed_over))
             status: str | None = TIMEOUT
             value: Any = None
             if receiver.poll(grace_s):
@@ -155,6 +158,11 @@ def run_beside(background: Callable[..., Any], background_args: tuple, target: C
         began, stderr = read_child_stderr(stderr_path)
     back = _child_result(status, value, process.exitcode, time.perf_counter() - started, began, stderr, grace_s)
     return front, back
+
+
+def _close_all(connections: tuple[multiprocessing.connection.Connection, ...]) -> None:
+    for connection in connections:
+        connection.close()
 
 
 def _child_result(status: str | None, value: Any, exitcode: int | None, wall_s: float, began: bool, stderr: str,
@@ -174,15 +182,17 @@ def _child_result(status: str | None, value: Any, exitcode: int | None, wall_s: 
     return _died(exitcode, wall_s, began=began, stderr=stderr)
 
 
-def _run_child(target: Callable[..., Any], args: tuple, stderr_path: str,
-               timeout_s: float) -> tuple[str | None, Any, int | None, float]:
+def _run_child(target: Callable[..., Any], args: tuple, stderr_path: str, timeout_s: float,
+               started: Callable[[], Any] | None = None) -> tuple[str | None, Any, int | None, float]:
     """(status or None when the child died without a word, its payload, exit code, wall seconds)."""
     ctx = process_context()
     receiver, sender = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_child_main, args=(sender, target, args, stderr_path), daemon=False)
-    started = time.perf_counter()
+    began_at = time.perf_counter()
     process.start()
     sender.close()
+    if started is not None:
+        started()
     try:
         if receiver.poll(timeout_s):
             try:
@@ -195,7 +205,7 @@ def _run_child(target: Callable[..., Any], args: tuple, stderr_path: str,
     finally:
         _kill_group(process)
         receiver.close()
-    return status, value, process.exitcode, time.perf_counter() - started
+    return status, value, process.exitcode, time.perf_counter() - began_at
 
 
 def _died(exitcode: int | None, wall_s: float, *, began: bool = True, stderr: str = "") -> ChildResult:

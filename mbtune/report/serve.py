@@ -16,12 +16,16 @@ from mbtune.report import fmt_rate, fmt_seconds, key_value_grid, print_json, pri
 from mbtune.serving.records import BatchConfig, ConfigAnswer, LoadResult, ServeReport
 
 
-def triton_fragment(config: BatchConfig) -> str:
-    """The configuration as Triton Inference Server's config.pbtxt lines."""
+def triton_fragment(config: BatchConfig, queue_timeout_s: float | None = None) -> str:
+    """The configuration as Triton Inference Server's config.pbtxt lines; with the queue timeout it was
+    measured under, as Triton's policy of rejecting requests that wait longer."""
     lines = [f"max_batch_size: {config.max_batch_size}", "dynamic_batching {"]
     if config.preferred:
         lines.append(f"  preferred_batch_size: [ {', '.join(map(str, config.preferred))} ]")
     lines.append(f"  max_queue_delay_microseconds: {round(config.max_queue_delay_s * 1e6)}")
+    if queue_timeout_s is not None:
+        lines += ["  default_queue_policy {", "    timeout_action: REJECT",
+                  f"    default_timeout_microseconds: {round(queue_timeout_s * 1e6)}", "  }"]
     lines.append("}")
     return "\n".join(lines)
 
@@ -46,7 +50,7 @@ def print_serve(console: Console, report: ServeReport, fmt: str, *, saved_to: st
     winner = report.winner
     if winner is not None:
         settings = torchserve_settings(winner.config)
-        console.print(Panel(triton_fragment(winner.config), title="Triton config.pbtxt", title_align="left",
+        console.print(Panel(triton_fragment(winner.config, report.queue_timeout_s), title="Triton config.pbtxt", title_align="left",
                             expand=False))
         console.print(f"TorchServe: batch_size={settings['batch_size']} max_batch_delay={settings['max_batch_delay']}"
                       " (ms; TorchServe has no preferred sizes)")
@@ -65,7 +69,7 @@ def serve_document(report: ServeReport) -> dict[str, Any]:
     return {"serve": report.to_dict(),
             "winner": None if winner is None else {
                 "config": winner.config.to_dict(), "max_rate_per_s": winner.max_rate_per_s,
-                "triton_config_pbtxt": triton_fragment(winner.config),
+                "triton_config_pbtxt": triton_fragment(winner.config, report.queue_timeout_s),
                 "torchserve": torchserve_settings(winner.config)}}
 
 
@@ -146,6 +150,8 @@ def summary_panel(report: ServeReport) -> Panel:
     if check is not None:
         error = (f"median {check.median_error_pct:.0f}%, worst {check.worst_error_pct:.0f}% over {check.points} "
                  "loads" if check.median_error_pct is not None else "no load to compare with")
+        if check.misses:
+            error += f"; {check.misses} load(s) where one side lost over 1% of requests and the other did not"
         noise = f"; a batch's passes spread {check.noise_pct:.0f}% (median max/min)" if check.noise_pct is not None else ""
         grid.add_row("simulator p99 error", f"{error} (each predicted from the others){noise}")
         grid.add_row("simulator calibration", f"a batch under load took x{check.service_scale:.2f} its time alone; "

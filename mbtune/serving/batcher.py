@@ -5,10 +5,10 @@ runs.
 The rules are Triton Inference Server's `dynamic_batching`:
 
 - requests wait in one queue and are served in arrival order;
-- when the model is free, the batcher sends at once the largest preferred size the queue can fill (with
-  no preferred sizes, the max batch size is the one preferred size);
-- otherwise it waits, and sends what has gathered (at most the max batch size) once the oldest request
-  has waited the max queue delay; a delay of 0 sends whatever is queued at once;
+- when the model is free and the oldest request has waited the max queue delay, the batcher sends what
+  has gathered (at most the max batch size); a delay of 0 sends whatever is queued at once;
+- before that, it sends at once the largest preferred size the queue can fill (with no preferred sizes,
+  the max batch size is the one preferred size), and otherwise waits;
 - a request that waited longer than the queue timeout (when one is set) is rejected, not served.
 """
 
@@ -30,15 +30,16 @@ class Decision:
 
 def next_batch(rules: BatchConfig, queued: int, oldest_arrival_s: float | None, now_s: float) -> Decision:
     """The batcher's decision with the model free, `queued` requests waiting (the oldest arrived at
-    `oldest_arrival_s`) at time `now_s`."""
+    `oldest_arrival_s`) at time `now_s`: once the oldest has waited the delay, everything queued (up to
+    the max batch size) goes; before that, the largest preferred size the queue fills goes at once."""
     if queued <= 0 or oldest_arrival_s is None:
         return Decision()
-    ready = [size for size in rules.sizes if size <= min(queued, rules.max_batch_size)]
-    if ready:
-        return Decision(take=max(ready))
     deadline = oldest_arrival_s + rules.max_queue_delay_s
     if now_s >= deadline:
         return Decision(take=min(queued, rules.max_batch_size))
+    ready = [size for size in rules.sizes if size <= min(queued, rules.max_batch_size)]
+    if ready:
+        return Decision(take=max(ready))
     return Decision(wait_until=deadline)
 
 

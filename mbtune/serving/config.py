@@ -59,8 +59,9 @@ def with_durations(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def serve_threads(threads: int | None) -> int:
-    """torch threads of the model process: as given, else all cores but one (the load generator's)."""
-    return threads or max(1, (os.cpu_count() or 2) - 1)
+    """torch threads of the model process: as given, else all cores this process may run on but one (the
+    load generator's)."""
+    return threads or max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 @dataclass(frozen=True, kw_only=True)

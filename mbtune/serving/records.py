@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from mbtune.checks import require
 from mbtune.recordio import Record
-from mbtune.records import DeviceInfo, ProbeResult
+from mbtune.records import DeviceInfo, MachineLoad, ProbeResult
 from mbtune.serving.load import LOAD_KINDS, POISSON
 
 
@@ -111,6 +111,7 @@ class LoadResult(Record):
     completed: int = 0
     rejected: int = 0  # waited past the queue timeout: the server dropped them
     timed_out: int = 0  # no answer by the end of the run
+    not_sent: int = 0  # due while the figures were taken, but the generator fell behind and never sent them
     duration_s: float = 0.0  # the span the figures cover
     throughput_per_s: float = 0.0
     p50_s: float | None = None  # None: the percentile falls among the dropped requests
@@ -124,11 +125,10 @@ class LoadResult(Record):
     stable: bool = False
     window_spread: float | None = 0.0  # the largest share a window's figures strayed from their mean (None: inf)
     predicted_p99_s: float | None = None  # the simulator's, calibrated on the service-time curve
-    busy: str = ""  # why the machine was busy while this ran ("" when it was not)
 
     @property
     def lost(self) -> int:
-        return self.rejected + self.timed_out
+        return self.rejected + self.timed_out + self.not_sent
 
     def meets(self, budget_s: float) -> bool:
         """p99 within the budget (requests lost count as over it)."""
@@ -146,6 +146,7 @@ class ConfigRun(Record):
     config: BatchConfig
     loads: tuple[LoadResult, ...] = ()
     error: str = ""  # why the server or the load generator failed ("" when they did not)
+    machine: MachineLoad | None = None  # how busy the machine was with other work meanwhile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +169,7 @@ class SimulatorCheck(Record):
     """The queueing simulator against what was measured: |predicted - measured| / measured p99."""
 
     points: int
+    misses: int = 0  # loads where one of measured and predicted lost over 1% of requests and the other not
     median_error_pct: float | None
     worst_error_pct: float | None
     overhead_s: float  # per request, calibrated: measured latency beyond queue + service (transport)
@@ -198,6 +200,11 @@ class ServeReport(Record):
     warnings: tuple[str, ...] = ()
     threads: int = 1
     interrupted: bool = False
+    queue_timeout_s: float | None = None  # a request waiting longer was rejected
+
+    def __post_init__(self) -> None:
+        require(self.best is None or 0 <= self.best < len(self.answers), "best", self.best,
+                f"an index into the {len(self.answers)} answers, or nothing")
 
     @property
     def loads(self) -> tuple[LoadResult, ...]:

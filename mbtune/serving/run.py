@@ -82,15 +82,21 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
         precision=config.precision, p99_budget_s=config.p99_budget_s, ceiling=ceiling, curve=curve,
         runs=tuple(runs), answers=answers, best=best, strategy=config.strategy,
         simulator=_validation(runs, curve, fit), skipped=tuple(skipped), warnings=tuple(warnings),
-        threads=curve.threads, interrupted=interrupted)
+        threads=curve.threads, interrupted=interrupted, queue_timeout_s=config.queue_timeout)
+
+
+# At the probe's first trial one warm pass is all there is, so a budget is refused there only when that
+# pass took this many budgets; the curve's fastest of many passes decides the closer cases.
+FIRST_TRIAL_BUDGETS = 2.0
 
 
 def _budget_check(config: ServeConfig) -> Any:
-    """Refuse a budget that one batch of the smallest size cannot meet, at the probe's first trial."""
+    """Refuse, at the probe's first trial, a budget that one batch of the smallest size is far from
+    meeting (before the probe spends minutes on larger ones)."""
     def check(outcome: TrialOutcome) -> None:
         warm = outcome.step_times_s[1:]  # the first pass pays for the first call's set-up
         if outcome.ok and outcome.batch_size == config.granularity and warm:
-            _refuse_budget(config, outcome.batch_size, min(warm))
+            _refuse_budget(config, outcome.batch_size, min(warm), over=FIRST_TRIAL_BUDGETS)
 
     return check
 
@@ -100,8 +106,8 @@ def _check_batch_of_one(config: ServeConfig, curve: ServiceCurve) -> None:
     _refuse_budget(config, first.batch_size, first.min_s)
 
 
-def _refuse_budget(config: ServeConfig, batch_size: int, fastest_s: float) -> None:
-    if fastest_s > config.p99_budget_s:
+def _refuse_budget(config: ServeConfig, batch_size: int, fastest_s: float, over: float = 1.0) -> None:
+    if fastest_s > over * config.p99_budget_s:
         raise ConfigError(f"--p99 {config.p99_budget_s * 1e3:g}ms is below the latency of one batch of {batch_size}: "
                           f"its fastest forward pass took {fastest_s * 1e3:.1f} ms",
                           hint=f"Give a --p99 above {fastest_s * 1e3:.0f}ms, a faster device or a smaller model.")
@@ -168,7 +174,8 @@ def _two_figures(value: float) -> float:
 
 def _to_run(config: ServeConfig, rules: Sequence[BatchConfig], rates: Sequence[float],
             service: simulate.ServiceSampler, skipped: list[str]) -> list[tuple[BatchConfig, tuple[float, ...]]]:
-    """(configuration, Poisson rates to run, ascending) for each configuration measured."""
+    """(configuration, Poisson rates to run, ascending) for each configuration measured: every one, or with
+    --strategy quick the QUICK_CONFIGS the simulator predicts sustain the highest rates."""
     ordered = tuple(sorted(rates))
     if config.strategy != "quick":
         return [(rule, ordered) for rule in rules]
@@ -180,12 +187,7 @@ def _to_run(config: ServeConfig, rules: Sequence[BatchConfig], rates: Sequence[f
     for rule in ranked[QUICK_CONFIGS:]:
         skipped.append(f"{rule.label}: not run (--strategy quick: predicted to sustain "
                        f"{_rate_text(predicted[rule])}, below the {QUICK_CONFIGS} best)")
-    plan = []
-    for rule in chosen:
-        best = predicted[rule]
-        start = max(0, ordered.index(best) - 1) if best is not None else 0  # one rate below the boundary
-        plan.append((rule, ordered[start:]))
-    return plan
+    return [(rule, ordered) for rule in chosen]
 
 
 def _rate_text(rate: float | None) -> str:
@@ -309,7 +311,10 @@ def _best(answers: Sequence[ConfigAnswer]) -> int | None:
 
 
 def _load_warnings(runs: Sequence[ConfigRun], config: ServeConfig) -> list[str]:
+    from mbtune.device.load import busy_warning
+
     found = [f"{run.config.label}: {run.error}" for run in runs if run.error]
+    found += [w for run in runs if (w := busy_warning(run.config.label, run.machine))]
     unstable = [f"{run.config.label} at {load.label}" for run in runs for load in run.loads
                 if not load.stable and load.meets(config.p99_budget_s)]
     if unstable:
@@ -319,10 +324,13 @@ def _load_warnings(runs: Sequence[ConfigRun], config: ServeConfig) -> list[str]:
 
 def _validation(runs: Sequence[ConfigRun], curve: ServiceCurve, fit: Calibration) -> SimulatorCheck:
     """Predicted (leave one out) against measured p99 over the Poisson loads where both are finite."""
-    errors = [abs(load.predicted_p99_s - load.p99_s) / load.p99_s * 100 for run in runs for load in run.loads
-              if load.kind == POISSON and load.p99_s and load.predicted_p99_s is not None]
+    poisson = [load for run in runs for load in run.loads if load.kind == POISSON]
+    errors = [abs(load.predicted_p99_s - load.p99_s) / load.p99_s * 100 for load in poisson
+              if load.p99_s and load.predicted_p99_s is not None]
+    misses = sum(1 for load in poisson if (load.p99_s is None) != (load.predicted_p99_s is None))
     noise = [(t.max_s / t.min_s - 1) * 100 for t in curve.times if t.min_s > 0]
-    return SimulatorCheck(points=len(errors), median_error_pct=statistics.median(errors) if errors else None,
+    return SimulatorCheck(points=len(errors), misses=misses,
+                          median_error_pct=statistics.median(errors) if errors else None,
                           worst_error_pct=max(errors) if errors else None, overhead_s=fit.overhead_s,
                           service_scale=fit.service_scale,
                           noise_pct=statistics.median(noise) if noise else None)

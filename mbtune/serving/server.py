@@ -30,6 +30,7 @@ from mbtune.serving.records import BatchConfig, ConfigRun, LoadResult
 
 Connection = multiprocessing.connection.Connection
 POOL_SIZE = 256  # distinct request samples the server holds (requests cycle through them)
+READ_LAG_S = 0.005  # a window is read this long after it ends, so answers stamped within it have been stored
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +65,7 @@ class LoadPlan:
     ready_timeout_s: float = 120.0
 
 
-def serve_requests(conn: Connection, spec: ServerSpec) -> dict[str, int]:
+def serve_requests(conn: Connection, spec: ServerSpec) -> dict[str, float]:
     """The server process: hold the model, batch requests by the rules, answer each batch."""
     import torch
 
@@ -93,27 +94,36 @@ def serve_requests(conn: Connection, spec: ServerSpec) -> dict[str, int]:
                 with ready:
                     queue.append((message[1], time.monotonic()))
                     ready.notify()
-        except (EOFError, OSError):
+        except Exception:  # noqa: BLE001 - EOF (the generator has gone) or a bad message: either way, stop
             pass
-        closed.set()
-        with ready:
-            ready.notify()
+        finally:
+            closed.set()
+            with ready:
+                ready.notify()
 
     threading.Thread(target=read, name="mbtune-serve-reader", daemon=True).start()
     conn.send(("ready", {"threads": threads}))
     batches = 0
-    while (batch := _next(spec, queue, ready, closed, conn)) is not None:
+    while True:
+        batch, dropped = _next(spec, queue, ready, closed)
+        if dropped:  # sent outside the lock: the reader keeps stamping arrivals meanwhile
+            conn.send(("rejected", dropped))
+        if batch is None:
+            break
+        if not batch:
+            continue
         began = time.monotonic()
         model.run(model.gather([request_id % pool for request_id, _ in batch]))
         ended = time.monotonic()
         conn.send(("done", [(request_id, arrived, began, ended) for request_id, arrived in batch]))
         batches += 1
-    return {"batches": batches}
+    return {"batches": batches, "cpu_s": time.process_time()}
 
 
-def _next(spec: ServerSpec, queue: deque[tuple[int, float]], ready: threading.Condition, closed: threading.Event,
-          conn: Connection) -> list[tuple[int, float]] | None:
-    """The next batch the rules send, waiting as they say; None once the generator has gone."""
+def _next(spec: ServerSpec, queue: deque[tuple[int, float]], ready: threading.Condition,
+          closed: threading.Event) -> tuple[list[tuple[int, float]] | None, list[int]]:
+    """(the next batch the rules send, waiting as they say, or [] when requests expired meanwhile and must
+    be rejected first, or None once the generator has gone; the ids of the expired requests)."""
     with ready:
         while True:
             now = time.monotonic()
@@ -121,12 +131,12 @@ def _next(spec: ServerSpec, queue: deque[tuple[int, float]], ready: threading.Co
             while queue and expired(queue[0][1], now, spec.queue_timeout_s):
                 dropped.append(queue.popleft()[0])
             if dropped:
-                conn.send(("rejected", dropped))
+                return [], dropped
             decision = next_batch(spec.rules, len(queue), queue[0][1] if queue else None, now)
             if decision.take:
-                return [queue.popleft() for _ in range(decision.take)]
+                return [queue.popleft() for _ in range(decision.take)], []
             if closed.is_set():
-                return None
+                return None, []
             wait = None if decision.wait_until is None else max(0.0, decision.wait_until - now)
             if queue and spec.queue_timeout_s is not None:
                 timeout_at = queue[0][1] + spec.queue_timeout_s - now
@@ -139,6 +149,7 @@ class _Requests:
     """What the generator knows of the requests of one load, filled by the reader thread."""
 
     due: dict[int, float] = field(default_factory=dict)  # id -> when it was due
+    unsent: int = 0  # of those, due but never sent (the sender fell behind): lost
     answered: dict[int, tuple[float, float, float, float, int]] = field(default_factory=dict)
     rejected: dict[int, float] = field(default_factory=dict)  # id -> when the rejection came back
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -161,6 +172,7 @@ class _Generator:
         self.on_answer: Any = None  # closed loop: called with the time of each answer, to send the next
         self.next_id = 0
         self.failed = threading.Event()
+        self.error = ""
         self._send_lock = threading.Lock()
 
     def start(self, ready_timeout_s: float) -> dict[str, Any]:
@@ -178,52 +190,79 @@ class _Generator:
                 self.requests.due[request_id] = due
             self.conn.send(("req", request_id))
 
+    def never_sent(self, requests: _Requests, due_times: list[float]) -> None:
+        """Requests that were due but that a lagging sender never sent: lost, not left out."""
+        with self._send_lock, requests.lock:
+            for due in due_times:
+                requests.due[self.next_id] = due
+                self.next_id += 1
+            requests.unsent += len(due_times)
+
+    def end(self) -> None:
+        with self._send_lock:
+            try:
+                self.conn.send(("end",))
+            except OSError:
+                pass
+
     def _read(self) -> None:
         try:
             while True:
                 kind, items = self.conn.recv()
                 now = time.monotonic()
                 requests = self.requests
+                settled = 0
                 with requests.lock:
                     # Answers to an earlier load's stragglers (ids never reused) are not this load's.
                     if kind == "done":
                         for request_id, arrived, began, ended in items:
                             if request_id in requests.due:
                                 requests.answered[request_id] = (now, arrived, began, ended, len(items))
+                                settled += 1
                     else:
                         for request_id in items:
                             if request_id in requests.due:
                                 requests.rejected[request_id] = now
+                                settled += 1
                     requests.settled.notify_all()
                 callback = self.on_answer  # read once: the load may end (and clear it) meanwhile
-                if kind == "done" and callback is not None:
-                    for _ in items:
+                if callback is not None:  # closed loop: each request of this load settled makes room for one
+                    for _ in range(settled):
                         callback(now)
-        except (EOFError, OSError):
+        except Exception as exc:  # noqa: BLE001 - EOF (the server has gone) or a bad message: stop the loads
+            self.error = f"the server stopped answering ({type(exc).__name__}: {exc})" if not isinstance(
+                exc, EOFError) else "the server stopped answering (its process ended)"
+        finally:
             self.failed.set()
             with self.requests.lock:
                 self.requests.settled.notify_all()
 
 
-def drive_load(conn: Connection, plan: LoadPlan) -> tuple[LoadResult, ...]:
-    """The load-generator process: run each load of the plan against the server on `conn`."""
+def drive_load(conn: Connection, plan: LoadPlan) -> tuple[tuple[LoadResult, ...], float, str]:
+    """The load-generator process: run each load of the plan against the server on `conn`. (The loads'
+    results, this process's CPU seconds, why the loads stopped early: "" when they did not.) Poisson rates
+    after the first over the budget are not run; closed-loop loads always are."""
     generator = _Generator(conn)
-    generator.start(plan.ready_timeout_s)
     results: list[LoadResult] = []
+    over_budget = False
     try:
+        generator.start(plan.ready_timeout_s)
         for index, (kind, amount) in enumerate(plan.loads):
+            if kind == gen.POISSON and over_budget:
+                continue
             if generator.failed.is_set():
-                raise RuntimeError("the server stopped answering (its process ended)")
-            result = _one_load(generator, plan, kind, amount, seed=plan.seed + index)
-            results.append(result)
-            if plan.stop_after_failure and kind == gen.POISSON and not result.meets(plan.budget_s):
                 break
+            result = _one_load(generator, plan, kind, amount, seed=plan.seed + index)
+            if generator.failed.is_set():  # the server died during the load: its figures are not a measurement
+                break
+            results.append(result)
+            over_budget = over_budget or (plan.stop_after_failure and kind == gen.POISSON
+                                          and not result.meets(plan.budget_s))
+    except (TimeoutError, EOFError) as exc:
+        generator.error = str(exc) or "the server ended before it was ready"
     finally:
-        try:
-            conn.send(("end",))
-        except OSError:
-            pass
-    return tuple(results)
+        generator.end()
+    return tuple(results), time.process_time(), generator.error
 
 
 def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *, seed: int) -> LoadResult:
@@ -232,9 +271,10 @@ def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *
     window_s = max(plan.window_s, plan.min_window_requests / amount) if open_loop else plan.window_s
     start = time.monotonic() + 0.05
     stop = threading.Event()
+    due_times = gen.poisson_arrivals(amount, window_s * plan.max_windows, seed=seed) if open_loop else []
+    sent = [0]
     if open_loop:
-        due_times = gen.poisson_arrivals(amount, window_s * plan.max_windows, seed=seed)
-        sender = threading.Thread(target=_send_open, args=(generator, start, due_times, stop), daemon=True)
+        sender = threading.Thread(target=_send_open, args=(generator, start, due_times, stop, sent), daemon=True)
     else:
         def more(now: float) -> None:
             if not stop.is_set():
@@ -242,31 +282,36 @@ def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *
 
         generator.on_answer = more
         sender = threading.Thread(target=_send_closed, args=(generator, start, int(amount)), daemon=True)
-    sender.start()
     windows: list[gen.Window] = []
     overloaded = False
-    while len(windows) < plan.max_windows and not generator.failed.is_set():
-        end = start + (len(windows) + 1) * window_s
-        time.sleep(max(0.0, end - time.monotonic()))
-        windows.append(_window(requests, end - window_s, end, open_loop))
-        if gen.stable(windows, count=plan.stable_windows, within=plan.stability):
-            break
-        if len(windows) >= plan.stable_windows and windows[-1].mean_latency_s > 3 * plan.budget_s:
-            overloaded = True  # the backlog has outgrown the budget several times over: no need to watch it grow
-            break
-    stop.set()
-    generator.on_answer = None
+    try:
+        sender.start()
+        while len(windows) < plan.max_windows and not generator.failed.is_set():
+            end = start + (len(windows) + 1) * window_s
+            time.sleep(max(0.0, end + READ_LAG_S - time.monotonic()))  # answers stamped before `end` are in
+            windows.append(_window(requests, end - window_s, end, open_loop))
+            if gen.stable(windows, count=plan.stable_windows, within=plan.stability):
+                break
+            if len(windows) >= plan.stable_windows and windows[-1].mean_latency_s > 3 * plan.budget_s:
+                overloaded = True  # the backlog has outgrown the budget several times over: no need to watch it
+                break
+    finally:
+        stop.set()
+        generator.on_answer = None
     sender.join(timeout=window_s)
-    _drain(requests, plan)
+    _drain(requests, plan, generator.failed)
+    span = (start, start + max(1, len(windows)) * window_s)
     is_stable = not overloaded and gen.stable(windows, count=plan.stable_windows, within=plan.stability)
     counted = windows[-plan.stable_windows:] if is_stable else windows
-    span = (start + (len(windows) - len(counted)) * window_s, start + len(windows) * window_s)
+    span = (span[1] - max(1, len(counted)) * window_s, span[1])
+    generator.never_sent(requests, [start + d for d in due_times[sent[0]:] if start + d < span[1]])
     return replace(_summary(requests, plan.rules, span), kind=kind, windows=len(windows), stable=is_stable,
                    rate_per_s=amount if open_loop else None, concurrency=None if open_loop else int(amount),
-                   window_spread=_finite(gen.spread_of(counted)))
+                   window_spread=_finite(gen.spread_of(counted)) if counted else None)
 
 
-def _send_open(generator: _Generator, start: float, due_times: list[float], stop: threading.Event) -> None:
+def _send_open(generator: _Generator, start: float, due_times: list[float], stop: threading.Event,
+               sent: list[int]) -> None:
     for offset in due_times:
         due = start + offset
         pause = due - time.monotonic()
@@ -275,6 +320,7 @@ def _send_open(generator: _Generator, start: float, due_times: list[float], stop
         if stop.is_set() or generator.failed.is_set():
             return
         generator.send(due)
+        sent[0] += 1
 
 
 def _send_closed(generator: _Generator, start: float, concurrency: int) -> None:
@@ -290,12 +336,13 @@ def _window(requests: _Requests, begin: float, end: float, open_loop: bool) -> g
     return gen.window_of(latencies, end - begin, offered=offered)
 
 
-def _drain(requests: _Requests, plan: LoadPlan) -> None:
-    """Wait for the requests still in flight: answered, rejected, or given up on."""
+def _drain(requests: _Requests, plan: LoadPlan, failed: threading.Event) -> None:
+    """Wait for the requests still in flight: answered, rejected, or given up on (at once if the server
+    has gone)."""
     limit = (plan.queue_timeout_s or 10 * plan.budget_s) + 2 * plan.budget_s + 1.0
     deadline = time.monotonic() + limit
     with requests.lock:
-        while requests.outstanding > 0 and time.monotonic() < deadline:
+        while requests.outstanding > 0 and time.monotonic() < deadline and not failed.is_set():
             requests.settled.wait(timeout=max(0.0, deadline - time.monotonic()))
 
 
@@ -307,9 +354,10 @@ def _summary(requests: _Requests, rules: BatchConfig, span: tuple[float, float])
         answered = {i: requests.answered[i] for i in due if i in requests.answered}
         rejected = sum(1 for i in due if i in requests.rejected)
         throughput = sum(1 for a in requests.answered.values() if begin <= a[0] < end) / (end - begin)
-        sent = len(requests.due)
+        sent = len(requests.due) - requests.unsent
         completed, lost_all = len(requests.answered), len(requests.rejected)
-    timed_out = len(due) - len(answered) - rejected
+        unsent = requests.unsent
+    timed_out = len(due) - len(answered) - rejected  # within the span: unanswered, never sent included
     latencies = [answer[0] - due[i] for i, answer in answered.items()]
     lost = rejected + timed_out
     queued = [answer[2] - answer[1] for answer in answered.values()]
@@ -317,6 +365,7 @@ def _summary(requests: _Requests, rules: BatchConfig, span: tuple[float, float])
     mean = sum(latencies) / len(latencies) if latencies else None
     return LoadResult(
         config=rules, sent=sent, completed=completed, rejected=lost_all, timed_out=max(0, sent - completed - lost_all),
+        not_sent=unsent,
         duration_s=end - begin, throughput_per_s=throughput,
         p50_s=_finite(gen.percentile(latencies, 0.50, rejected=lost)),
         p90_s=_finite(gen.percentile(latencies, 0.90, rejected=lost)),
@@ -331,15 +380,29 @@ def _finite(value: float) -> float | None:
 
 
 def run_config(spec: ServerSpec, plan: LoadPlan, *, timeout_s: float) -> ConfigRun:
-    """One server process with `spec`'s rules, driven through `plan` by a load-generator process."""
+    """One server process with `spec`'s rules, driven through `plan` by a load-generator process; with how
+    busy the machine was with other work meanwhile. A server or generator that failed leaves the loads
+    that finished before it and says why."""
+    from mbtune.device.load import LoadMeter
+    from mbtune.records import ERROR, KILLED
     from mbtune.worker import process_context, run_beside
 
     server_end, generator_end = process_context().Pipe(duplex=True)
-    front, back = run_beside(serve_requests, (server_end, spec), drive_load, generator_end, plan,
-                             timeout_s=timeout_s, handed_over=(server_end,))
-    generator_end.close()
-    if front.status == OK:
-        return ConfigRun(config=spec.rules, loads=front.value)
-    why = back.error if back.status != OK and back.error else front.error
-    last = (why.strip().splitlines() or ["no detail"])[-1]
-    return ConfigRun(config=spec.rules, error=f"{front.status}: {last}")
+    try:
+        with LoadMeter() as meter:
+            front, back = run_beside(serve_requests, (server_end, spec), drive_load, generator_end, plan,
+                                     timeout_s=timeout_s, handed_over=(server_end,), target_handed_over=(generator_end,))
+    finally:
+        generator_end.close()
+    own_s = (front.value[1] if front.status == OK else None, back.value.get("cpu_s") if back.status == OK else None)
+    machine = meter.load(rank_cpu_s=None if None in own_s else sum(own_s))  # type: ignore[arg-type]
+    loads, error = (front.value[0], front.value[2]) if front.status == OK else ((), _last_line(front.error))
+    if back.status in (ERROR, KILLED):  # the server's own failure says more than the generator's view of it
+        error = f"the server {back.status}: {_last_line(back.error)}"
+    elif error and front.status != OK:
+        error = f"the load generator {front.status}: {error}"
+    return ConfigRun(config=spec.rules, loads=loads, error=error, machine=machine)
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no detail"])[-1]

@@ -46,6 +46,8 @@ def curve_sampler(curve: ServiceCurve, scale: float = 1.0) -> ServiceSampler:
     """Service times from a measured curve: the interpolated median times a measured pass/median ratio,
     times `scale` (a batch served under load, beside the requests arriving, takes longer than alone)."""
     ratios = [t / s.median_s for s in curve.times for t in s.times_s if s.median_s > 0] or [1.0]
+    mean = sum(ratios) / len(ratios)
+    ratios = [r / mean for r in ratios]  # mean 1: `scale` alone says how far the mean moves from the median
 
     def draw(batch_size: int, rng: random.Random) -> float:
         return curve.median_s(batch_size) * scale * rng.choice(ratios)

@@ -6,6 +6,7 @@ by construction or by three orders of magnitude, never by a timing comparison.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 
@@ -73,7 +74,7 @@ def test_every_request_is_accounted_for_and_batches_keep_to_the_rules(served):
     for load in run.loads:
         assert load.sent == load.completed + load.rejected + load.timed_out and load.completed > 0
         assert 1.0 <= load.mean_batch_size <= 8.0
-        assert load.p50_s <= load.p90_s <= load.p99_s
+        assert None not in (load.p50_s, load.p90_s, load.p99_s) and load.p50_s <= load.p90_s <= load.p99_s
         assert 0.0 <= load.queue_share <= 1.0
     closed = run.loads[-1]
     assert closed.mean_batch_size <= 2.0  # never more than two requests in flight
@@ -97,7 +98,10 @@ def test_an_interrupted_run_keeps_what_finished_and_resumes_without_measuring_it
     again = Progress()
     resumed = run_serve(two_delays, again, profiles_dir=tmp_path, resume=True)
     assert not resumed.interrupted and len(resumed.serve.runs) == 2
-    assert resumed.serve.runs[0] == first.serve.runs[0]
+    def measured(run):  # the predictions are made afresh from every load there is, so they may differ
+        return [dataclasses.replace(load, predicted_p99_s=None) for load in run.loads]
+
+    assert measured(resumed.serve.runs[0]) == measured(first.serve.runs[0])
     details = dict((name, detail) for name, _, detail in again.ended)
     assert details["max 8, delay 0 ms"] == REPLAYED and details["max 8, delay 2 ms"] != REPLAYED
     assert all(detail == REPLAYED for name, _, detail in again.ended if name.startswith("batch "))

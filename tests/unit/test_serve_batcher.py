@@ -43,6 +43,13 @@ def test_the_largest_preferred_size_the_queue_fills_goes_at_once():
     assert next_batch(preferring, 40, 0.0, 0.0) == Decision(take=8)  # preferred, even with 16 waiting
 
 
+def test_once_the_delay_has_passed_everything_queued_goes_whatever_the_preferred_sizes():
+    """Triton's rule: a preferred size is formed only while the oldest request is within its delay."""
+    preferring = rules(16, delay_s=0.010, preferred=(4, 8))
+    assert next_batch(preferring, 11, 0.0, 0.010) == Decision(take=11)
+    assert next_batch(preferring, 40, 0.0, 0.020) == Decision(take=16)
+
+
 def test_preferred_sizes_above_the_max_are_refused():
     with pytest.raises(ConfigError, match="preferred"):
         rules(8, preferred=(16,))

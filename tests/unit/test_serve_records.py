@@ -40,6 +40,8 @@ def test_the_triton_fragment_is_config_pbtxt():
                                        "  preferred_batch_size: [ 8, 16 ]\n"
                                        "  max_queue_delay_microseconds: 2500\n"
                                        "}")
+    assert triton_fragment(WINNER, 0.5).endswith("  default_queue_policy {\n    timeout_action: REJECT\n"
+                                                 "    default_timeout_microseconds: 500000\n  }\n}")
     assert "preferred" not in triton_fragment(BatchConfig(max_batch_size=4))
 
 
