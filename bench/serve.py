@@ -18,7 +18,7 @@ import time
 from mbtune.config import parse_duration
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import POISSON
-from mbtune.serving.run import serve_workload
+from mbtune.serving.run import model_spec, serve_workload
 from mbtune.serving.server import LoadPlan, ServerSpec, run_config
 
 
@@ -64,7 +64,7 @@ def noise_floor(report, config: ServeConfig) -> None:
     plan = LoadPlan(rules=run.config, loads=rates, budget_s=config.p99_budget_s, window_s=config.window_s,
                     max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=config.seed + 1,
                     stop_after_failure=False)
-    spec = ServerSpec(workload=config.workload, device="cpu", rules=run.config, queue_timeout_s=config.queue_timeout)
+    spec = ServerSpec(model=model_spec(config, "cpu"), rules=run.config, queue_timeout_s=config.queue_timeout)
     again = run_config(spec, plan, timeout_s=600)
     differences = [abs(b.p99_s - a.p99_s) / a.p99_s for a, b in zip(run.loads, again.loads) if a.p99_s and b.p99_s]
     if differences:

@@ -83,25 +83,35 @@ def _first_tensor(value: Any) -> torch.Tensor:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CurveSpec:
-    """What the service-time child measures."""
+class ModelSpec:
+    """The model a serving process holds: the workload, where, at what precision, on how many threads."""
 
     workload: str
     workload_options: tuple[tuple[str, Any], ...] = ()
     device: str = "cpu"
     precision: str = "fp32"
-    threads: int | None = None
+    threads: int | None = None  # None: serve_threads' default
     seed: int = 0
+
+    def load(self, pool_size: int = 0) -> InferenceModel:
+        """In the serving process: its torch threads set, the model built and ready."""
+        torch.set_num_threads(serve_threads(self.threads))
+        return InferenceModel(load_workload(self.workload, self.workload_options), device=self.device,
+                              precision=self.precision, seed=self.seed, pool_size=pool_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurveSpec:
+    """What the service-time child measures."""
+
+    model: ModelSpec
     sizes: tuple[int, ...] = (1,)
     stop_above_s: float | None = None  # sizes after one whose median passes this are not measured
 
 
 def measure_curve(spec: CurveSpec) -> ServiceCurve:
     """The service-time curve, measured in this (fresh) process, sizes in ascending order."""
-    threads = serve_threads(spec.threads)
-    torch.set_num_threads(threads)
-    workload = load_workload(spec.workload, spec.workload_options)
-    model = InferenceModel(workload, device=spec.device, precision=spec.precision, seed=spec.seed)
+    model = spec.model.load()
     times, stopped = [], ""
     for size in sorted(set(spec.sizes)):
         inputs = model.inputs(size)
@@ -119,4 +129,4 @@ def measure_curve(spec: CurveSpec) -> ServiceCurve:
                 stopped = (f"sizes above {size} not measured: one batch of {size} takes "
                            f"{times[-1].median_s * 1e3:.1f} ms, over the {spec.stop_above_s * 1e3:g} ms budget")
             break
-    return ServiceCurve(times=tuple(times), threads=threads, stopped=stopped)
+    return ServiceCurve(times=tuple(times), threads=serve_threads(spec.model.threads), stopped=stopped)

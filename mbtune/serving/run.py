@@ -124,9 +124,7 @@ def _curve(config: ServeConfig, device: str, ceiling: ProbeResult, store: RunSto
     limit = ceiling.safe_batch
     sizes = {1 << k for k in range(limit.bit_length()) if 1 << k <= limit} | {limit}
     sizes |= {s for s in (*config.preferred, *(config.max_batch_sizes or ())) if s <= limit}
-    spec = CurveSpec(workload=config.workload, workload_options=config.workload_options, device=device,
-                     precision=config.precision, threads=config.threads, seed=config.seed, sizes=tuple(sorted(sizes)),
-                     stop_above_s=config.p99_budget_s)
+    spec = CurveSpec(model=model_spec(config, device), sizes=tuple(sorted(sizes)), stop_above_s=config.p99_budget_s)
     result = run_isolated(measure_curve, spec, timeout_s=config.trial_timeout_s)
     if result.status != OK:
         raise TrialFailedError(f"the service-time curve could not be measured: {result.error}",
@@ -135,6 +133,14 @@ def _curve(config: ServeConfig, device: str, ceiling: ProbeResult, store: RunSto
     if store:
         store.record(SERVICE_CURVE, curve.to_dict())
     return curve
+
+
+def model_spec(config: ServeConfig, device: str) -> Any:
+    """The ModelSpec every serving process of this run holds."""
+    from mbtune.serving.infer import ModelSpec
+
+    return ModelSpec(workload=config.workload, workload_options=config.workload_options, device=device,
+                     precision=config.precision, threads=config.threads, seed=config.seed)
 
 
 def _configurations(config: ServeConfig, ceiling: ProbeResult, curve: ServiceCurve,
@@ -210,9 +216,7 @@ def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float
         plan = LoadPlan(rules=rule, loads=loads, budget_s=config.p99_budget_s, window_s=config.window_s,
                         max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=config.seed,
                         ready_timeout_s=config.load_timeout_s)
-        spec = ServerSpec(workload=config.workload, workload_options=config.workload_options, device=device,
-                          precision=config.precision, threads=config.threads, seed=config.seed, rules=rule,
-                          queue_timeout_s=config.queue_timeout)
+        spec = ServerSpec(model=model_spec(config, device), rules=rule, queue_timeout_s=config.queue_timeout)
         run = run_config(spec, plan, timeout_s=_run_timeout(plan))
         if store:
             store.record(SERVE_CONFIG, run.to_dict())

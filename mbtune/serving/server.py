@@ -21,12 +21,15 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mbtune.records import OK
 from mbtune.serving import load as gen
 from mbtune.serving.batcher import expired, next_batch
 from mbtune.serving.records import BatchConfig, ConfigRun, LoadResult
+
+if TYPE_CHECKING:
+    from mbtune.serving.infer import ModelSpec
 
 Connection = multiprocessing.connection.Connection
 POOL_SIZE = 256  # distinct request samples the server holds (requests cycle through them)
@@ -37,12 +40,7 @@ READ_LAG_S = 0.005  # a window is read this long after it ends, so answers stamp
 class ServerSpec:
     """The model a server process holds and the batcher it runs."""
 
-    workload: str
-    workload_options: tuple[tuple[str, Any], ...] = ()
-    device: str = "cpu"
-    precision: str = "fp32"
-    threads: int | None = None
-    seed: int = 0
+    model: ModelSpec
     rules: BatchConfig
     queue_timeout_s: float | None = None
 
@@ -67,17 +65,11 @@ class LoadPlan:
 
 def serve_requests(conn: Connection, spec: ServerSpec) -> dict[str, float]:
     """The server process: hold the model, batch requests by the rules, answer each batch."""
-    import torch
-
     from mbtune.serving.config import serve_threads
-    from mbtune.serving.infer import InferenceModel
-    from mbtune.workloads import load_workload
 
-    threads = serve_threads(spec.threads)
-    torch.set_num_threads(threads)
     pool = max(POOL_SIZE, spec.rules.max_batch_size)
-    model = InferenceModel(load_workload(spec.workload, spec.workload_options), device=spec.device,
-                           precision=spec.precision, seed=spec.seed, pool_size=pool)
+    model = spec.model.load(pool_size=pool)
+    threads = serve_threads(spec.model.threads)
     for size in sorted({1, *spec.rules.sizes, spec.rules.max_batch_size}):  # warm: first passes are slow
         for _ in range(2):
             model.run(model.gather(list(range(size))))
