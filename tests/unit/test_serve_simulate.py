@@ -68,3 +68,40 @@ def test_the_predicted_max_rate_is_the_highest_rate_within_the_budget():
     assert best == 400 and seen[2000].p99_s > 0.05
     assert all(seen[rate].p99_s <= 0.05 for rate in (50, 200, 400))
     assert predict(BatchConfig(max_batch_size=8), 50, service).throughput_per_s == pytest.approx(50, rel=0.05)
+
+
+def test_quick_measures_the_two_configurations_the_simulator_predicts_sustain_the_most():
+    from mbtune.serving.config import ServeConfig
+    from mbtune.serving.run import _to_run
+
+    service = curve_sampler(curve([(1, 0.004), (4, 0.006), (16, 0.012)]))
+    rules = [BatchConfig(max_batch_size=size) for size in (1, 4, 16)]  # capacity 250, 667 and 1333 per second
+    skipped = []
+    plan = _to_run(ServeConfig(p99_budget_s=0.05, device="cpu", strategy="quick"), rules, (100.0, 500.0, 1000.0),
+                   service, skipped)
+    assert [rule.max_batch_size for rule, _ in plan] == [16, 4]
+    assert all(rates == (100.0, 500.0, 1000.0) for _, rates in plan)
+    assert len(skipped) == 1 and skipped[0].startswith("max 1, delay 0 ms: not run (--strategy quick")
+    everything = _to_run(ServeConfig(p99_budget_s=0.05, device="cpu"), rules, (100.0,), service, [])
+    assert [rule for rule, _ in everything] == rules
+
+
+def test_the_default_grid_takes_the_largest_powers_of_two_within_half_the_budget_and_skips_what_cannot_run():
+    import dataclasses
+
+    from mbtune.serving.config import ServeConfig
+    from mbtune.serving.run import _configurations
+    from tests.unit.test_records import sample_probe
+
+    probe = dataclasses.replace(sample_probe(), ceiling=100, safe_batch=85)
+    measured = curve([(1, 0.002), (2, 0.004), (4, 0.008), (8, 0.016), (16, 0.032), (32, 0.064)])
+    chosen = _configurations(ServeConfig(p99_budget_s=0.05, device="cpu"), probe, measured, [])
+    assert sorted({r.max_batch_size for r in chosen}) == [2, 4, 8]  # 16 takes 32 ms, over half of 50
+    assert sorted({r.max_queue_delay_s for r in chosen}) == [0.0, 0.005]
+    skipped = []
+    given = ServeConfig(p99_budget_s=0.05, device="cpu", max_batch_sizes=(8, 32, 128), queue_delays_s=(0.001,),
+                        preferred=(4, 16))
+    chosen = _configurations(given, probe, measured, skipped)
+    assert [(r.max_batch_size, r.preferred) for r in chosen] == [(8, (4,))]
+    assert any("32: one batch takes 64.0 ms" in s for s in skipped)
+    assert any("128: above the inference safe batch (85)" in s for s in skipped)
