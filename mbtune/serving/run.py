@@ -307,11 +307,13 @@ def _answer(rule: BatchConfig, runs: Sequence[ConfigRun], rates: Sequence[float]
 
 
 def _best(answers: Sequence[ConfigAnswer]) -> int | None:
-    """The configuration that sustains the highest rate (ties: the lower p99 there)."""
+    """The configuration that sustains the highest rate (ties: a stable measurement there, then the
+    lower p99)."""
     measured = [i for i, a in enumerate(answers) if a.max_rate_per_s is not None]
     if not measured:
         return None
-    return max(measured, key=lambda i: (answers[i].max_rate_per_s or 0.0, -(answers[i].p99_at_max_s or 0.0)))
+    return max(measured, key=lambda i: (answers[i].max_rate_per_s or 0.0, answers[i].stable,
+                                        -(answers[i].p99_at_max_s or 0.0)))
 
 
 def _load_warnings(runs: Sequence[ConfigRun], config: ServeConfig) -> list[str]:
