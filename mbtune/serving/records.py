@@ -4,6 +4,7 @@ torch import here."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -49,9 +50,7 @@ class ServiceTime(Record):
 
     @property
     def median_s(self) -> float:
-        ordered = sorted(self.times_s)
-        middle = len(ordered) // 2
-        return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+        return statistics.median(self.times_s)
 
     @property
     def min_s(self) -> float:
