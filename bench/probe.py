@@ -56,8 +56,12 @@ def doubling_bisection(run, granularity: int) -> tuple[int, int, int]:
 
 
 def truth_ceiling(run, start: int, granularity: int) -> int:
-    """Step every granule up from start; the truth is the last size before two consecutive OOMs."""
-    size, last_ok, misses = start, start, 0
+    """Step every granule up from start; the truth is the last size before two consecutive OOMs. A start
+    that does not run (an answer that overshot) steps down first, so it cannot set the truth itself."""
+    size = start
+    while size > granularity and not run(size).ok:
+        size -= granularity
+    last_ok, misses, size = size, 0, size + granularity
     while misses < 2:
         if run(size).ok:
             last_ok, misses = size, 0

@@ -121,7 +121,8 @@ def fit_memory_model(trials: list[TrialOutcome] | tuple[TrialOutcome, ...]) -> M
     span = max(b for b, _ in points) - min(b for b, _ in points)
     resolved = (slope > 0 and slope * span > GROWTH_NOISE_FRACTION * mean_m
                 and (stderr is None or slope > SLOPE_STDERRS * stderr))
-    return MemoryModel(fixed_bytes=fixed, per_sample_bytes=slope,
+    # Unresolved, memory is flat over these trials as far as they can tell: its mean is the fixed part.
+    return MemoryModel(fixed_bytes=fixed if resolved else mean_m, per_sample_bytes=slope if resolved else None,
                        fit_error_pct=100.0 * math.sqrt(residual / n) / mean_m if mean_m else 0.0, num_points=n,
                        per_sample_stderr_bytes=stderr, resolved=resolved)
 
@@ -154,7 +155,7 @@ def _model_ceiling(state: _State) -> float | None:
     """Where the memory model puts the ceiling, anchored at the largest size that ran: that size's own
     peak plus the fitted per-sample cost, so the extrapolation is as short as it can be."""
     model = fit_memory_model(state.trials)
-    if model is None or not state.budget_bytes or not model.resolved:
+    if model is None or not state.budget_bytes or model.per_sample_bytes is None:
         return None
     used = [t.budget_used_bytes for t in state.trials if t.ok and t.batch_size == state.lo and t.budget_used_bytes]
     guess = (state.lo + (state.budget_bytes - max(used)) / model.per_sample_bytes if used
@@ -166,7 +167,7 @@ def _model_scatter_samples(state: _State) -> float:
     """How far the fitted peaks scatter around the memory model, in samples (inf without a model)."""
     model = fit_memory_model(state.trials)
     used = [t.budget_used_bytes for t in state.trials if t.ok and t.budget_used_bytes]
-    if model is None or not model.resolved or not used:
+    if model is None or model.per_sample_bytes is None or not used:
         return math.inf
     return model.fit_error_pct / 100 * statistics.fmean(used) / model.per_sample_bytes
 
@@ -315,8 +316,9 @@ def _verified_safe_batch(run_trial: RunTrial, state: _State, safe: int, margin: 
         if passes >= confirm:
             return safe, failed_at
         failed_at.append(safe)
-        if safe <= g:
+        below = min(safe_batch_for(safe, margin, g), safe - g)
+        if below <= g:  # one granule is no batch to train at: the answer is that nothing is safe
             raise UnsafeBatchError(
                 f"no batch size above one granule ({g}) passed {confirm} fresh runs: the safe batch stepped down "
-                f"from {failed_at[0]} through {', '.join(map(str, failed_at[1:])) or 'nothing'} and each failed")
-        safe = min(safe_batch_for(safe, margin, g), safe - g)
+                f"through {', '.join(map(str, failed_at))} and each failed")
+        safe = below

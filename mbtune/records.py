@@ -94,7 +94,8 @@ class MemoryModel(Record):
     """bytes = fixed_bytes + per_sample_bytes x batch, fitted to the peaks of the trials that ran."""
 
     fixed_bytes: float
-    per_sample_bytes: float
+    # None when the model is not resolved: the fitted slope then says nothing, so none is kept.
+    per_sample_bytes: float | None = None
     fit_error_pct: float
     num_points: int
     # The slope's standard error over the fitted trials. A slope not clearly above it (memory that barely
@@ -102,9 +103,15 @@ class MemoryModel(Record):
     per_sample_stderr_bytes: float | None = None
     resolved: bool = True
 
+    def __post_init__(self) -> None:
+        if not self.resolved:  # a profile saved before unresolved models dropped their slope
+            object.__setattr__(self, "per_sample_bytes", None)
+        elif self.per_sample_bytes is None:
+            raise ValueError("a resolved memory model needs its per_sample_bytes")
+
     def batch_for(self, budget_bytes: float) -> float | None:
         """The batch size at which the model reaches the budget (None when it does not grow)."""
-        if not self.resolved or self.per_sample_bytes <= 0:
+        if not self.resolved or self.per_sample_bytes is None or self.per_sample_bytes <= 0:
             return None
         return (budget_bytes - self.fixed_bytes) / self.per_sample_bytes
 

@@ -241,6 +241,9 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     log.info("sweep of %s (%d blocks) on %s", config.workload, workload.num_blocks, info.name)
     num_stages, threads, max_processes, warnings = _placement(config, device)
     warnings += workload.warnings
+    if config.measured_steps * config.repeats < 2:
+        warnings.append("one measured step per point (--steps 1, --repeats 1) states no spread: each range is "
+                        "that one step; measure --steps 2 or more")
     config = _with_saved_limits(config, info, warnings)
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages, max_processes=max_processes,
                      nnodes=config.nnodes)

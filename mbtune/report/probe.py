@@ -92,7 +92,7 @@ def memory_model_text(model: MemoryModel | None) -> str:
     """The fitted memory model in words, or why there is none."""
     if model is None:
         return "n/a (fewer than two sizes ran)"
-    if not model.resolved:
+    if model.per_sample_bytes is None:
         return (f"not resolved (memory barely grows with the batch over these {model.num_points} trials): "
                 "no per-sample memory")
     return (f"{fmt_bytes(model.fixed_bytes)} + {fmt_bytes(model.per_sample_bytes)} x batch "

@@ -67,6 +67,7 @@ def test_gpipe_bubble_falls_as_micro_batches_rise_when_compute_dominates():
     report = sweep_workload(config)
     by_m = {r.point.num_microbatches: r for r in report.results}
     assert all(r.ok for r in by_m.values()), [r.error for r in by_m.values()]
+    assert not any("states no spread" in w for w in report.warnings)  # three steps state one
     assert by_m[8].bubble_measured < by_m[2].bubble_measured
     assert by_m[8].bubble_theoretical < by_m[2].bubble_theoretical
     # The schedule's part of the idle falls with it; a pipeline of two ranks with one stage each always has
@@ -142,6 +143,7 @@ def test_sweep_takes_the_safe_batch_from_the_saved_probe(tmp_path):
     assert report["global_batches"] == [16] and report["global_batch_default"] is True
     assert {r["point"]["micro_batch_size"] for r in report["results"]} == {8, 4}
     assert any("bounded by the safe batch 13" in w for w in report["warnings"])
+    assert any("--steps 1, --repeats 1) states no spread" in w for w in report["warnings"])
     too_big = mbtune("sweep", *quick, "--schedules", "gpipe", "-m", "2", "--accum", "1", "--micro-batch-size", "32",
                      "--format", "json", "--no-save")
     skipped = json.loads(too_big.stdout)["skipped"]

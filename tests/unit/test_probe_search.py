@@ -6,7 +6,9 @@ import pytest
 
 from mbtune.ceiling import SearchResult, fit_memory_model, safe_batch_for, search_ceiling
 from mbtune.errors import BudgetTooSmallError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
-from mbtune.records import TrialOutcome
+from mbtune.recordio import RecordFieldError
+from mbtune.records import MemoryModel, TrialOutcome
+from mbtune.report.probe import memory_model_text
 
 FIXED, PER_SAMPLE = 1000, 10
 
@@ -134,6 +136,17 @@ def test_verification_needs_confirm_passes_not_one():
         search_ceiling(fake_trials(fits), budget_bytes=budget_for(100), resolution=1)
 
 
+def test_one_granule_left_is_no_safe_batch():
+    # Only batch 1 survives its verification runs: stepping down to one granule is not an answer.
+    def fits(batch, attempt):
+        return batch <= 100 and (attempt == 1 or batch in (1, 100))
+
+    run = fake_trials(fits)
+    with pytest.raises(UnsafeBatchError, match="stepped down through 85, 72,") as raised:
+        search_ceiling(run, budget_bytes=budget_for(100), resolution=1)
+    assert raised.value.exit_code == 3 and 1 not in run.sizes[run.sizes.index(85):]
+
+
 def test_the_probe_stops_at_the_resolution():
     exact = fake_trials(below(10_000))
     search_ceiling(exact, budget_bytes=budget_for(10_000), resolution=1)
@@ -185,6 +198,17 @@ def test_a_slope_that_does_not_stand_clear_of_its_scatter_is_not_resolved(used):
     trials = [TrialOutcome(status="ok", batch_size=384 * (i + 1), budget_used_bytes=u) for i, u in enumerate(used)]
     model = fit_memory_model(trials)
     assert not model.resolved and model.batch_for(10**9) is None
+    # No slope at all is kept, so neither the JSON nor the table can show a negative or meaningless one.
+    assert model.per_sample_bytes is None and model.to_dict()["per_sample_bytes"] is None
+    assert memory_model_text(model).startswith("not resolved (memory barely grows with the batch")
+
+
+def test_a_profile_saved_with_an_unresolved_slope_reads_without_it():
+    old = {"fixed_bytes": 2e8, "per_sample_bytes": -19146.7, "fit_error_pct": 1.0, "num_points": 2,
+           "resolved": False}
+    assert MemoryModel.from_dict(old).per_sample_bytes is None
+    with pytest.raises(RecordFieldError, match="per_sample_bytes"):
+        MemoryModel.from_dict({**old, "resolved": True, "per_sample_bytes": None})
 
 
 def test_an_underestimating_model_does_not_creep_up_in_shrinking_steps():
