@@ -3,7 +3,8 @@ Lightning's `Tuner.scale_batch_size(mode="binsearch")` and Hugging Face Accelera
 `find_executable_batch_size`, on the same workload, the same memory budget and the same training step.
 
 Prints trials and wall time of each, how far each landed from the true ceiling (found by stepping every
-granule up from mbtune's answer until two OOMs in a row), and whether each method's answer runs in fresh
+granule up from mbtune's smallest answer until two OOMs in a row, stepping down first if that answer does
+not run), and whether each method's answer runs in fresh
 isolated trials. mbtune and doubling + bisection run one fresh process per trial; each peer runs its whole
 search in one fresh process capped exactly like an mbtune CPU trial, catching OOMs and retrying inside it
 (see bench/peers.py). Run: .venv/bin/python bench/probe.py [--workload mlp -O width=64 --memory-budget 256MiB]
