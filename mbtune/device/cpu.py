@@ -9,8 +9,7 @@ import resource
 
 from mbtune.records import DeviceInfo
 
-_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # glibc mallopt parameters
-_MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own starting value, held fixed
+_M_ARENA_MAX = -8  # glibc mallopt parameter
 
 
 def share_one_malloc_arena() -> None:
@@ -21,22 +20,6 @@ def share_one_malloc_arena() -> None:
         ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, 1)
     except (OSError, AttributeError):
         pass  # not glibc: no arenas to pin
-
-
-def fix_the_mmap_threshold() -> None:
-    """Hold glibc's mmap threshold at its starting 128 KiB, so every large tensor is its own mapping, returned
-    to the system when freed. Left dynamic, glibc raises the threshold after the first large free and serves
-    later tensors from a heap that keeps what was freed; how much it keeps depends on the cap itself, so
-    under an address-space cap a larger batch could fit where a smaller one failed. Held fixed, the address
-    space a step needs is its live memory, the same capped or not. A threshold the user set
-    (MALLOC_MMAP_THRESHOLD_, or glibc.malloc.mmap_threshold in GLIBC_TUNABLES) is the one the run will use,
-    and is kept."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
-        return
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-    except (OSError, AttributeError):
-        pass  # not glibc
 
 
 def read_status_bytes(*keys: str) -> dict[str, int]:
@@ -93,7 +76,6 @@ class CpuBackend:
         """Cap the address space at its start-up size plus the budget, so the allocator raises a real OOM."""
         if budget_bytes is not None:
             share_one_malloc_arena()
-            fix_the_mmap_threshold()
         self._start_vm_bytes = read_status_bytes("VmSize")["VmSize"]
         if budget_bytes is not None:
             limit = self._start_vm_bytes + budget_bytes

@@ -98,34 +98,3 @@ def test_a_capped_trial_gains_no_malloc_arena_from_a_new_thread():
     pinned = run_isolated(reserved_arenas_after_a_new_thread_allocates, True, timeout_s=60)
     assert unpinned.status == pinned.status == "ok", (unpinned.error, pinned.error)
     assert pinned.value == unpinned.value - 1
-
-
-def address_space_kept_after_a_large_free(fix: bool, user_threshold: bool = False) -> int:
-    """Bytes of address space an 8 MiB buffer leaves behind once freed, after one like it was freed before."""
-    import os
-
-    from mbtune.device.cpu import fix_the_mmap_threshold, read_status_bytes
-
-    if user_threshold:
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(64 * 2**20)
-    if fix:
-        fix_the_mmap_threshold()
-    first = bytearray(8 * 2**20)
-    del first  # left dynamic, glibc raises its mmap threshold here, past 8 MiB
-    before = read_status_bytes("VmSize")["VmSize"]
-    second = bytearray(8 * 2**20)
-    del second
-    return read_status_bytes("VmSize")["VmSize"] - before
-
-
-def test_a_capped_trial_returns_a_freed_tensor_to_the_system():
-    dynamic = run_isolated(address_space_kept_after_a_large_free, False, timeout_s=60)
-    fixed = run_isolated(address_space_kept_after_a_large_free, True, timeout_s=60)
-    assert dynamic.status == fixed.status == "ok", (dynamic.error, fixed.error)
-    assert dynamic.value > 4 * 2**20 and fixed.value == 0
-
-
-def test_a_threshold_the_user_set_is_kept():
-    kept = run_isolated(address_space_kept_after_a_large_free, True, True, timeout_s=60)
-    assert kept.status == "ok", kept.error
-    assert kept.value > 4 * 2**20
