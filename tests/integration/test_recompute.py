@@ -18,15 +18,18 @@ GPT = (("layers", 2), ("d_model", 32), ("heads", 2), ("seq_len", 8), ("vocab", 6
 
 
 def test_recompute_lowers_the_peak_memory_of_the_same_training_step():
-    # The gpt demo at batch 128: activations are most of the step's memory, so keeping only each block's
-    # input saves far more (about 18% of the budget used, measured) than the few percent runs differ by.
+    # The gpt demo at batch 256: activations are most of the step's memory, so keeping only each block's
+    # input saves about 330 MB of the 1.48 GB budget used (ratio 0.77-0.78 over 5 runs, beside a CPU-bound
+    # process or not). The allocator's own jitter is a step of up to about 115 MB in the address space
+    # (a new malloc arena, a shifted mmap threshold, depending on thread timing): at batch 128 that step
+    # alone once made the saving read 4%. The bound below leaves that step and more.
     used = {}
     for mode in ("none", "full"):
-        outcome = run_trial(TrialConfig(workload="gpt", device="cpu", batch_size=128, recompute=mode, threads=2),
-                            timeout_s=120)
+        outcome = run_trial(TrialConfig(workload="gpt", device="cpu", batch_size=256, recompute=mode, threads=2),
+                            timeout_s=180)
         assert outcome.ok, outcome.error
         used[mode] = (outcome.budget_used_bytes, outcome.peak_memory_bytes)
-    assert used["full"][0] < 0.92 * used["none"][0]
+    assert used["full"][0] < 0.9 * used["none"][0]
     assert used["full"][1] < used["none"][1]
 
 
