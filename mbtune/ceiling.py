@@ -28,6 +28,10 @@ GROWTH_NOISE_FRACTION = 0.02
 # After a growth step to the model's ceiling ran, the model's new ceiling may move up by this share of
 # that step and still count as the old one refined; further, the model underestimates.
 REFINE_SHARE = 0.25
+# A growth step aims this many standard errors below the model's ceiling (the slope's error grows with
+# the distance extrapolated), so it lands just under the ceiling and the last steps are short; a step
+# past it costs the trials of stepping back down through the band.
+AIM_STDERRS = 2.0
 # Without a model, the batch grows 4x a step, or 16x while the largest size that ran used under this
 # share of the budget (memory still flat: a long way to go).
 FLAT_SHARE = 1 / 8
@@ -67,6 +71,7 @@ class _State:
     hi: int | None = None  # smallest size that failed for memory
     guided_step: int = 0  # the length of the last growth step to the model's ceiling
     last_guess: float | None = None  # where the model put the ceiling then
+    last_stderr: float = 0.0  # that guess's standard error, in samples (0 from a line through two sizes)
     strides: int = 0  # steps up from where the model put the ceiling, since the model was last trusted
     flipped: bool = False  # a size that ran failed on a later run: the band reaches down to it
     band_seen: bool = False  # some size both ran and failed: the ceiling is a band, not a size
@@ -98,9 +103,14 @@ class _State:
         # ceiling ran the largest that ran is far below it; the band is up there.
         top = max(max(self.passes, default=self.lo), (self.hi or 0) / (1 + RESOLUTION_FRACTION))
         wanted: float = self.resolution or math.ceil(RESOLUTION_FRACTION * top)
+        scatter = _model_scatter_samples(self) if self.resolution is None else math.inf
         if self.resolution is None and self.band_seen:
-            band = max(BAND_RESOLUTIONS * wanted, BAND_SCATTERS * _model_scatter_samples(self))
+            band = max(BAND_RESOLUTIONS * wanted, BAND_SCATTERS * scatter)
             wanted = max(wanted, min(BAND_CAP_FRACTION * top, band))
+        elif self.resolution is None and math.isfinite(scatter) and scatter > wanted:
+            # The peaks scatter around the model by more than the resolution: the band is at least
+            # that wide before any size has flipped, and bisecting inside it decides nothing.
+            wanted = max(wanted, min(BAND_CAP_FRACTION * top, BAND_SCATTERS * scatter))
         return max(g, math.ceil(wanted / g) * g)
 
 
@@ -163,6 +173,15 @@ def _model_ceiling(state: _State) -> float | None:
     return guess if guess is not None and math.isfinite(guess) else None
 
 
+def _guess_stderr_samples(state: _State, guess: float) -> float:
+    """The standard error of the model's ceiling, in samples: the fitted slope's relative error times the
+    distance extrapolated from the largest size that ran (0 while two sizes give an exact line)."""
+    model = fit_memory_model(state.trials)
+    if model is None or not model.per_sample_bytes or not model.per_sample_stderr_bytes:
+        return 0.0
+    return max(0.0, guess - state.lo) * model.per_sample_stderr_bytes / model.per_sample_bytes
+
+
 def _model_scatter_samples(state: _State) -> float:
     """How far the fitted peaks scatter around the memory model, in samples (inf without a model)."""
     model = fit_memory_model(state.trials)
@@ -175,28 +194,39 @@ def _model_scatter_samples(state: _State) -> float:
 def _grow(state: _State, guess: float | None) -> int:
     """Next size while no size has failed yet.
 
-    Without a model, 4x (16x while memory is still flat: small batches barely move it). With one, the
-    model's ceiling (at most 8x the largest that ran). Once a step there ran and the model puts the
-    ceiling no further, the search steps up from it by the resolution, doubling each step until a size
-    fails. A model that keeps underestimating (its ceiling moves up by more than a refinement after
-    each step) must not creep up in shrinking steps: each step is then at least as long as the last,
-    so it costs logarithmically many trials."""
+    Without a model, 4x (16x while memory is still flat: small batches barely move it). With one, two
+    standard errors below the model's ceiling (at most 8x the largest that ran). Once a step there ran
+    and the model puts the ceiling no further, the search steps up from it by the resolution, doubling
+    each step until a size fails. A model that underestimates (its ceiling moves up by more than a
+    refinement, and by more than its own error) must not creep up in shrinking steps: each step is then
+    at least as long as the last, so it costs logarithmically many trials. A guess from a line through
+    two sizes has no error to judge it by and is trusted once: from batch 1 up such a line reads the
+    fixed part's overhead as slope and puts the ceiling short, and a step as long as the last from
+    there would overshoot the band."""
     g, lo, r = state.granularity, state.lo, state.stop_width()
     if guess is None:
         used = max((t.budget_used_bytes or 0 for t in state.trials if t.ok and t.batch_size == lo), default=0)
         flat = state.budget_bytes is not None and used < FLAT_SHARE * state.budget_bytes
         return (16 if flat else 4) * lo
     at = _round_down(guess, g)
-    if at > lo and not state.strides:
-        candidate = max(at, lo + r)  # a shorter step is dominated: failing, it closes no narrower bracket
-        if state.last_guess is not None and guess - state.last_guess > REFINE_SHARE * state.guided_step:
+    if at > lo + r and not state.strides:
+        stderr = _guess_stderr_samples(state, guess)
+        aim = _round_down(guess - AIM_STDERRS * stderr, g)
+        candidate = max(aim, lo + r)  # a shorter step is dominated: failing, it closes no narrower bracket
+        if (state.last_guess is not None and state.last_stderr
+                and guess - state.last_guess > max(REFINE_SHARE * state.guided_step, AIM_STDERRS * state.last_stderr)):
             candidate = max(at, lo + state.guided_step)  # underestimating: no shorter step than the last
         candidate = min(candidate, 8 * lo)
-        if candidate >= at:
-            state.guided_step, state.last_guess = candidate - lo, guess
+        if candidate >= aim:
+            state.guided_step, state.last_guess, state.last_stderr = candidate - lo, guess, stderr
         return candidate
+    # The strides start at the resolution, or at what the peaks scatter around the model (in samples)
+    # where that is wider: near the budget the peaks a trial reports stop rising with the batch (the
+    # allocator makes do under the cap), and steps finer than that scatter only creep.
+    scatter = _model_scatter_samples(state)
+    unit = max(r, math.ceil(scatter / g) * g if math.isfinite(scatter) else r)
     state.strides += 1
-    return lo + r * 2 ** (state.strides - 1)
+    return lo + unit * 2 ** (state.strides - 1)
 
 
 def _narrow(state: _State, guess: float | None) -> int:
@@ -212,11 +242,12 @@ def _narrow(state: _State, guess: float | None) -> int:
     assert hi is not None
     width = hi - lo
     stalled = state.guided_width is not None and width > GUIDED_SHRINK * state.guided_width
-    blurred = _model_scatter_samples(state) > width / 4
+    scatter = _model_scatter_samples(state)
+    blurred = scatter > width / 4
     if state.falls and (state.flipped or (guess is not None and guess >= hi - r)):
         state.flipped, state.guided_width = False, None
         candidate = _round_down(hi - r * 2 ** max(0, state.falls - 2), g)
-    elif guess is None or stalled or blurred or guess <= lo:
+    elif guess is None or stalled or blurred or guess <= lo + scatter:  # within its scatter of lo: no say
         state.guided_width = None
         candidate = _round_down((lo + hi) / 2, g)
     else:

@@ -217,7 +217,10 @@ def test_an_underestimating_model_does_not_creep_up_in_shrinking_steps():
     result, sizes, growing = sublinear_search(0.7, resolution=1)
     assert (result.ceiling, result.first_failing) == (1000, 1001)
     steps = [b - a for a, b in zip(growing, growing[1:])]
-    assert steps == sorted(steps), sizes  # no creeping: each step at least as long as the one before
+    # No creeping: once the model has been found short twice running, no step is shorter than the one
+    # before it (the first underestimate may still be one a linear fit explains, and is trusted once).
+    shrinks = [i for i in range(1, len(steps)) if steps[i] < steps[i - 1]]
+    assert len(shrinks) <= 1, sizes
     assert len(sizes) <= 20, sizes
 
 
