@@ -280,3 +280,18 @@ def test_after_two_failures_at_the_top_the_step_down_is_two_resolutions_below_th
     assert top[:3] == [1000, 990, 980], run.sizes
     assert (result.ceiling, result.first_failing) == (980, 990)
     assert set(top[3:]) <= {980, result.safe_batch}  # then only confirmation and the safe batch
+
+
+def test_peaks_that_scatter_widen_the_default_resolution_before_any_flip():
+    # Peaks scatter about 30 samples' worth around the line (the allocator's steps), every size up to
+    # 1000 fits: 1% (10) would bisect inside that scatter, so the default widens (at most 5%, 50);
+    # an explicit resolution never does.
+    def used(batch: int) -> int:
+        return FIXED + PER_SAMPLE * batch + (batch * 2654435761) % 601 - 300  # fixed per size, any sign
+
+    run = fake_trials(below(1000), used=used)
+    result = search_ceiling(run, budget_bytes=budget_for(1000))
+    assert 10 < result.resolution <= 50
+    assert result.ceiling <= 1000 < result.first_failing <= result.ceiling + result.resolution
+    exact = search_ceiling(fake_trials(below(1000), used=used), budget_bytes=budget_for(1000), resolution=1)
+    assert (exact.ceiling, exact.first_failing, exact.resolution) == (1000, 1001, 1)
