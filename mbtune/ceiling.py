@@ -103,14 +103,13 @@ class _State:
         # ceiling ran the largest that ran is far below it; the band is up there.
         top = max(max(self.passes, default=self.lo), (self.hi or 0) / (1 + RESOLUTION_FRACTION))
         wanted: float = self.resolution or math.ceil(RESOLUTION_FRACTION * top)
-        scatter = _model_scatter_samples(self) if self.resolution is None else math.inf
-        if self.resolution is None and self.band_seen:
-            band = max(BAND_RESOLUTIONS * wanted, BAND_SCATTERS * scatter)
+        if self.resolution is None:
+            # Before any size has flipped, peaks that scatter around the model by more than the
+            # resolution say the band is at least that wide: bisecting inside it decides nothing.
+            scatter = _model_scatter_samples(self)
+            band = (max(BAND_RESOLUTIONS * wanted, BAND_SCATTERS * scatter) if self.band_seen
+                    else BAND_SCATTERS * scatter if math.isfinite(scatter) and scatter > wanted else wanted)
             wanted = max(wanted, min(BAND_CAP_FRACTION * top, band))
-        elif self.resolution is None and math.isfinite(scatter) and scatter > wanted:
-            # The peaks scatter around the model by more than the resolution: the band is at least
-            # that wide before any size has flipped, and bisecting inside it decides nothing.
-            wanted = max(wanted, min(BAND_CAP_FRACTION * top, BAND_SCATTERS * scatter))
         return max(g, math.ceil(wanted / g) * g)
 
 
