@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 # The CPU build of torch; a machine that already has torch (a GPU runner) keeps its own.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.mbtune-installed
+# Test workers: each test file runs whole on one worker (its module fixtures are built once).
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo lint test bench clean
 
@@ -24,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/mypy mbtune
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python bench/probe.py
