@@ -182,12 +182,16 @@ def _guess_stderr_samples(state: _State, guess: float) -> float:
 
 
 def _model_scatter_samples(state: _State) -> float:
-    """How far the fitted peaks scatter around the memory model, in samples (inf without a model)."""
+    """How far the peaks near the ceiling (from half the largest size that ran up) scatter around the
+    memory model, in samples (inf without a model). The small sizes' misfit is left out: start-up
+    allocations bend the line there, and that says nothing about the band near the ceiling."""
     model = fit_memory_model(state.trials)
-    used = [t.budget_used_bytes for t in state.trials if t.ok and t.budget_used_bytes]
-    if model is None or model.per_sample_bytes is None or not used:
+    near = [(t.batch_size, t.budget_used_bytes) for t in state.trials
+            if t.ok and t.budget_used_bytes and 2 * t.batch_size >= state.lo]
+    if model is None or model.per_sample_bytes is None or not near:
         return math.inf
-    return model.fit_error_pct / 100 * statistics.fmean(used) / model.per_sample_bytes
+    residuals = [model.fixed_bytes + model.per_sample_bytes * size - used for size, used in near]
+    return math.sqrt(statistics.fmean(r * r for r in residuals)) / model.per_sample_bytes
 
 
 def _grow(state: _State, guess: float | None) -> int:

@@ -295,3 +295,16 @@ def test_peaks_that_scatter_widen_the_default_resolution_before_any_flip():
     assert result.ceiling <= 1000 < result.first_failing <= result.ceiling + result.resolution
     exact = search_ceiling(fake_trials(below(1000), used=used), budget_bytes=budget_for(1000), resolution=1)
     assert (exact.ceiling, exact.first_failing, exact.resolution) == (1000, 1001, 1)
+
+
+def test_a_misfit_at_small_sizes_does_not_widen_the_default_resolution():
+    # Start-up allocations add 500 bytes at the smallest sizes, so the line fitted through every size
+    # misses them; the peaks near the ceiling lie on it. The band is judged by the peaks near the ceiling,
+    # so the default resolution stays at 1% of the ceiling and the bracket closes to it.
+    def used(batch: int) -> int:
+        return FIXED + PER_SAMPLE * batch + (500 if batch <= 16 else 0)
+
+    run = fake_trials(below(1000), used=used)
+    result = search_ceiling(run, budget_bytes=budget_for(1000))
+    assert result.resolution == 10
+    assert result.ceiling <= 1000 < result.first_failing <= result.ceiling + 10
