@@ -15,9 +15,10 @@ import argparse
 import statistics
 import time
 
-from mbtune.config import ProbeConfig, parse_bytes
+from mbtune.probing.config import ProbeConfig
+from mbtune.probing.run import probe_workload
 from mbtune.records import OK
-from mbtune.runs import probe_workload
+from mbtune.units import parse_bytes
 from mbtune.worker import run_isolated
 from mbtune.workloads import load_workload
 from mbtune.workloads.flops import count_flops_per_sample

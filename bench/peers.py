@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mbtune.config import TrialConfig
+from mbtune.probing.config import TrialConfig
 from mbtune.records import OK
 from mbtune.worker import run_isolated
 
@@ -174,8 +174,8 @@ def _search_lightning(lightning: Any, workload: Any, trial: TrialConfig, backend
     from lightning.pytorch.tuner import Tuner
     from torch.utils.data import DataLoader, IterableDataset
 
-    from mbtune.config import lr_for
-    from mbtune.trial import make_optimizer
+    from mbtune.settings import lr_for
+    from mbtune.training import make_optimizer
 
     class Batches(IterableDataset):
         """Endless synthetic batches at the module's current batch size; each pass is one attempt."""
@@ -241,7 +241,7 @@ def _search_accelerate(accelerate: Any, workload: Any, trial: TrialConfig, backe
                        start_batch: int, max_batch: int, max_trials: int) -> int:
     from accelerate.utils import find_executable_batch_size
 
-    from mbtune.trial import _train
+    from mbtune.probing.trial import _train
 
     found: list[int] = []
 

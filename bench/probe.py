@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 from peers import PEERS, PeerRun, missing_reason, run_peer
 
-from mbtune.ceiling import search_ceiling
-from mbtune.config import ProbeConfig, parse_bytes, parse_options
-from mbtune.records import OK, TrialOutcome
-from mbtune.runs import run_classified_trial
+from mbtune.probing.config import ProbeConfig
+from mbtune.probing.records import TrialOutcome
+from mbtune.probing.search import search_ceiling
+from mbtune.probing.trial import run_classified_trial
+from mbtune.records import OK
+from mbtune.units import parse_bytes, parse_options
 
 MBTUNE, DOUBLING = "mbtune probe", "doubling + bisection"
 PEER_ROWS = {"lightning": "lightning binsearch", "accelerate": "accelerate find_exec"}

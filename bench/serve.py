@@ -15,11 +15,11 @@ import argparse
 import statistics
 import time
 
-from mbtune.config import parse_duration
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import POISSON
 from mbtune.serving.run import model_spec, serve_workload
 from mbtune.serving.server import LoadPlan, ServerSpec, run_config
+from mbtune.units import parse_duration
 
 
 def main() -> None:

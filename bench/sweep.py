@@ -13,10 +13,11 @@ import argparse
 import statistics
 import time
 
-from mbtune.config import SweepConfig
 from mbtune.pipeline import PipelineSpec, run_pipeline_point, theoretical_bubble
-from mbtune.records import SweepPoint, TrialResult
-from mbtune.runs import sweep_workload
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.run import sweep_workload
 from mbtune.worker import run_isolated
 
 WORKLOAD = "mlp"

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mbtune.pipeline import PipelineSpec, run_pipeline_point  # noqa: E402
-from mbtune.pipeline.torchrun import Nodes, close_session, session  # noqa: E402
+from mbtune.pipeline.nodes import Nodes  # noqa: E402
+from mbtune.pipeline.torchrun import close_session, session  # noqa: E402
 
 SPEC = PipelineSpec(workload="mlp", workload_options=(("layers", 2), ("width", 64)), schedule="1f1b", num_ranks=2,
                     num_microbatches=4, micro_batch_size=2, warmup_steps=1, measured_steps=1)

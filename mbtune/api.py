@@ -21,16 +21,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mbtune.config import ProbeConfig, SweepConfig, field_for, parse_bytes
 from mbtune.errors import ConfigError
-from mbtune.records import ProbeResult, Profile, SweepReport
+from mbtune.probing.config import ProbeConfig
+from mbtune.probing.records import ProbeResult
+from mbtune.profiles import Profile
 from mbtune.serving.records import ServeReport
+from mbtune.settings import field_for
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.records import SweepReport
+from mbtune.units import parse_bytes
 
 
 def probe(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
           **settings: Any) -> ProbeResult:
     """Find the memory ceiling and the verified safe batch (see `mbtune probe --help` for the settings)."""
-    from mbtune.runs import run_probe
+    from mbtune.probing.run import run_probe
 
     config = _config(ProbeConfig, settings)
     found = run_probe(config, progress, profiles_dir=_folder(save_to), resume=resume).probe
@@ -41,7 +46,7 @@ def probe(*, save_to: str | Path | None = None, resume: bool = False, progress: 
 def sweep(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
           **settings: Any) -> SweepReport:
     """Run real pipelined training steps over the grid and rank them (see `mbtune sweep --help`)."""
-    from mbtune.runs import run_sweep
+    from mbtune.sweeping.run import run_sweep
 
     config = _config(SweepConfig, settings)
     report = run_sweep(config, progress, profiles_dir=_folder(save_to), resume=resume).sweep
@@ -54,7 +59,7 @@ def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: A
     """Probe, then sweep around the probed safe batch, then (with `check`) check the best row's update
     against the plain model's (the report's `check`). Settings of both, by name; the probe's own trial
     steps are `probe_steps` (`steps` are the sweep's measured steps)."""
-    from mbtune.runs import run_tune
+    from mbtune.sweeping.tune import run_tune
 
     probe_fields = {f.name for f in dataclasses.fields(ProbeConfig)}
     sweep_fields = {f.name for f in dataclasses.fields(SweepConfig)}

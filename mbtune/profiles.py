@@ -11,24 +11,23 @@ import re
 import socket
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from mbtune import __version__
 from mbtune.atomic import write_atomic
 from mbtune.errors import EXIT_COULD_NOT_RUN, ProfileError
-from mbtune.records import (
-    SCHEMA_VERSION,
-    DeviceInfo,
-    Metadata,
-    ProbeResult,
-    Profile,
+from mbtune.probing.records import ProbeResult
+from mbtune.recordio import (
+    Record,
     RecordFieldError,
-    ServeReport,
-    SweepReport,
     short_repr,
     shorten,
 )
+from mbtune.records import DeviceInfo
+from mbtune.serving.records import ServeReport
+from mbtune.sweeping.records import SweepReport
 
 # Schema versions this mbtune reads, and the step that upgrades each older one. A field added with a
 # default needs no more than the version bump; a renamed or restructured one needs a real step.
@@ -176,3 +175,36 @@ def migrate(data: dict) -> dict:
 
 def command_line() -> str:
     return " ".join(["mbtune", *sys.argv[1:]])
+
+
+# 2: a profile may hold `serve` (mbtune serve's report); version 1 files read as having none.
+SCHEMA_VERSION = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metadata(Record):
+    """The environment a profile was measured in."""
+
+    mbtune_version: str
+    torch_version: str
+    python_version: str
+    host: str
+    platform: str
+    command_line: str
+    created_at: str
+    allocator_settings: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile(Record):
+    """The versioned file saved under profiles/<device>/<workload>.json."""
+
+    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
+
+    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
+
+    schema_version: int
+    metadata: Metadata
+    probe: ProbeResult | None = None
+    sweep: SweepReport | None = None
+    serve: ServeReport | None = None

@@ -43,20 +43,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mbtune.config import (
-    SERVE_THRESHOLDS,
-    THRESHOLD_KEYS,
-    ProbeConfig,
-    QualifySpec,
-    SweepConfig,
-    field_for,
-    param_for,
-    parse_bytes,
-    parse_fraction,
-)
 from mbtune.errors import ConfigError
-from mbtune.qualify import DEFAULT_REPEATS
+from mbtune.probing.config import ProbeConfig
+from mbtune.qualifying.judge import DEFAULT_REPEATS
+from mbtune.qualifying.spec import SERVE_THRESHOLDS, THRESHOLD_KEYS, QualifySpec
 from mbtune.records import RecordFieldError, load_value, short_repr, shorten
+from mbtune.settings import field_for, param_for
+from mbtune.sweeping.config import SweepConfig
+from mbtune.units import parse_bytes, parse_fraction
 
 if typing.TYPE_CHECKING:
     from mbtune.serving.config import ServeConfig

@@ -19,22 +19,11 @@ from typing import Any
 
 from mbtune.atomic import write_atomic
 from mbtune.errors import ConfigError, ProfileError, RunLockedError
+from mbtune.probing.records import ProbeResult, TrialOutcome
 from mbtune.profiles import profile_path, save_results
-from mbtune.records import (
-    KILLED,
-    Balance,
-    DeviceInfo,
-    ProbeResult,
-    Record,
-    RecordFieldError,
-    ServeReport,
-    SweepReport,
-    TrialOutcome,
-    TrialResult,
-    short_repr,
-    shorten,
-)
-from mbtune.serving.records import ConfigRun, ServiceCurve
+from mbtune.records import KILLED, DeviceInfo, Record, RecordFieldError, short_repr, shorten
+from mbtune.serving.records import ConfigRun, ServeReport, ServiceCurve
+from mbtune.sweeping.records import Balance, SweepReport, TrialResult
 
 JOURNAL_VERSION = 1
 # The record each kind of journal entry holds (runs.PROBE_TRIAL, runs.SWEEP_POINT and runs.BALANCE).

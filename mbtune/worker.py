@@ -1,6 +1,6 @@
 """Run work in a fresh process under a deadline; nothing leaks into the next trial.
 
-Trial processes are forked from a forkserver that has imported torch (and mbtune.trial) but touched no
+Trial processes are forked from a forkserver that has imported torch (and mbtune.probing.trial) but touched no
 device and started no threads, so each trial starts clean in milliseconds instead of paying a fresh
 interpreter's torch import. Each trial process leads its own process group, which is killed whole when
 the deadline passes or the parent is interrupted.
@@ -19,24 +19,14 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from mbtune.config import TrialConfig
-from mbtune.records import (
-    ERROR,
-    ERROR_TAIL_LINES,
-    HARNESS_FAULT,
-    KILLED,
-    OK,
-    TIMEOUT,
-    WORKLOAD_FAULT,
-    TrialOutcome,
-)
+from mbtune.records import ERROR, ERROR_TAIL_LINES, HARNESS_FAULT, KILLED, OK, TIMEOUT, WORKLOAD_FAULT
 
 # torch._dynamo is what an optimizer's first construction imports (about 2 s); paying it once here
 # keeps it out of every trial. None of these start threads or touch a device.
-_PRELOAD = ["torch", "torch._dynamo", "mbtune.trial", "mbtune.pipeline.runner", "mbtune.workloads.gpt",
+_PRELOAD = ["torch", "torch._dynamo", "mbtune.probing.trial", "mbtune.pipeline.runner", "mbtune.workloads.gpt",
             "mbtune.workloads.mlp"]
 _context: multiprocessing.context.ForkServerContext | None = None
 _GRACE_S = 3.0
@@ -310,15 +300,3 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def run_trial(config: TrialConfig, *, timeout_s: float) -> TrialOutcome:
-    """One isolated training trial; always returns a TrialOutcome, whatever happens."""
-    from mbtune.trial import run_training_trial
-
-    result = run_isolated(run_training_trial, config, timeout_s=timeout_s)
-    if result.status == OK:
-        outcome = result.value
-        if outcome.ok or not result.stderr_tail:
-            return outcome
-        return replace(outcome, error_tail=failure_tail(outcome.error_tail, result.stderr_tail))
-    return TrialOutcome(status=result.status, batch_size=config.batch_size, wall_s=result.wall_s,
-                        error=result.error, error_kind=result.error_kind, error_tail=result.error_tail)

@@ -84,7 +84,7 @@ def _block_inputs(modules: Sequence[nn.Module], inputs: torch.Tensor, precision:
     later blocks require grad, so their backward computes the input gradient a stage hands back."""
     import torch
 
-    from mbtune.trial import autocast_for
+    from mbtune.training import autocast_for
     from mbtune.workloads.chain import as_received, call_block
 
     found: list[Any] = [inputs]
@@ -101,7 +101,7 @@ def _time_block(module: nn.Module, x: Any, precision: str, device: torch.device,
     around it: one block runs alone here, so there is no overlap for the synchronize to remove."""
     import torch
 
-    from mbtune.trial import autocast_for
+    from mbtune.training import autocast_for
     from mbtune.workloads.chain import call_block, tensors_of
 
     module.zero_grad(set_to_none=True)

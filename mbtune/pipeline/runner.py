@@ -380,7 +380,7 @@ def _tie_across(workload: Workload, modules: Sequence[nn.Module],
 def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer | None:
     if not params:
         return None
-    from mbtune.trial import make_optimizer
+    from mbtune.training import make_optimizer
 
     return make_optimizer(spec.optimizer, list(params), lr=spec.learning_rate)
 

@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from mbtune.checks import require as _require
 from mbtune.errors import ConfigError
 from mbtune.pipeline.theory import check_point, stages_per_rank
 from mbtune.records import RECOMPUTE_MODES
+from mbtune.validation import require as _require
 
 OPTIMIZERS = ("adamw", "sgd")
 BALANCES = ("parameters", "blocks", "time")

@@ -27,7 +27,9 @@ from mbtune.planning.records import (
     Validation,
 )
 from mbtune.planning.validate import LEAVE_ONE_OUT, validate
-from mbtune.records import Profile, SweepPoint, SweepReport, TrialResult
+from mbtune.profiles import Profile
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import SweepReport, TrialResult
 
 
 def block_facts(workload: str, workload_options: Sequence[tuple[str, Any]] | dict[str, Any] = ()) -> BlockFacts:

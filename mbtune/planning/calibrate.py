@@ -70,7 +70,9 @@ from mbtune.planning.records import (
     Spread,
 )
 from mbtune.planning.simulate import peak_in_flight
-from mbtune.records import SweepPoint, TimelineAction, TrialResult
+from mbtune.records import TimelineAction
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import TrialResult
 
 STATE_BYTES_PER_PARAMETER = {"adamw": 16.0, "sgd": 8.0}  # fp32 weights + gradients (+ AdamW's two moments)
 GRAD_BYTES_PER_PARAMETER = 4  # fp32 gradients are what data-parallel replicas all-reduce

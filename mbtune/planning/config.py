@@ -22,19 +22,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mbtune.checks import check_types, require, require_unique
-from mbtune.config import (
-    DEFAULT_PLAN_MICRO_BATCHES,
-    DEFAULT_PLAN_RANKS,
-    DEFAULT_PLAN_SCATTER,
-    DEFAULT_PLAN_VALIDATION,
-    DEFAULT_SCHEDULES,
-)
 from mbtune.errors import ConfigError
 from mbtune.pipeline.theory import (
     DEFAULT_VIRTUAL_STAGES,
     SCHEDULE_NAMES,
     stages_per_rank,
+)
+from mbtune.planning.defaults import (
+    DEFAULT_PLAN_MICRO_BATCHES,
+    DEFAULT_PLAN_RANKS,
+    DEFAULT_PLAN_SCATTER,
+    DEFAULT_PLAN_VALIDATION,
 )
 from mbtune.planning.planner import (
     Link,
@@ -45,7 +43,10 @@ from mbtune.planning.planner import (
 )
 from mbtune.planning.records import SCATTER_MEASURED, SCATTER_MODES
 from mbtune.planning.validate import LEAVE_ONE_OUT, METHODS
-from mbtune.records import RECOMPUTE_MODES, SweepPoint
+from mbtune.records import RECOMPUTE_MODES
+from mbtune.sweeping.config import DEFAULT_SCHEDULES
+from mbtune.sweeping.point import SweepPoint
+from mbtune.validation import check_types, require, require_unique
 
 MAX_SIMULATED_ACTIONS = 1_000_000
 MAX_MODEL_STAGES = 1024

@@ -50,7 +50,7 @@ from mbtune.planning.records import (
     Validation,
 )
 from mbtune.planning.simulate import Jitter, Overheads, simulate
-from mbtune.records import SweepPoint, micro_batch_size_for
+from mbtune.sweeping.point import SweepPoint, micro_batch_size_for
 
 SPREAD_SAMPLES = 15  # simulated steps behind one prediction where the spread is known
 SAMPLED_ACTIONS = 150_000  # at most this many simulated actions per prediction (but 3 steps at least): a huge

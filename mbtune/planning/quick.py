@@ -10,7 +10,8 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 
 from mbtune.planning.records import BlockFacts, QuickResult, QuickRound
-from mbtune.records import SweepPoint, TrialResult
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import TrialResult
 
 # (results measured so far, candidate points) -> predicted samples/s per candidate (None: cannot tell)
 Predictor = Callable[[Sequence[TrialResult], Sequence[SweepPoint]], Sequence[float | None]]

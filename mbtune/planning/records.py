@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
-from mbtune.records import DeviceInfo, Record, SweepPoint, TimelineAction, TrialResult
+from mbtune.records import DeviceInfo, Record, TimelineAction
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import TrialResult
 
 _COST_FIELD = {FORWARD: "forward_s", BACKWARD: "backward_s", BACKWARD_INPUT: "backward_input_s",
                BACKWARD_WEIGHT: "backward_weight_s"}

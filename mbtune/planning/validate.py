@@ -25,7 +25,8 @@ from mbtune.planning.records import (
     Validation,
     ValidationRow,
 )
-from mbtune.records import SweepPoint, TrialResult
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import TrialResult
 
 IN_SAMPLE, LEAVE_ONE_OUT = "in-sample", "leave-one-out"
 METHODS = (IN_SAMPLE, LEAVE_ONE_OUT)

@@ -6,7 +6,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from mbtune.records import CheckResult
+from mbtune.checking.records import CheckResult
 from mbtune.report import print_json
 
 

@@ -14,7 +14,8 @@ from typing import Any
 from mbtune.actions import ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.errors import ConfigError
 from mbtune.planning.records import PlanReport, Prediction
-from mbtune.records import SweepReport, TimelineAction
+from mbtune.records import TimelineAction
+from mbtune.sweeping.records import SweepReport
 
 COLOURS = {FORWARD: "tab:green", BACKWARD: "tab:blue", BACKWARD_INPUT: "tab:cyan",
            BACKWARD_WEIGHT: "tab:purple", LOSS: "tab:olive", ALLREDUCE: "tab:red", "idle": "0.88"}

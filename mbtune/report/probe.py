@@ -9,7 +9,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from mbtune.records import HARNESS_FAULT, MemoryModel, ProbeResult, TrialOutcome
+from mbtune.probing.records import MemoryModel, ProbeResult, TrialOutcome
+from mbtune.records import HARNESS_FAULT
 from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 
 _STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red", "killed": "red",

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from mbtune.atomic import write_atomic
 from mbtune.errors import ProfileError
+from mbtune.qualifying.records import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, ComparisonRow, Verdict
 from mbtune.report import fmt_rate, print_json
-from mbtune.verdicts import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, ComparisonRow, Verdict
 
 _STYLE = {PASS: "green", FAIL: "bold red", CHECK_ERROR: "bold magenta", INCONCLUSIVE: "bold yellow"}
 PER_POINT_TITLE = "per point (shown, not gating)"

@@ -12,9 +12,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from mbtune.records import SweepReport, TrialResult
 from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 from mbtune.report.probe import cause_line
+from mbtune.sweeping.records import SweepReport, TrialResult
 
 
 def _pct(value: float | None, scale: float = 100.0) -> str:
@@ -147,7 +147,7 @@ def _lr_cell(report: SweepReport, result: TrialResult) -> str:
 
 def _lr_caption(report: SweepReport) -> list[str]:
     """What the lr column holds: the rule, and what it scales from."""
-    from mbtune.lr import WARMUP_NOTE
+    from mbtune.sweeping.lr import WARMUP_NOTE
 
     if not report.lr_advice or (len(report.lr_advice) == 1 and report.lr_advice[0].lr is None):
         return []

@@ -8,8 +8,9 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from mbtune.actions import ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
-from mbtune.records import TimelineAction, TrialResult
+from mbtune.records import TimelineAction
 from mbtune.report import fmt_seconds
+from mbtune.sweeping.records import TrialResult
 
 # kind -> (character, style); idle slices are IDLE.
 GLYPHS = {

@@ -11,7 +11,8 @@ from typing import Any
 
 from mbtune.actions import ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.atomic import write_atomic
-from mbtune.records import TimelineAction, TrialResult
+from mbtune.records import TimelineAction
+from mbtune.sweeping.records import TrialResult
 
 # Reserved trace-viewer colour names, so each kind keeps its colour in chrome://tracing.
 _COLOURS = {FORWARD: "thread_state_running", BACKWARD: "thread_state_iowait", BACKWARD_INPUT: "rail_load",

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from mbtune.records import ProbeResult, SweepReport
+from mbtune.probing.records import ProbeResult
 from mbtune.report import make_console, print_json
 from mbtune.report.probe import print_probe
 from mbtune.report.sweep import print_sweep
+from mbtune.sweeping.records import SweepReport
 
 
 def print_results(console: Console, fmt: str, *, probe: ProbeResult | None = None, sweep: SweepReport | None = None,

@@ -5,7 +5,3 @@ pure), simulate.py (the queueing simulator over the batcher's rules), records.py
 config.py (ServeConfig), infer.py (the model in inference mode, the service-time curve; torch),
 server.py (the server and load-generator processes; torch), run.py (the whole run).
 """
-
-# mbtune.records ends by importing this package's records (a profile holds a serve report), which build on
-# it: loading it first keeps the cycle in that order, whichever module is imported first.
-import mbtune.records  # noqa: F401

@@ -1,5 +1,5 @@
 """ServeConfig: the settings of `mbtune serve`, frozen and keyword-only, validating themselves like the
-training configs in mbtune.config (whose helpers they use)."""
+training configs (probing/config.py, sweeping/config.py), with the checks of settings.py they share."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from mbtune.checks import check_types, require_unique
-from mbtune.checks import require as _require
-from mbtune.config import (
+from mbtune.probing.config import ProbeConfig
+from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_MARGIN,
     DEFAULT_TRIAL_TIMEOUT_S,
     INFER,
     PRECISIONS,
-    STRATEGIES,
-    ProbeConfig,
-    _check_timeout,
-    parse_device,
+    check_timeout,
 )
+from mbtune.sweeping.config import STRATEGIES
+from mbtune.units import parse_device
+from mbtune.validation import check_types, require_unique
+from mbtune.validation import require as _require
 
 # The inference probe grows no further than this by default: batches this large rarely meet a latency
 # budget, and each trial at them takes seconds.
@@ -42,7 +42,7 @@ DURATIONS = {"p99": "p99_budget_s", "queue_delays": "queue_delays_s", "window": 
 def with_durations(settings: dict[str, Any]) -> dict[str, Any]:
     """Settings with their durations in seconds, under the field's name: "50ms" -> 0.05, a list of
     durations -> a tuple of seconds; numbers are seconds already. Any other setting is left as it is."""
-    from mbtune.config import parse_duration
+    from mbtune.units import parse_duration
 
     converted = dict(settings)
     for flag, name in DURATIONS.items():
@@ -122,8 +122,8 @@ class ServeConfig:
         _require(self.queue_timeout_s is None or (math.isfinite(self.queue_timeout_s) and self.queue_timeout_s > 0),
                  "queue_timeout_s", self.queue_timeout_s, "seconds above 0")
         _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
-        _check_timeout(self.trial_timeout_s, "trial_timeout_s")
-        _check_timeout(self.load_timeout_s, "load_timeout_s")
+        check_timeout(self.trial_timeout_s, "trial_timeout_s")
+        check_timeout(self.load_timeout_s, "load_timeout_s")
         self.probe_config()  # the probe's own checks: margin, granularity, max batch, confirm, budget
 
     @property

@@ -30,7 +30,7 @@ class InferenceModel:
     """A workload's model ready to serve: eval mode, on its device, with a pool of request samples."""
 
     def __init__(self, workload: Workload, *, device: str, precision: str, seed: int, pool_size: int = 0) -> None:
-        from mbtune.trial import autocast_for
+        from mbtune.training import autocast_for
 
         self.backend = get_backend(device)
         self.device = torch.device(self.backend.torch_device)

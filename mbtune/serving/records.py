@@ -8,10 +8,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from mbtune.checks import require
+from mbtune.probing.records import ProbeResult
 from mbtune.recordio import Record
-from mbtune.records import DeviceInfo, MachineLoad, ProbeResult
+from mbtune.records import DeviceInfo, MachineLoad
 from mbtune.serving.load import LOAD_KINDS, POISSON
+from mbtune.validation import require
 
 
 @dataclass(frozen=True, kw_only=True)

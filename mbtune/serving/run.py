@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mbtune.errors import ConfigError, Interrupted, TrialFailedError
-from mbtune.records import OK, ProbeResult, TrialOutcome
+from mbtune.probing.records import ProbeResult, TrialOutcome
+from mbtune.records import OK
 from mbtune.serving import simulate
 from mbtune.serving.config import DEFAULT_MAX_BATCH_SIZES, DEFAULT_RATE_SHARES, ServeConfig
 from mbtune.serving.load import CLOSED, POISSON
@@ -32,7 +33,7 @@ from mbtune.serving.records import (
 )
 
 if TYPE_CHECKING:
-    from mbtune.runs import TrialProgress
+    from mbtune.progress import TrialProgress
     from mbtune.store import RunStore
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
     """Find the dynamic-batching configuration that sustains the highest Poisson rate within the p99
     budget, from real measurements (see the module docstring). Ctrl-C keeps what finished."""
     from mbtune.device import resolve_device
-    from mbtune.runs import probe_workload
+    from mbtune.probing.run import probe_workload
     from mbtune.workloads.facts import workload_facts
 
     workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
@@ -203,8 +204,8 @@ def _rate_text(rate: float | None) -> str:
 def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float, ...], store: RunStore | None,
          progress: TrialProgress | None) -> ConfigRun:
     """One configuration's server under its loads (or its journaled run)."""
-    from mbtune.runs import REPLAYED
     from mbtune.serving.server import LoadPlan, ServerSpec, run_config
+    from mbtune.session import REPLAYED
 
     if progress:
         progress.start_trial(rule.label)
@@ -346,7 +347,7 @@ def run_serve(config: ServeConfig, progress: TrialProgress | None = None, *, pro
               resume: bool = False) -> Any:
     """serve_workload, journaled and saved into the workload's profile (its `serve` section, beside the
     training probe and sweep). Returns a runs.RunOutcome."""
-    from mbtune.runs import _saved_run
+    from mbtune.session import saved_run
 
-    return _saved_run("serve", {"serve": config}, config.workload, config.device, profiles_dir, resume,
+    return saved_run("serve", {"serve": config}, config.workload, config.device, profiles_dir, resume,
                       config.command_line, lambda store: (None, None, serve_workload(config, progress, store)))

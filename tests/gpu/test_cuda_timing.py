@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.config import SweepConfig
 from mbtune.pipeline import PipelineSpec, run_pipeline_point
 from mbtune.records import OK
-from mbtune.runs import sweep_workload
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.run import sweep_workload
 
 pytestmark = pytest.mark.gpu
 

@@ -42,8 +42,8 @@ def test_a_failing_workload_ends_the_timing_pass_with_one_line(name, says):
 
 
 def test_a_sweep_balanced_by_time_moves_blocks_off_the_slow_stage_and_shows_the_imbalance():
-    from mbtune.config import SweepConfig
-    from mbtune.runs import sweep_workload
+    from mbtune.sweeping.config import SweepConfig
+    from mbtune.sweeping.run import sweep_workload
 
     def run(balance: str):
         config = SweepConfig(workload=SLOW, device="cpu", num_stages=3, schedules=("1f1b",), micro_batches=(3,),

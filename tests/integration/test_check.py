@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from mbtune.check import PASS, VARYING_MEAN, check_update
-from mbtune.config import CheckConfig
+from mbtune.checking.config import CheckConfig
+from mbtune.checking.run import PASS, VARYING_MEAN, check_update
 from mbtune.pipeline import SCHEDULE_NAMES
 from tests.unit.test_cli import mbtune
 

@@ -13,13 +13,17 @@ import textwrap
 import pytest
 from rich.console import Console
 
-from mbtune.config import ProbeConfig, SweepConfig, TrialConfig
 from mbtune.errors import TrialFailedError
-from mbtune.records import SCHEMA_VERSION, Metadata, Profile, TrialResult
+from mbtune.probing.config import ProbeConfig, TrialConfig
+from mbtune.probing.run import probe_workload
+from mbtune.probing.trial import run_trial
+from mbtune.profiles import SCHEMA_VERSION, Metadata, Profile
 from mbtune.report.profile import print_profile
 from mbtune.report.sweep import failure_lines
-from mbtune.runs import probe_workload, sweep_workload
-from mbtune.worker import run_isolated, run_trial
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.run import sweep_workload
+from mbtune.worker import run_isolated
 from tests.unit.test_cli import ROOT, mbtune
 
 pytestmark = pytest.mark.integration
@@ -96,8 +100,8 @@ def test_a_rank_that_fails_is_named_with_its_blocks_and_its_traceback():
 
 _NO_GUARD = """
     import json
-    from mbtune.config import ProbeConfig
-    from mbtune.runs import run_classified_trial
+    from mbtune.probing.config import ProbeConfig
+    from mbtune.probing.trial import run_classified_trial
     from mbtune.pipeline import PipelineSpec, run_pipeline_point
     c = ProbeConfig(workload="mlp", device="cpu")
     print(json.dumps(run_classified_trial(c.trial(batch_size=4, device="cpu"), 60).to_dict()))

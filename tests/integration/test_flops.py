@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.config import ProbeConfig, SweepConfig
-from mbtune.runs import probe_workload, sweep_workload
+from mbtune.probing.config import ProbeConfig
+from mbtune.probing.run import probe_workload
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.run import sweep_workload
 from mbtune.workloads import load_workload
 from mbtune.workloads.flops import count_flops_per_sample
 

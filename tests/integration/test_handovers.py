@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.check import PASS, check_update
-from mbtune.config import CheckConfig
+from mbtune.checking.config import CheckConfig
+from mbtune.checking.run import PASS, check_update
 from mbtune.pipeline import SCHEDULE_NAMES
 from mbtune.workloads import load_workload
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from mbtune.check import PASS, check_update
-from mbtune.config import CheckConfig
+from mbtune.checking.config import CheckConfig
+from mbtune.checking.run import PASS, check_update
 from mbtune.errors import WorkloadError
 from mbtune.workloads import load_workload
 from tests.unit.test_cli import mbtune

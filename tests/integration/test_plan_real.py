@@ -17,7 +17,6 @@ import math
 
 import pytest
 
-from mbtune.config import SweepConfig
 from mbtune.planning.api import (
     block_facts,
     calibrate_results,
@@ -28,10 +27,12 @@ from mbtune.planning.api import (
 from mbtune.planning.calibrate import point_orders
 from mbtune.planning.planner import predict, with_scatter
 from mbtune.planning.records import SCATTER_NONE
-from mbtune.records import Metadata, Profile, SweepReport
+from mbtune.profiles import Metadata, Profile
 from mbtune.report.plots import write_plan_plots, write_plots
 from mbtune.report.trace import write_trace
-from mbtune.runs import sweep_workload
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.records import SweepReport
+from mbtune.sweeping.run import sweep_workload
 
 pytestmark = pytest.mark.integration
 

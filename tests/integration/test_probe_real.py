@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.config import ProbeConfig, TrialConfig
-from mbtune.runs import probe_workload, run_classified_trial
-from mbtune.worker import run_trial
+from mbtune.probing.config import ProbeConfig, TrialConfig
+from mbtune.probing.run import probe_workload
+from mbtune.probing.trial import run_classified_trial, run_trial
 
 pytestmark = pytest.mark.integration
 

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from mbtune.check import PASS, check_update
-from mbtune.config import CheckConfig, TrialConfig
-from mbtune.worker import run_trial
+from mbtune.checking.config import CheckConfig
+from mbtune.checking.run import PASS, check_update
+from mbtune.probing.config import TrialConfig
+from mbtune.probing.trial import run_trial
 from tests.unit.test_cli import mbtune
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,10 @@ import pytest
 from mbtune.cli import main
 from mbtune.errors import Interrupted
 from mbtune.profiles import load_profile
-from mbtune.runs import REPLAYED
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import CLOSED, POISSON
 from mbtune.serving.run import run_serve
+from mbtune.session import REPLAYED
 
 pytestmark = pytest.mark.integration
 

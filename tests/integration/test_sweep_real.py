@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from mbtune.config import SweepConfig
-from mbtune.runs import sweep_workload
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.run import sweep_workload
 from tests.unit.test_cli import mbtune
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from mbtune.pipeline import PipelineSpec, run_pipeline_point
-from mbtune.pipeline.torchrun import Nodes, close_session, session
+from mbtune.pipeline.nodes import Nodes
+from mbtune.pipeline.torchrun import close_session, session
 from tests.fixtures.processes import orphans
 from tests.unit.test_cli import ROOT, mbtune
 
@@ -71,8 +72,8 @@ def test_torchrun_ranks_give_the_local_launchers_losses_and_gradients():
 
 
 def test_a_sweep_through_torchrun_has_the_local_sweeps_rows():
-    from mbtune.config import SweepConfig
-    from mbtune.runs import sweep_workload
+    from mbtune.sweeping.config import SweepConfig
+    from mbtune.sweeping.run import sweep_workload
 
     config = SweepConfig(workload="mlp", workload_options=(("layers", 2), ("width", 32)), device="cpu", num_stages=2,
                          schedules=("gpipe", "1f1b"), micro_batches=(2,), accum_steps=(1, 2), micro_batch_size=(2,),

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from mbtune.config import TrialConfig
-from mbtune.worker import run_isolated, run_trial
+from mbtune.probing.config import TrialConfig
+from mbtune.probing.trial import run_trial
+from mbtune.worker import run_isolated
 
 pytestmark = pytest.mark.integration
 

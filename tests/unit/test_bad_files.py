@@ -18,8 +18,9 @@ import pytest
 import mbtune.records as records
 from mbtune.atomic import write_atomic
 from mbtune.errors import ConfigError, ProfileError
-from mbtune.profiles import load_profile, write_profile
-from mbtune.records import SCHEMA_VERSION, DeviceInfo, Metadata, Profile, TrialOutcome
+from mbtune.probing.records import TrialOutcome
+from mbtune.profiles import SCHEMA_VERSION, Metadata, Profile, load_profile, write_profile
+from mbtune.records import DeviceInfo
 from mbtune.specfile import read_spec
 from mbtune.store import JOURNAL_RECORDS, RunStore
 from tests.unit.test_records import sample_probe
@@ -295,10 +296,10 @@ def test_a_complete_but_wrong_last_line_is_not_taken_for_a_torn_one(tmp_path):
 
 
 def test_journal_kinds_are_the_ones_the_runs_write():
-    from mbtune import runs
+    from mbtune import session
     from mbtune.serving import run as serving
 
-    assert set(JOURNAL_RECORDS) == {runs.PROBE_TRIAL, runs.SWEEP_POINT, runs.BALANCE, serving.SERVICE_CURVE,
+    assert set(JOURNAL_RECORDS) == {session.PROBE_TRIAL, session.SWEEP_POINT, session.BALANCE, serving.SERVICE_CURVE,
                                     serving.SERVE_CONFIG}
 
 

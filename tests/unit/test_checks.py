@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from mbtune.checks import check_types, require_unique, short
-from mbtune.config import ProbeConfig, SweepConfig
 from mbtune.errors import ONE_LINE_CHARS, ConfigError, MbtuneError
 from mbtune.outputs import check_writable
+from mbtune.probing.config import ProbeConfig
+from mbtune.sweeping.config import SweepConfig
+from mbtune.validation import check_types, require_unique, short
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,12 +115,13 @@ def test_an_internal_error_is_one_line_with_the_saved_traceback(monkeypatch, cap
     import signal
 
     import mbtune.cli as cli
+    import mbtune.cli.ci as commands
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in mbtune")
 
     monkeypatch.delenv("MBTUNE_DEBUG", raising=False)
-    monkeypatch.setattr(cli, "_check_format", broken)
+    monkeypatch.setattr(commands, "check_format", broken)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         with pytest.raises(SystemExit) as ended:

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.config import ProbeConfig, TrialConfig, parse_bytes, parse_device, parse_options
 from mbtune.errors import ConfigError
+from mbtune.probing.config import ProbeConfig, TrialConfig
+from mbtune.units import parse_bytes, parse_device, parse_options
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -64,7 +65,8 @@ def test_configs_are_frozen():
 
 
 def test_nodes_come_from_the_flags_or_the_schedulers_environment():
-    from mbtune.pipeline.torchrun import command_fingerprint, nodes_from_env, parse_endpoint
+    from mbtune.pipeline.nodes import nodes_from_env, parse_endpoint
+    from mbtune.pipeline.torchrun import command_fingerprint
 
     assert parse_endpoint("node0:29400") == ("node0", 29400) and parse_endpoint("node0") == ("node0", 29500)
     assert parse_endpoint("[::1]:7") == ("::1", 7)

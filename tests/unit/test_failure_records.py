@@ -8,12 +8,14 @@ import signal
 import pytest
 from rich.console import Console
 
-from mbtune.ceiling import search_ceiling
 from mbtune.errors import HarnessError, TrialFailedError, WorkloadBrokenError
 from mbtune.pipeline.launch import block_ranges
-from mbtune.records import NONFINITE, STATUSES, TrialOutcome, TrialResult
+from mbtune.probing.records import TrialOutcome
+from mbtune.probing.search import search_ceiling
+from mbtune.records import NONFINITE, STATUSES
 from mbtune.report.probe import CAUSE_CHARS, cause_line, trials_table
 from mbtune.report.profile import error_tails
+from mbtune.sweeping.records import TrialResult
 from mbtune.worker import MAIN_GUARD_EXIT_CODE, _died, failure_tail, tail_lines
 from tests.unit.test_records import sample_probe
 
@@ -112,7 +114,7 @@ def test_trials_table_shows_a_cause_only_when_a_trial_failed():
 
 
 def test_error_tails_list_every_failed_trial_with_its_whole_text():
-    from mbtune.records import SCHEMA_VERSION, Metadata, Profile
+    from mbtune.profiles import SCHEMA_VERSION, Metadata, Profile
 
     probe = sample_probe()
     failed = TrialOutcome(status="error", batch_size=16, error="ValueError: bad", error_kind="workload",

@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from mbtune.config import SweepConfig, default_global_batch
-from mbtune.grid import plan_grid, rank_results, recompute_pairs, tied_with_best, tradeoff
-from mbtune.records import SweepPoint, TrialResult
+from mbtune.sweeping.config import SweepConfig, default_global_batch
+from mbtune.sweeping.grid import plan_grid, rank_results, recompute_pairs, tied_with_best, tradeoff
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import TrialResult
 
 
 @pytest.mark.parametrize("sizes", [(16,), (12, 48), (64, 7)])

@@ -6,9 +6,11 @@ import math
 
 import pytest
 
-from mbtune.config import ProbeConfig, SweepConfig, TrialConfig, lr_for
 from mbtune.errors import ConfigError
-from mbtune.lr import LINEAR, SQUARE_ROOT, lr_advice
+from mbtune.probing.config import ProbeConfig, TrialConfig
+from mbtune.settings import lr_for
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.lr import LINEAR, SQUARE_ROOT, lr_advice
 
 
 def test_sgd_scales_linearly_and_adamw_by_the_square_root_from_the_recipe():

@@ -18,7 +18,10 @@ from mbtune.planning.api import (
     validate_profile,
 )
 from mbtune.planning.config import PlanConfig
-from mbtune.records import DeviceInfo, Metadata, Profile, SweepPoint, SweepReport
+from mbtune.profiles import Metadata, Profile
+from mbtune.records import DeviceInfo
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import SweepReport
 from mbtune.workloads import Workload
 from mbtune.workloads.mlp import mlp
 from tests.unit.test_plan_calibrate import TRUTH, measured
@@ -184,7 +187,7 @@ def test_the_planner_splits_stages_exactly_as_the_runner(schedule, ranks):
     from mbtune.pipeline import PipelineSpec
     from mbtune.pipeline.runner import stage_blocks
     from mbtune.planning.calibrate import point_split
-    from mbtune.records import SweepPoint
+    from mbtune.sweeping.point import SweepPoint
     from mbtune.workloads import load_workload
 
     spec = PipelineSpec(workload="gpt", schedule=schedule, num_ranks=ranks, num_microbatches=6)

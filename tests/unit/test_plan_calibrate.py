@@ -12,7 +12,9 @@ from mbtune.planning.fit import fit_line, quantiles, trimmed_mean
 from mbtune.planning.planner import predict
 from mbtune.planning.records import BlockCost, BlockFacts, CostModel, LinearCost, Spread
 from mbtune.planning.validate import IN_SAMPLE, LEAVE_ONE_OUT, summarize, validate
-from mbtune.records import SweepPoint, TimelineAction, TrialResult
+from mbtune.records import TimelineAction
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import TrialResult
 
 FACTS = BlockFacts(num_blocks=4, parameters=(1000, 1000, 1000, 1000), weights=(1.0, 1.0, 1.0, 1.0),
                    weight_source="equal", output_bytes_per_sample=(64, 64, 64, 64),

@@ -18,7 +18,7 @@ from mbtune.planning.config import (
     PlanConfig,
 )
 from mbtune.planning.planner import point_actions, spread_samples
-from mbtune.records import SweepPoint
+from mbtune.sweeping.point import SweepPoint
 from tests.unit.test_plan_api import profile
 
 NAN, INF = float("nan"), float("inf")

@@ -16,7 +16,7 @@ from mbtune.planning.planner import (
     with_scatter,
 )
 from mbtune.planning.records import SCATTER_MEASURED, SCATTER_NONE, BlockCost, BlockFacts, CostModel, LinearCost, Spread
-from mbtune.records import SweepPoint
+from mbtune.sweeping.point import SweepPoint
 
 FORWARD_PER_SAMPLE_S = 1e-3  # per block
 PARAMETERS = 1000  # per block

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from mbtune.planning.quick import calibration_points, neighbours, quick_search
-from mbtune.records import SweepPoint, TrialResult
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import TrialResult
 
 SCHEDULES = {"gpipe": 0.80, "1f1b": 0.85, "interleaved-1f1b": 1.0, "zero-bubble": 0.95}
 GRID = [SweepPoint(schedule=s, num_stages=4, num_microbatches=m, grad_accum_steps=a, micro_batch_size=b,

@@ -10,11 +10,10 @@ import pytest
 from rich.console import Console
 
 from mbtune.errors import ConfigError
-from mbtune.grid import rank_results
 from mbtune.planning.planner import PlanGrid, plan
 from mbtune.planning.records import PlanReport
 from mbtune.planning.validate import IN_SAMPLE, summarize
-from mbtune.records import DeviceInfo, SweepPoint, SweepReport, TimelineAction
+from mbtune.records import DeviceInfo, TimelineAction
 from mbtune.report.plan import (
     plan_dict,
     predictions_table,
@@ -24,6 +23,9 @@ from mbtune.report.plan import (
 from mbtune.report.plots import rank_idle_spans, write_plan_plots, write_plots
 from mbtune.report.timeline import timeline_renderable, timeline_rows
 from mbtune.report.trace import trace_events, write_trace
+from mbtune.sweeping.grid import rank_results
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import SweepReport
 from tests.unit.test_plan_calibrate import FACTS, TRUTH, measured
 from tests.unit.test_plan_planner import model
 

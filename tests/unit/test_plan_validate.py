@@ -11,7 +11,7 @@ from mbtune.planning.calibrate import calibrate
 from mbtune.planning.planner import predict
 from mbtune.planning.records import BETWEEN_RUN, SCATTER_NONE, WITHIN_RUN, Spread
 from mbtune.planning.validate import IN_SAMPLE, LEAVE_ONE_OUT, noise_floor, validate
-from mbtune.records import TrialResult
+from mbtune.sweeping.records import TrialResult
 from tests.unit.test_plan_calibrate import FACTS, TRUTH, measured, points
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.ceiling import SearchResult, fit_memory_model, safe_batch_for, search_ceiling
 from mbtune.errors import BudgetTooSmallError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
+from mbtune.probing.records import MemoryModel, TrialOutcome
+from mbtune.probing.search import SearchResult, fit_memory_model, safe_batch_for, search_ceiling
 from mbtune.recordio import RecordFieldError
-from mbtune.records import MemoryModel, TrialOutcome
 from mbtune.report.probe import memory_model_text
 
 FIXED, PER_SAMPLE = 1000, 10

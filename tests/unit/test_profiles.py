@@ -5,8 +5,8 @@ import json
 import pytest
 
 from mbtune.errors import ProfileError
-from mbtune.profiles import device_slug, load_profile, profile_path, save_probe, slug
-from mbtune.records import SCHEMA_VERSION, DeviceInfo
+from mbtune.profiles import SCHEMA_VERSION, device_slug, load_profile, profile_path, save_probe, slug
+from mbtune.records import DeviceInfo
 from tests.unit.test_records import sample_probe
 
 

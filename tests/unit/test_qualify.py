@@ -8,25 +8,27 @@ from dataclasses import replace
 
 import pytest
 
-from mbtune.config import QualifySpec
 from mbtune.errors import ConfigError
-from mbtune.grid import rank_results
-from mbtune.qualify import (
+from mbtune.profiles import Metadata, Profile
+from mbtune.qualifying.compare import check_same_device, compare_profiles
+from mbtune.qualifying.judge import (
     AGGREGATE,
     BEST,
     EXIT_INCONCLUSIVE,
     against_baseline,
     against_thresholds,
-    check_same_device,
-    compare_profiles,
     exit_code,
     judge,
     run_errors,
 )
-from mbtune.records import DeviceInfo, Metadata, Profile, SweepPoint, SweepReport, TrialResult
+from mbtune.qualifying.records import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, Verdict
+from mbtune.qualifying.spec import QualifySpec
+from mbtune.records import DeviceInfo
 from mbtune.report.qualify import PER_POINT_TITLE, junit_xml, per_point_table, verdict_table
 from mbtune.specfile import load_spec, read_spec
-from mbtune.verdicts import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, Verdict
+from mbtune.sweeping.grid import rank_results
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import SweepReport, TrialResult
 from tests.unit.test_records import sample_probe
 from tests.unit.test_report import render, sweep_report
 
@@ -129,7 +131,7 @@ def test_a_shortfall_measured_on_a_busy_machine_is_inconclusive_not_fail():
 
 
 def test_judge_decides_against_the_spread():
-    from mbtune.qualify import Spread
+    from mbtune.qualifying.judge import Spread
 
     wide = Spread(share=0.2, basis="now, over 3 repeats")
     assert judge("x", 95.0, 90.0, rule="", spread=wide, tolerance=0.1).status == INCONCLUSIVE

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import json
 
-from mbtune.records import SCHEMA_VERSION, DeviceInfo, MemoryModel, Metadata, ProbeResult, Profile, TrialOutcome
+from mbtune.probing.records import MemoryModel, ProbeResult, TrialOutcome
+from mbtune.profiles import SCHEMA_VERSION, Metadata, Profile
+from mbtune.records import DeviceInfo
 
 
 def sample_probe() -> ProbeResult:
@@ -59,8 +61,8 @@ def test_records_have_a_short_repr_and_a_frame():
 def test_a_sweep_takes_its_plain_bounds_from_the_plain_search_and_its_recompute_bound_from_the_other():
     from dataclasses import replace
 
-    from mbtune.records import RecomputeCeiling
-    from mbtune.runs import sweep_limits
+    from mbtune.probing.records import RecomputeCeiling
+    from mbtune.sweeping.limits import sweep_limits
 
     full = RecomputeCeiling(recompute="full", ceiling=9, first_failing=10, safe_batch=7, safe_batch_verified=True,
                             trials=4, peak_memory_bytes=99)

@@ -6,10 +6,12 @@ import io
 
 from rich.console import Console
 
-from mbtune.grid import rank_results
-from mbtune.records import DeviceInfo, SkippedPoint, SweepPoint, SweepReport, TrialResult
+from mbtune.records import DeviceInfo
 from mbtune.report.probe import summary_panel, trials_table
 from mbtune.report.sweep import best_panel, results_frame, results_table, skipped_table
+from mbtune.sweeping.grid import rank_results
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import SkippedPoint, SweepReport, TrialResult
 from tests.unit.test_records import sample_probe
 
 

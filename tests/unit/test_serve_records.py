@@ -11,11 +11,12 @@ import math
 import pytest
 from rich.console import Console
 
-from mbtune.config import QualifySpec
 from mbtune.errors import ConfigError
-from mbtune.profiles import collect_metadata, load_profile, save_results
-from mbtune.qualify import serve_thresholds
-from mbtune.records import SCHEMA_VERSION, DeviceInfo, Profile
+from mbtune.profiles import SCHEMA_VERSION, Profile, collect_metadata, load_profile, save_results
+from mbtune.qualifying.judge import serve_thresholds
+from mbtune.qualifying.records import FAIL, INCONCLUSIVE, PASS
+from mbtune.qualifying.spec import QualifySpec
+from mbtune.records import DeviceInfo
 from mbtune.report.serve import loads_frame, print_serve, serve_document, torchserve_settings, triton_fragment
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.records import (
@@ -28,7 +29,6 @@ from mbtune.serving.records import (
     ServiceTime,
     SimulatorCheck,
 )
-from mbtune.verdicts import FAIL, INCONCLUSIVE, PASS
 from tests.unit.test_records import sample_probe
 
 WINNER = BatchConfig(max_batch_size=32, max_queue_delay_s=0.0025, preferred=(8, 16))

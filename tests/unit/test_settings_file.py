@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.config import ProbeConfig, SweepConfig, field_for, param_for
 from mbtune.errors import ConfigError
+from mbtune.probing.config import ProbeConfig
+from mbtune.settings import field_for, param_for
 from mbtune.specfile import read_settings
+from mbtune.sweeping.config import SweepConfig
 
 FILE = """
 workload = "mlp"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mbtune.trial import _create_optimizer_state, make_optimizer
+from mbtune.training import _create_optimizer_state, make_optimizer
 
 
 @pytest.mark.parametrize("name", ["adamw", "sgd"])

@@ -5,22 +5,24 @@ Imported by the trial forkserver at start-up so each trial begins with torch alr
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
 import traceback
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from mbtune.config import INFER, TRAIN, TrialConfig, lr_for
 from mbtune.device import classify_error, get_backend
 from mbtune.errors import NonFiniteLossError
-from mbtune.records import NONFINITE, OK, WORKLOAD_FAULT, TrialOutcome
+from mbtune.probing.config import TrialConfig
+from mbtune.probing.records import TrialOutcome
+from mbtune.records import ERROR, HARNESS_FAULT, NONFINITE, OK, OOM, WORKLOAD_FAULT
+from mbtune.settings import INFER, TRAIN, lr_for
+from mbtune.training import _create_optimizer_state, autocast_for, make_optimizer
+from mbtune.worker import failure_tail, run_isolated
 from mbtune.workloads import Workload, load_workload
-
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def run_training_trial(config: TrialConfig) -> TrialOutcome:
@@ -136,34 +138,35 @@ def _infer(workload: Workload, config: TrialConfig) -> list[float]:
     return times
 
 
-def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Create the optimizer's state before the first step, by one step on zero gradients.
-
-    Optimizers create their state (AdamW's two moments, SGD's momentum) in their first step, so without
-    this the first training step peaks lower than every later one, and a batch too large for training
-    fails only in the second step, a whole step later. With the state in place every step, the first
-    included, peaks as training does, and an out-of-memory comes in the first. Zero gradients leave
-    SGD's weights as they were and move AdamW's only by its weight decay (1 - lr x decay)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for param in params:
-        param.grad = torch.zeros_like(param)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+# When a trial under a memory cap fails with an error that is not a recognised OOM, it is run once more
+# with this much more room: if it then runs (or fails for memory), the first failure was memory too.
+# Under a tight cap the allocation can fail deep inside a library (oneDNN's "could not create a
+# primitive", OpenMP's thread creation) with no allocator message to recognise.
+RECHECK_BUDGET_FACTOR = 2
 
 
-def make_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
-    """The optimizer a probe trial and every pipeline rank train with (the same state, so the same memory)."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    return torch.optim.AdamW(params, lr=lr)
+def run_classified_trial(trial: TrialConfig, timeout_s: float) -> TrialOutcome:
+    """run_trial, with errors under a memory cap re-checked with more room before they count as errors."""
+
+    outcome = run_trial(trial, timeout_s=timeout_s)
+    if outcome.status != ERROR or trial.memory_budget_bytes is None or outcome.error_kind == HARNESS_FAULT:
+        return outcome
+    roomier = replace(trial, memory_budget_bytes=trial.memory_budget_bytes * RECHECK_BUDGET_FACTOR + 64 * 2**20)
+    recheck = run_trial(roomier, timeout_s=timeout_s)
+    if recheck.status not in (OK, OOM):
+        return outcome
+    return replace(outcome, status=OOM, error=f"{outcome.error} [out of memory: the same trial "
+                   f"{'ran' if recheck.ok else 'ran out of memory'} with {RECHECK_BUDGET_FACTOR}x the budget]")
 
 
-def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if precision in _AUTOCAST_DTYPES:
-        return torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[precision])
-    return contextlib.nullcontext()
+def run_trial(config: TrialConfig, *, timeout_s: float) -> TrialOutcome:
+    """One isolated training trial; always returns a TrialOutcome, whatever happens."""
 
-
-def describe_device(device: str) -> Any:
-    """DeviceInfo of a resolved device, read inside a child so the parent never initialises CUDA."""
-    return get_backend(device).info()
+    result = run_isolated(run_training_trial, config, timeout_s=timeout_s)
+    if result.status == OK:
+        outcome = result.value
+        if outcome.ok or not result.stderr_tail:
+            return outcome
+        return replace(outcome, error_tail=failure_tail(outcome.error_tail, result.stderr_tail))
+    return TrialOutcome(status=result.status, batch_size=config.batch_size, wall_s=result.wall_s,
+                        error=result.error, error_kind=result.error_kind, error_tail=result.error_tail)

@@ -12,19 +12,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from mbtune.actions import ALLREDUCE
-from mbtune.config import SweepConfig
 from mbtune.device.load import busy_warning
 from mbtune.pipeline.theory import check_point, stages_per_rank, theoretical_bubble
-from mbtune.records import (
-    OK,
-    MachineLoad,
-    SkippedPoint,
-    SweepPoint,
-    SweepReport,
-    TimelineAction,
-    TrialResult,
-    micro_batch_size_for,
-)
+from mbtune.records import OK, MachineLoad, TimelineAction
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.point import SweepPoint, micro_batch_size_for
+from mbtune.sweeping.records import SkippedPoint, SweepReport, TrialResult
 
 if TYPE_CHECKING:
     from mbtune.pipeline.timeline import PipelineOutcome, StageReport

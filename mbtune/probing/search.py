@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mbtune.errors import BudgetTooSmallError, HarnessError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
-from mbtune.records import ERROR, HARNESS_FAULT, KILLED, NONFINITE, OK, OOM, MemoryModel, TrialOutcome
+from mbtune.probing.records import MemoryModel, TrialOutcome
+from mbtune.records import ERROR, HARNESS_FAULT, KILLED, NONFINITE, OK, OOM
 
 RunTrial = Callable[[int], TrialOutcome]
 

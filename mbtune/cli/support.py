@@ -15,18 +15,20 @@ import typer
 from mbtune.errors import Interrupted, MbtuneError
 
 if TYPE_CHECKING:
-    from mbtune.config import ProbeConfig, SweepConfig
+    from mbtune.probing.config import ProbeConfig
     from mbtune.report.progress import TrialProgressBar
-    from mbtune.runs import RunOutcome
     from mbtune.serving.config import ServeConfig
+    from mbtune.session import RunOutcome
+    from mbtune.sweeping.config import SweepConfig
 
 T = TypeVar("T")
 quiet: list[bool] = [False]  # -q: no per-trial progress lines
 
-def _probe_config(*, option: list[str] | None, memory_budget: str | None, recompute: str = "none",
+def probe_config_from(*, option: list[str] | None, memory_budget: str | None, recompute: str = "none",
                   **fields: Any) -> ProbeConfig:
-    from mbtune.config import ProbeConfig, parse_bytes, parse_list, parse_options
+    from mbtune.probing.config import ProbeConfig
     from mbtune.profiles import command_line
+    from mbtune.units import parse_bytes, parse_list, parse_options
 
     budget = parse_bytes(memory_budget, name="--memory-budget") if memory_budget is not None else None
     return ProbeConfig(workload_options=parse_options(option or []), memory_budget_bytes=budget,
@@ -34,7 +36,7 @@ def _probe_config(*, option: list[str] | None, memory_budget: str | None, recomp
                        **fields)
 
 
-def _sweep_config(*, workload: str, option: list[str] | None, device: str, stages: int, schedules: str | None,
+def sweep_config_from(*, workload: str, option: list[str] | None, device: str, stages: int, schedules: str | None,
                   micro_batches: str | None, accum: str, objective: str, steps: int, optimizer: str,
                   point_timeout: float, load_timeout: float, micro_batch_size: str | None = None,
                   global_batch: str | None = None, data_parallel: str = "1", recompute: str = "none",
@@ -44,8 +46,9 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
                   precision: str = "fp32", strategy: str = "grid", repeats: int = 1, lr: float | None = None,
                   reference_batch: int | None = None, seed: int = 0,
                   launch: dict[str, Any] | None = None) -> SweepConfig:
-    from mbtune.config import DEFAULT_SCHEDULES, SweepConfig, parse_list, parse_options
     from mbtune.profiles import command_line
+    from mbtune.sweeping.config import DEFAULT_SCHEDULES, SweepConfig
+    from mbtune.units import parse_list, parse_options
 
     return SweepConfig(
         workload=workload, workload_options=parse_options(option or []), device=device, num_stages=stages,
@@ -65,12 +68,12 @@ def _sweep_config(*, workload: str, option: list[str] | None, device: str, stage
     )
 
 
-def _serve_config(*, p99: str, option: list[str] | None, memory_budget: str | None, rates: str | None,
+def serve_config_from(*, p99: str, option: list[str] | None, memory_budget: str | None, rates: str | None,
                   concurrency: str | None, max_batch_sizes: str | None, queue_delays: str | None,
                   preferred: str | None, window: str, queue_timeout: str | None, **fields: Any) -> ServeConfig:
-    from mbtune.config import parse_bytes, parse_duration, parse_list, parse_options
     from mbtune.profiles import command_line
     from mbtune.serving.config import ServeConfig
+    from mbtune.units import parse_bytes, parse_duration, parse_list, parse_options
 
     delays = parse_list(queue_delays, name="--queue-delays", convert=str)
     return ServeConfig(
@@ -84,8 +87,8 @@ def _serve_config(*, p99: str, option: list[str] | None, memory_budget: str | No
         command_line=command_line(), **fields)
 
 
-def _finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: Path | None) -> None:
-    """Print a serve run, write its picture; exit as _finish does when it was interrupted."""
+def finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: Path | None) -> None:
+    """Print a serve run, write its picture; exit as finish does when it was interrupted."""
     from mbtune.report import make_console
     from mbtune.report.serve import print_serve, write_serve_plot
 
@@ -94,7 +97,7 @@ def _finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: P
         for note in outcome.notes:
             err.print(f"note: {note}")
     assert outcome.serve is not None
-    with _printing_to(output):
+    with printing_to(output):
         print_serve(make_console(), outcome.serve, fmt, saved_to=str(outcome.saved_to) if outcome.saved_to else None)
     if plot is not None:
         make_console(stderr=True).print(f"wrote {write_serve_plot(outcome.serve, plot)}")
@@ -104,12 +107,12 @@ def _finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: P
         raise typer.Exit(128 + _received[-1] if _received else EXIT_INTERRUPTED)
 
 
-def _launch(launcher: str, nnodes: int | None, node_rank: int | None, endpoint: str | None,
+def launch_settings(launcher: str, nnodes: int | None, node_rank: int | None, endpoint: str | None,
             join_timeout: float) -> dict[str, Any]:
     """The SweepConfig fields of --launcher and the node flags, filled from the scheduler's environment
     (Slurm, torchrun, Kubeflow PyTorchJob) where a flag is not given."""
     from mbtune.errors import ConfigError
-    from mbtune.pipeline.torchrun import LAUNCHERS, Nodes, nodes_from_env
+    from mbtune.pipeline.nodes import LAUNCHERS, Nodes, nodes_from_env
 
     if launcher not in LAUNCHERS:
         raise ConfigError(f"--launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}",
@@ -129,14 +132,15 @@ def _launch(launcher: str, nnodes: int | None, node_rank: int | None, endpoint: 
             "rdzv_endpoint": nodes.endpoint, "join_timeout_s": nodes.join_timeout_s}
 
 
-def _lead_or_follow(launch: dict[str, Any]) -> None:
+def lead_or_follow(launch: dict[str, Any]) -> None:
     """Under torchrun: node 0 opens the shared store now (the other nodes can join while it probes); any
     other node follows node 0's points until it says the run is over, then exits with its exit code."""
     import sys
 
     if not launch:
         return
-    from mbtune.pipeline.torchrun import Nodes, command_fingerprint, session
+    from mbtune.pipeline.nodes import Nodes
+    from mbtune.pipeline.torchrun import command_fingerprint, session
 
     nodes = Nodes(nnodes=launch["nnodes"], node_rank=launch["node_rank"], endpoint=launch["rdzv_endpoint"],
                   join_timeout_s=launch["join_timeout_s"])
@@ -152,7 +156,7 @@ def _lead_or_follow(launch: dict[str, Any]) -> None:
     raise typer.Exit(code)
 
 
-def _check_resume(resume: bool, save: bool) -> None:
+def check_resume(resume: bool, save: bool) -> None:
     from mbtune.errors import ConfigError
 
     if resume and not save:
@@ -160,7 +164,7 @@ def _check_resume(resume: bool, save: bool) -> None:
                           hint="Drop --no-save to resume, or drop --resume to run without saving.")
 
 
-def _check_outputs(*, plot_dir: Path | None = None, files: tuple[Path | None, ...] = ()) -> None:
+def check_outputs(*, plot_dir: Path | None = None, files: tuple[Path | None, ...] = ()) -> None:
     """Output paths are checked before anything is measured, so a typo costs nothing."""
     from mbtune.outputs import check_writable
 
@@ -171,7 +175,7 @@ def _check_outputs(*, plot_dir: Path | None = None, files: tuple[Path | None, ..
             check_writable(path)
 
 
-def _with_progress(label: str, job: Callable[[TrialProgressBar | None], T]) -> T:
+def with_progress(label: str, job: Callable[[TrialProgressBar | None], T]) -> T:
     from mbtune.report import make_console
     from mbtune.report.progress import TrialProgressBar
 
@@ -182,7 +186,7 @@ def _with_progress(label: str, job: Callable[[TrialProgressBar | None], T]) -> T
 
 
 @contextlib.contextmanager
-def _printing_to(output: Path | None) -> Iterator[None]:
+def printing_to(output: Path | None) -> Iterator[None]:
     """What is printed to stdout goes to `output` instead, when given (checked writable before the run)."""
     if output is None:
         yield
@@ -192,7 +196,7 @@ def _printing_to(output: Path | None) -> Iterator[None]:
         yield
 
 
-def _check_output(fmt: str, output: Path | None) -> str:
+def check_output(fmt: str, output: Path | None) -> str:
     """The format to print in: with --output, json or csv (a .json or .csv file name says which when
     --format does not); the file is checked writable before anything is measured."""
     from mbtune.errors import ConfigError
@@ -202,26 +206,26 @@ def _check_output(fmt: str, output: Path | None) -> str:
         if fmt == "table":
             raise ConfigError("--output writes json or csv",
                               hint="Add --format json or --format csv, or name the file .json or .csv.")
-    _check_outputs(files=(output,))
+    check_outputs(files=(output,))
     return fmt
 
 
-def _target(profiles_dir: Path, save: bool) -> Path | None:
+def target_folder(profiles_dir: Path, save: bool) -> Path | None:
     return profiles_dir if save else None
 
 
-def _finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: Path | None = None,
+def finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: Path | None = None,
             output: Path | None = None) -> None:
     """Print what the run produced, write pictures and traces; exit 128 + the signal's number when it was
     interrupted (after saving what finished), 3 when no point produced a result."""
     from mbtune.errors import EXIT_INTERRUPTED, NothingMeasuredError
-    from mbtune.grid import nothing_measured
     from mbtune.report import make_console
     from mbtune.report.sweep import write_artifacts
     from mbtune.report.tune import print_results
+    from mbtune.sweeping.grid import nothing_measured
 
     saved = str(outcome.saved_to) if outcome.saved_to else None
-    with _printing_to(output):
+    with printing_to(output):
         print_results(make_console(), fmt, probe=outcome.probe, sweep=outcome.sweep, saved_to=saved,
                       notes=outcome.notes)
     if outcome.sweep is not None and (plot or trace):
@@ -232,7 +236,7 @@ def _finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: P
         raise NothingMeasuredError(why)
 
 
-def _check_format(fmt: str, allowed: tuple[str, ...] | None = None) -> str:
+def check_format(fmt: str, allowed: tuple[str, ...] | None = None) -> str:
     """The output format, refused when this command cannot print it."""
     from mbtune.errors import ConfigError
     from mbtune.report import FORMATS
@@ -247,10 +251,10 @@ def _check_format(fmt: str, allowed: tuple[str, ...] | None = None) -> str:
 _received: list[int] = []  # the signals that interrupted this run
 
 
-def _as_flag(exc: MbtuneError) -> MbtuneError:
+def as_flag(exc: MbtuneError) -> MbtuneError:
     """A ConfigError that names a config field, told in terms of its flag (hints name flags only here)."""
-    from mbtune.config import flag_for
     from mbtune.errors import ConfigError
+    from mbtune.settings import flag_for
 
     field = getattr(exc, "field", None)
     if not isinstance(exc, ConfigError) or not field:
@@ -260,14 +264,14 @@ def _as_flag(exc: MbtuneError) -> MbtuneError:
                        detail=exc.detail)
 
 
-def _interrupted(signum: int, frame: object) -> None:
+def on_interrupt(signum: int, frame: object) -> None:
     # Our own exception rather than KeyboardInterrupt, which click would turn into "Aborted!" and exit 1.
     # SIGTERM and SIGHUP (a cancelled CI job, `timeout`, a closed terminal) stop the run as Ctrl-C does.
     _received.append(signum)
     raise Interrupted(f"interrupted by {signal.Signals(signum).name}", exit_code=128 + signum)
 
 
-def _save_traceback() -> str:
+def save_traceback() -> str:
     """Write the current exception's traceback to a temp file; its path (or where it could not go)."""
     import tempfile
     import traceback

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mbtune.records import DeviceInfo, ProbeResult, Record, SweepReport
+from mbtune.probing.records import ProbeResult
+from mbtune.records import DeviceInfo, Record
+from mbtune.sweeping.records import SweepReport
 
 PASS, FAIL = "PASS", "FAIL"  # a check's status; ERROR (upper case) when it could not be measured
 CHECK_ERROR = "ERROR"

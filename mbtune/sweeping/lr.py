@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from mbtune.records import LrAdvice
+from mbtune.sweeping.records import LrAdvice
 
 LINEAR, SQUARE_ROOT = "linear", "square-root"
 RULES = {"sgd": LINEAR, "adamw": SQUARE_ROOT}

@@ -14,13 +14,26 @@ batch's mean, and no pipeline can fix that; the loss must.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mbtune.config import CheckConfig, lr_for
-from mbtune.errors import HarnessError, TrialFailedError
-from mbtune.records import OK, BlockCheck, CheckResult
+from mbtune.checking.config import CheckConfig
+from mbtune.errors import (
+    ConfigError,
+    TrialFailedError,
+)
+from mbtune.records import OK
+from mbtune.settings import lr_for
+
+if TYPE_CHECKING:
+    pass
+
+import math
+from typing import TYPE_CHECKING
+
+from mbtune.checking.records import BlockCheck, CheckResult
+from mbtune.errors import HarnessError
 
 if TYPE_CHECKING:
     from mbtune.pipeline.timeline import PipelineOutcome
@@ -138,7 +151,7 @@ def plain_gradients(spec: Any) -> dict[str, Any]:
     import torch
 
     from mbtune.pipeline.runner import step_batch
-    from mbtune.trial import autocast_for
+    from mbtune.training import autocast_for
     from mbtune.workloads import load_workload
 
     workload = load_workload(spec.workload, spec.workload_options)
@@ -171,3 +184,24 @@ def _numpy_grads(model: Any) -> dict[str, Any]:
     shared-memory handle, gone with this process)."""
     return {name: p.grad.detach().to("cpu").double().numpy().copy() for name, p in model.named_parameters()
             if p.grad is not None}
+
+
+def check_config_from_profile(path: Path, rank: int, **settings: Any) -> CheckConfig:
+    """The CheckConfig of the rank-th row (1: the best) of a saved profile's sweep, on its workload, options,
+    precision and optimizer (the probe's, where it saved them); `settings` give the rest."""
+    from mbtune.profiles import load_profile
+
+    profile = load_profile(path)
+    sweep = profile.sweep
+    if sweep is None or not sweep.ranking:
+        raise ConfigError(f"{path} holds no ranked sweep rows to check",
+                          hint="Run mbtune sweep or tune first, or pass the configuration's flags instead of --from.")
+    if not 1 <= rank <= len(sweep.ranking):
+        raise ConfigError(f"--rank {rank} is out of range: {path} ranks {len(sweep.ranking)} row(s)",
+                          hint=f"Use --rank 1 to {len(sweep.ranking)}.")
+    point = sweep.results[sweep.ranking[rank - 1]].point
+    probe = profile.probe
+    return CheckConfig.for_point(point, workload=sweep.workload,
+                                 workload_options=tuple(sorted(sweep.workload_options.items())),
+                                 precision=probe.precision if probe else "fp32",
+                                 optimizer=probe.optimizer if probe else "adamw", **settings)

@@ -1,0 +1,11 @@
+"""The typer app as a package: options (the shared Annotated option types), app (the app and its root
+options), train (probe, sweep, tune), ci (show, qualify, compare, check), plan, serve, support (configs from
+options, output checks, progress) and main (errors -> one line and an exit code). Each command: options ->
+config -> one library call -> report/. No torch import and no logic here."""
+
+# Importing a command module registers its commands on the app.
+from mbtune.cli import ci, plan, serve, train  # noqa: F401
+from mbtune.cli.app import app
+from mbtune.cli.main import main
+
+__all__ = ["app", "main"]

@@ -1,0 +1,176 @@
+"""The commands CI jobs and people read results with: show, qualify, compare and check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mbtune.checking.config import CheckConfig
+from mbtune.cli.app import app
+from mbtune.cli.options import (
+    PROFILES,
+    C,
+    Device,
+    Format,
+    JoinTimeout,
+    Launcher,
+    LoadTimeout,
+    Lr,
+    NNodes,
+    NodeRank,
+    Optimizer,
+    Output,
+    RdzvEndpoint,
+    S,
+    Save,
+    Seed,
+    Stages,
+    VirtualStages,
+    Workload,
+    WorkloadOption,
+)
+from mbtune.cli.support import (
+    check_format,
+    check_output,
+    check_outputs,
+    launch_settings,
+    lead_or_follow,
+    printing_to,
+    target_folder,
+    with_progress,
+)
+from mbtune.errors import EXIT_CHECK_FAILED
+from mbtune.qualifying.spec import QualifySpec
+
+
+@app.command()
+def show(
+    profile: Annotated[Path, typer.Argument(help="A profile file written by probe (profiles/<device>/<workload>.json).")],
+    errors: Annotated[bool, typer.Option("--errors", help="Also print every failed trial's and point's whole error tail (traceback and stderr).")] = False,
+    format: Format = "table",
+    output: Output = None,
+) -> None:
+    """Print a saved profile again."""
+    from mbtune.profiles import load_profile
+    from mbtune.report import make_console
+    from mbtune.report.profile import print_profile
+
+    fmt = check_output(check_format(format), output)
+    loaded = load_profile(profile)
+    with printing_to(output):
+        print_profile(make_console(), loaded, fmt, path=str(profile), errors=errors)
+
+
+@app.command()
+def qualify(
+    baseline: Annotated[Path | None, typer.Option("--baseline", help="Profile to re-run and compare against (profiles/<device>/<workload>.json).")] = None,
+    spec: Annotated[Path | None, typer.Option("--spec", help="Qualification spec (TOML): workload, device, budget, sweep lists, thresholds.")] = None,
+    tolerance: Annotated[str | None, typer.Option("--tolerance", help="Allowed shortfall against the baseline, e.g. 10% (default 10%, or the spec's).")] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", help="Runs of each sweep point, each in fresh processes; checks use the median and the spread over them (default 3, or the spec's).")] = None,
+    allow_different_device: Annotated[bool, typer.Option("--allow-different-device", help="Compare against a baseline measured on another device model.")] = False,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write a JUnit XML file: one testcase per check.")] = None,
+    profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = PROFILES / "qualify-runs",
+    save: Save = True,
+    format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
+    launcher: Launcher = S.launcher,
+    nnodes: NNodes = None,
+    node_rank: NodeRank = None,
+    rdzv_endpoint: RdzvEndpoint = None,
+    join_timeout: JoinTimeout = S.join_timeout_s,
+) -> None:
+    """Re-run a baseline's probe and sweep here and give a verdict: exit 0 pass, 1 a check failed, 3 could not run,
+    4 inconclusive (the measured spread is wider than the tolerance)."""
+    from mbtune.profiles import command_line
+    from mbtune.qualifying.judge import exit_code
+    from mbtune.qualifying.run import run_qualify
+    from mbtune.report import make_console
+    from mbtune.report.qualify import print_verdict, write_junit
+    from mbtune.specfile import read_spec
+    from mbtune.units import parse_fraction
+
+    fmt = check_format(format, allowed=("table", "json"))
+    check_outputs(files=(junit,))
+    launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
+    lead_or_follow(launch)  # before the spec and baseline are read: only node 0 needs those files
+    share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
+    path = str(baseline) if baseline else None
+    if spec is not None:
+        plan, repeats = read_spec(spec, baseline=path, tolerance=share, repeats=repeats,
+                                  allow_different_device=allow_different_device, command_line=command_line())
+    else:
+        plan = QualifySpec(baseline=path, tolerance=QualifySpec.tolerance if share is None else share,
+                           allow_different_device=allow_different_device)
+    verdict = with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=target_folder(profiles_dir, save),
+                                                               repeats=repeats, launch=launch))
+    if junit is not None:
+        write_junit(verdict, junit)
+    print_verdict(make_console(), verdict, fmt)
+    raise typer.Exit(exit_code(verdict.status))
+
+
+@app.command()
+def compare(
+    a: Annotated[Path, typer.Argument(help="First profile (A).")],
+    b: Annotated[Path, typer.Argument(help="Second profile (B); ratios are B / A.")],
+    allow_different_device: Annotated[bool, typer.Option("--allow-different-device", help="Compare profiles measured on different device models.")] = False,
+    allow_different_workload: Annotated[bool, typer.Option("--allow-different-workload", help="Compare profiles of different workloads, options, precisions or optimizers.")] = False,
+    format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
+) -> None:
+    """Print two saved profiles side by side with ratios."""
+    from mbtune.qualifying.compare import compare_files
+    from mbtune.report import make_console
+    from mbtune.report.qualify import print_comparison
+
+    fmt = check_format(format, allowed=("table", "json"))
+    rows = compare_files(a, b, allow_different_device=allow_different_device,
+                         allow_different_workload=allow_different_workload)
+    print_comparison(make_console(), rows, str(a), str(b), fmt)
+
+
+@app.command()
+def check(
+    workload: Workload = C.workload,
+    option: WorkloadOption = None,
+    device: Device = C.device,
+    stages: Stages = C.num_stages,
+    schedule: Annotated[str, typer.Option("--schedule", help="One schedule: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble or zbv.")] = C.schedule,
+    micro_batches: Annotated[int, typer.Option("--micro-batches", "-m", help="Micro-batches per pipeline step.")] = C.num_microbatches,
+    accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = C.grad_accum_steps,
+    data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline (gradients all-reduced).")] = C.data_parallel,
+    recompute: Annotated[str, typer.Option("--recompute", help="none or full: activation recompute in the pipeline (the plain model never recomputes).")] = C.recompute,
+    micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default 2, or from --global-batch).")] = C.micro_batch_size,
+    global_batch: Annotated[int | None, typer.Option("--global-batch", help="Samples per optimizer step; the micro-batch size follows.")] = C.global_batch,
+    virtual_stages: VirtualStages = C.virtual_stages,
+    precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast), in the pipeline and the plain model.")] = C.precision,
+    optimizer: Optimizer = C.optimizer,
+    lr: Lr = C.lr,
+    seed: Seed = C.seed,
+    from_profile: Annotated[Path | None, typer.Option("--from", help="Check a row of a saved profile's sweep instead (with --rank).")] = None,
+    rank: Annotated[int, typer.Option("--rank", help="With --from: the row, by rank (1 is the best).")] = 1,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds the pipeline, and then the plain model, may take.")] = C.timeout_s,
+    load_timeout: LoadTimeout = C.load_timeout_s,
+    format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
+) -> None:
+    """Run one optimizer step through the real pipeline and through the plain model on the same global batch
+    and seed, and compare the gradients per block: exit 0 PASS, 1 FAIL (with why), 3 could not run."""
+    from mbtune.checking.run import check_config_from_profile, check_update
+    from mbtune.report import make_console
+    from mbtune.report.check import print_check
+    from mbtune.units import parse_options
+
+    fmt = check_format(format, allowed=("table", "json"))
+    if from_profile is not None:
+        config = check_config_from_profile(from_profile, rank, device=device, timeout_s=timeout,
+                                           load_timeout_s=load_timeout, seed=seed, lr=lr)
+    else:
+        config = CheckConfig(workload=workload, workload_options=parse_options(option or []), device=device,
+                             schedule=schedule, num_stages=stages, num_microbatches=micro_batches,
+                             grad_accum_steps=accum, data_parallel=data_parallel, recompute=recompute,
+                             micro_batch_size=micro_batch_size,
+                             global_batch=global_batch, virtual_stages=virtual_stages, precision=precision, optimizer=optimizer, lr=lr, seed=seed,
+                             timeout_s=timeout, load_timeout_s=load_timeout)
+    result = check_update(config)
+    print_check(make_console(), result, fmt)
+    raise typer.Exit(0 if result.status == "PASS" else EXIT_CHECK_FAILED)

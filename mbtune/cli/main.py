@@ -1,0 +1,46 @@
+"""The console entry point: run the app and map known errors to one line and an exit code."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from mbtune.cli.app import app
+from mbtune.cli.support import as_flag, on_interrupt, save_traceback
+from mbtune.errors import EXIT_COULD_NOT_RUN, Interrupted, MbtuneError
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the app and map known errors to one line and an exit code."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_interrupt)
+    try:
+        _run(argv)
+    except SystemExit as exc:  # every way out: under torchrun across nodes, the others exit with this code
+        if "mbtune.pipeline.torchrun" in sys.modules:
+            from mbtune.pipeline.torchrun import close_sessions
+
+            close_sessions(exc.code if isinstance(exc.code, int) else EXIT_COULD_NOT_RUN)
+        raise
+
+
+def _run(argv: list[str] | None) -> None:
+    from mbtune.report import print_error
+
+    try:
+        app(args=argv, prog_name="mbtune")
+    except (MbtuneError, Interrupted) as exc:
+        if os.environ.get("MBTUNE_DEBUG"):
+            if exc.detail:
+                sys.stderr.write(f"{exc.detail}\n")
+            raise
+        shown = as_flag(exc) if isinstance(exc, MbtuneError) else exc
+        print_error(shown.one_line())
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug in mbtune: still one line unless debugging
+        if os.environ.get("MBTUNE_DEBUG"):
+            raise
+        print_error(f"internal error: {type(exc).__name__}: {str(exc)[:100]}. The traceback is in "
+                    f"{save_traceback()}; please report it.")
+        sys.exit(EXIT_COULD_NOT_RUN)

@@ -1,0 +1,184 @@
+"""The options the commands share, as Annotated typer types with their help, and their defaults (each the
+config's own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+
+from mbtune.checking.config import CheckConfig
+from mbtune.planning.defaults import DEFAULT_PLAN_MICRO_BATCHES
+from mbtune.probing.config import ProbeConfig
+from mbtune.sweeping.config import SweepConfig
+
+T = TypeVar("T")
+
+
+P, S, C = ProbeConfig, SweepConfig, CheckConfig  # every default is the config's own
+
+
+PROFILES = Path("profiles")  # where saved profiles go, relative to the current folder
+
+
+SWEEP_ACCUM, SWEEP_DATA_PARALLEL, RECOMPUTE, PLAN_MICRO_BATCHES = (
+    ",".join(map(str, v)) for v in (S.accum_steps, S.data_parallel, S.recompute, DEFAULT_PLAN_MICRO_BATCHES))
+
+
+Workload = Annotated[str, typer.Option("--workload", "-w", help="Built-in workload (gpt, mlp) or package.module:factory.")]
+
+
+WorkloadOption = Annotated[list[str] | None, typer.Option("--option", "-O", help="Workload option KEY=VALUE, repeatable (e.g. -O layers=8).")]
+
+
+Device = Annotated[str, typer.Option("--device", "-d", envvar="MBTUNE_DEVICE", help="auto, cpu, cuda or cuda:N.")]
+
+
+Budget = Annotated[str | None, typer.Option("--memory-budget", help="Memory a trial may use, e.g. 3GiB. CPU: address-space cap; CUDA: per-process memory fraction (default: whole device).")]
+
+
+Format = Annotated[str, typer.Option("--format", "-f", help="table (people), json or csv (machines).")]
+
+
+Precision = Annotated[str, typer.Option("--precision", help="fp32, bf16 (autocast) or fp16 (autocast + GradScaler, CUDA only).")]
+
+
+Optimizer = Annotated[str, typer.Option("--optimizer", help="adamw or sgd (optimizer state counts toward memory).")]
+
+
+ProfilesDir = Annotated[Path, typer.Option("--profiles-dir", envvar="MBTUNE_PROFILES_DIR", help="Folder that holds saved profiles.")]
+
+
+Save = Annotated[bool, typer.Option(help="Save results to profiles/<device>/<workload>.json, journaling each finished trial as it ends.")]
+
+
+Plot = Annotated[Path | None, typer.Option("--plot", help="Write PNG pictures (timeline, throughput, bubble, memory) into this folder (needs matplotlib).")]
+
+
+Trace = Annotated[Path | None, typer.Option("--trace", help="Write the best point's timeline as Chrome trace-event JSON (opens in Perfetto).")]
+
+
+Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the json or csv output to this file instead of stdout (a .json or .csv name picks the format).")]
+
+
+Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run of the same command from its journal, without re-running finished trials.")]
+
+
+LoadTimeout = Annotated[float, typer.Option("--load-timeout", help="Seconds to import the workload's module and call its factory (in a child process) before giving up.")]
+
+
+TrialTimeout = Annotated[float, typer.Option("--trial-timeout", help="Seconds before a probe trial is killed.")]
+
+
+Confirm = Annotated[int, typer.Option("--confirm", help="Fresh runs the ceiling and the safe batch must each pass.")]
+
+
+ProbeSteps = Annotated[int, typer.Option("--steps", help="Full training steps per probe trial (>= 2).")]
+
+
+Lr = Annotated[float | None, typer.Option("--lr", help="Learning rate to train with (default: 1e-4 for adamw, 1e-3 for sgd); with --reference-batch, the recipe's, scaled per row.")]
+
+
+ReferenceBatch = Annotated[int | None, typer.Option("--reference-batch", help="The recipe's global batch: each row's lr is --lr scaled from it (linear for sgd, square root for adamw); default: the smallest global batch that ran.")]
+
+
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the model's weights and of the synthetic batches.")]
+
+
+Threads = Annotated[int | None, typer.Option("--threads", help="torch threads per process (default: all cores for a probe trial, cores / stages for a pipeline stage).")]
+
+
+Margin = Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")]
+
+
+Granularity = Annotated[int, typer.Option(help="Probe batch sizes are multiples of this.")]
+
+
+MaxBatch = Annotated[int | None, typer.Option("--max-batch", help="Stop the probe growing at this batch size.")]
+
+
+Resolution = Annotated[int | None, typer.Option(help="Stop the probe once [ceiling, first failing) is this narrow (default: 1% of the ceiling, at least one granule; 1: the exact answer).")]
+
+
+Recompute = Annotated[str, typer.Option("--recompute", help="Comma list of none, full: activation recompute of every block (torch.utils.checkpoint). A probe searches once per mode; a sweep runs each point per mode.")]
+
+
+Balance = Annotated[str, typer.Option("--balance", help="Split blocks over stages by params (compute-bearing parameters) or time (each block's forward + backward, measured once by a timing pass before the sweep).")]
+
+
+Strategy = Annotated[str, typer.Option("--strategy", help="grid: run every runnable point; quick: the simulator, calibrated on a few points, picks what to run.")]
+
+
+def _settings_file(ctx: typer.Context, value: Path | None) -> Path | None:
+    """--config: the file's settings become this command's defaults, so flags given on the command line win."""
+    if value is not None:
+        from mbtune.specfile import read_settings
+
+        command = ctx.command.name or ""
+        known = {param.name for param in ctx.command.params}
+        ctx.default_map = {k: v for k, v in read_settings(value, command).items() if k in known}
+    return value
+
+
+ConfigFile = Annotated[Path | None, typer.Option("--config", is_eager=True, callback=_settings_file, help="TOML settings in qualify's spec schema (workload, device, memory_budget, [options], [probe], [sweep]); flags given on the command line win over it.")]
+
+
+Stages = Annotated[int, typer.Option("--stages", "-p", help="Pipeline stages (one process each; one GPU each on CUDA).")]
+
+
+Schedules = Annotated[str | None, typer.Option("--schedules", help="Comma list of gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble, zbv (default: gpipe,1f1b,interleaved-1f1b,zero-bubble).")]
+
+
+MicroBatches = Annotated[str | None, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts (default: p,2p,4p).")]
+
+
+Accum = Annotated[str, typer.Option("--accum", help="Comma list of gradient-accumulation steps.")]
+
+
+MicroBatchSize = Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default: probed safe batch / largest micro-batch count, else 4).")]
+
+
+MicroBatchSizes = Annotated[str | None, typer.Option("--micro-batch-size", help="Comma list of fixed micro-batch sizes; the global batch then varies from row to row (default: the global batch is held fixed, see --global-batch).")]
+
+
+DataParallel = Annotated[str, typer.Option("--data-parallel", help="Comma list of data-parallel replica counts: each runs stages x N processes, gradients all-reduced across replicas every optimizer step.")]
+
+
+GlobalBatch = Annotated[str | None, typer.Option("--global-batch", help="Comma list of global batches, each held fixed and split every way the grid allows (the micro-batch size follows per point); default with a probe: the largest power of two the fewest micro-batches, accumulation steps and replicas hold at the safe batch.")]
+
+
+PlanGlobalBatch = Annotated[int | None, typer.Option("--global-batch", help="Fix the global batch instead; the micro-batch size follows per point.")]
+
+
+Objective = Annotated[str, typer.Option("--objective", help="Rank by throughput, memory or bubble.")]
+
+
+SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer steps per point (after warm-up).")]
+
+
+Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up optimizer steps per point (not timed).")]
+
+
+VirtualStages = Annotated[int, typer.Option("--virtual-stages", help="Stages per rank for interleaved/looped schedules.")]
+
+
+PointTimeout = Annotated[float, typer.Option("--point-timeout", help="Seconds before a point's processes are killed.")]
+
+
+Launcher = Annotated[str, typer.Option("--launcher", help="Who starts each point's ranks: local (mbtune's own, one host, fastest) or torchrun (torch.distributed.run's elastic agent with a c10d rendezvous; needed across nodes).")]
+
+
+NNodes = Annotated[int | None, typer.Option("--nnodes", help="Nodes the run spans, with --launcher torchrun; the same command runs on every node (default: the scheduler's PET_NNODES or SLURM_JOB_NUM_NODES, else 1).")]
+
+
+NodeRank = Annotated[int | None, typer.Option("--node-rank", help="This node's number, 0 to nnodes-1: node 0 leads, prints and saves; the others follow it and write nothing (default: PET_NODE_RANK, GROUP_RANK or SLURM_NODEID, else 0).")]
+
+
+RdzvEndpoint = Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT where the nodes meet: node 0's address and a free port (default: PET_RDZV_ENDPOINT, or MASTER_ADDR:MASTER_PORT).")]
+
+
+JoinTimeout = Annotated[float, typer.Option("--join-timeout", help="Seconds every node gets to join, at the start and at each point's rendezvous.")]
+
+
+Repeats = Annotated[int, typer.Option("--repeats", help="Runs of each point, each in fresh processes: figures are the median with the range over repeats.")]

@@ -1,0 +1,75 @@
+"""`mbtune plan`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mbtune.cli.app import app
+from mbtune.cli.options import (
+    PLAN_MICRO_BATCHES,
+    RECOMPUTE,
+    Format,
+    MicroBatchSize,
+    Output,
+    PlanGlobalBatch,
+    Plot,
+    Schedules,
+    VirtualStages,
+)
+from mbtune.cli.support import check_format, check_output, check_outputs, printing_to
+from mbtune.planning.defaults import DEFAULT_PLAN_RANKS, DEFAULT_PLAN_SCATTER, DEFAULT_PLAN_VALIDATION
+
+
+@app.command()
+def plan(
+    profile: Annotated[Path, typer.Argument(help="A profile with a sweep (profiles/<device>/<workload>.json) to calibrate the simulator on.")],
+    stages: Annotated[int, typer.Option("--stages", "-p", help="Pipeline ranks to plan for (one GPU each).")] = DEFAULT_PLAN_RANKS,
+    micro_batches: Annotated[str, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts.")] = PLAN_MICRO_BATCHES,
+    schedules: Schedules = None,
+    data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline.")] = 1,
+    micro_batch_size: MicroBatchSize = None,
+    global_batch: PlanGlobalBatch = None,
+    accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = 1,
+    recompute: Annotated[str, typer.Option("--recompute", help="Comma list of none, full: plan each point with and without activation recompute (memory: each block's input held; compute: the forward again in each backward).")] = RECOMPUTE,
+    blocks: Annotated[int | None, typer.Option("--blocks", help="Plan a model of this many of the workload's blocks (default: the profiled model's count).")] = None,
+    virtual_stages: VirtualStages = 2,
+    link_bandwidth: Annotated[str | None, typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
+    link_latency: Annotated[str | None, typer.Option("--link-latency", help="Stage-to-stage latency, e.g. 5us (default: as measured here).")] = None,
+    ranks_per_node: Annotated[int | None, typer.Option("--ranks-per-node", help="Pipeline ranks per node: hand-overs between nodes cost what torchrun sweeps measured across nodes (or --link-*), those within a node what was measured within one.")] = None,
+    validation: Annotated[str, typer.Option("--validation", help="Check the simulator against the measured points: leave-one-out, in-sample or none.")] = DEFAULT_PLAN_VALIDATION,
+    scatter: Annotated[str, typer.Option("--scatter", help="measured: draw costs from the scatter measured on this machine; none: predict with average costs (a quieter target).")] = DEFAULT_PLAN_SCATTER,
+    plot: Plot = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Write the recommended configuration's simulated timeline as Chrome trace-event JSON.")] = None,
+    format: Format = "table",
+    output: Output = None,
+) -> None:
+    """Predict configurations beyond this machine with a simulator calibrated on a saved sweep."""
+    from mbtune.planning.api import plan_from_profile
+    from mbtune.planning.config import PlanConfig
+    from mbtune.report import make_console
+    from mbtune.report.plan import print_plan, write_plan_artifacts
+    from mbtune.sweeping.config import DEFAULT_SCHEDULES
+    from mbtune.units import parse_duration, parse_list, parse_rate
+
+    fmt = check_output(check_format(format), output)
+    check_outputs(plot_dir=plot, files=(trace,))
+    config = PlanConfig(
+        num_stages=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),
+        schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
+        data_parallel=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
+        grad_accum_steps=accum, num_blocks=blocks, virtual_stages=virtual_stages,
+        recompute=parse_list(recompute, name="--recompute", convert=str),
+        link_bandwidth_bytes_per_s=parse_rate(link_bandwidth, name="--link-bandwidth") if link_bandwidth else None,
+        link_latency_s=parse_duration(link_latency, name="--link-latency") if link_latency else None,
+        ranks_per_node=ranks_per_node,
+        validation_method=None if validation == "none" else validation, scatter=scatter,
+        keep_timeline=bool(plot or trace),
+    )
+    report = plan_from_profile(profile, config)
+    with printing_to(output):
+        print_plan(make_console(), report, fmt)
+    if plot or trace:
+        write_plan_artifacts(make_console(stderr=True), report, plot_dir=plot, trace_path=trace)

@@ -1,0 +1,87 @@
+"""`mbtune serve`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mbtune.cli.app import app
+from mbtune.cli.options import (
+    PROFILES,
+    Budget,
+    Confirm,
+    Device,
+    Format,
+    LoadTimeout,
+    Margin,
+    Output,
+    P,
+    ProfilesDir,
+    Resume,
+    Save,
+    Seed,
+    TrialTimeout,
+    Workload,
+    WorkloadOption,
+)
+from mbtune.cli.support import (
+    check_format,
+    check_output,
+    check_outputs,
+    check_resume,
+    finish_serve,
+    serve_config_from,
+    target_folder,
+    with_progress,
+)
+from mbtune.serving.config import DEFAULT_SERVE_MAX_BATCH
+
+
+@app.command()
+def serve(
+    p99: Annotated[str, typer.Option("--p99", help="The p99 latency budget of one request, end to end, e.g. 50ms.")],
+    workload: Workload = P.workload,
+    option: WorkloadOption = None,
+    device: Device = P.device,
+    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16 (autocast; inference needs no GradScaler).")] = "fp32",
+    rates: Annotated[str | None, typer.Option("--rates", help="Comma list of Poisson request rates per second, run in ascending order until one breaks the budget (default: 20-105% of the largest configuration's capacity).")] = None,
+    concurrency: Annotated[str | None, typer.Option("--concurrency", help="Comma list of closed-loop runs too: this many requests always in flight (reported, not ranked).")] = None,
+    max_batch_sizes: Annotated[str | None, typer.Option("--max-batch-sizes", help="Comma list of the dynamic batcher's max batch sizes (default: the 3 largest powers of two whose batch takes at most half the budget).")] = None,
+    queue_delays: Annotated[str | None, typer.Option("--queue-delays", help="Comma list of max queue delays, e.g. 0,2ms,10ms (default: 0 and 10% of the budget).")] = None,
+    preferred: Annotated[str | None, typer.Option("--preferred", help="Comma list of preferred batch sizes: sent at once when the queue fills one (each configuration keeps those within its max).")] = None,
+    memory_budget: Budget = None,
+    margin: Margin = P.margin,
+    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Stop the inference probe growing at this batch size.")] = DEFAULT_SERVE_MAX_BATCH,
+    confirm: Confirm = P.confirm,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch threads of the model process (default: all cores but one, which the load generator keeps).")] = None,
+    window: Annotated[str, typer.Option("--window", help="Measurement window, e.g. 1s (open loop: at least 100 expected arrivals); 3 in a row must agree within 10%.")] = "1s",
+    max_windows: Annotated[int, typer.Option("--max-windows", help="Windows per load before it is reported as unstable.")] = 8,
+    queue_timeout: Annotated[str | None, typer.Option("--queue-timeout", help="A request waiting longer in the queue is rejected (default: 10 budgets).")] = None,
+    strategy: Annotated[str, typer.Option("--strategy", help="grid: measure every configuration; quick: the queueing simulator, calibrated on the service-time curve, picks the 2 most promising.")] = "grid",
+    seed: Seed = P.seed,
+    trial_timeout: TrialTimeout = P.trial_timeout_s,
+    load_timeout: LoadTimeout = P.load_timeout_s,
+    profiles_dir: ProfilesDir = PROFILES,
+    save: Save = True,
+    resume: Resume = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write serve_curve.png (p99 against throughput per configuration) into this folder (needs matplotlib).")] = None,
+    format: Format = "table",
+    output: Output = None,
+) -> None:
+    """Tune dynamic batching for inference under a p99 latency budget, on a real server under real load."""
+    from mbtune.serving.run import run_serve
+
+    fmt = check_output(check_format(format), output)
+    check_resume(resume, save)
+    check_outputs(plot_dir=plot)
+    config = serve_config_from(p99=p99, workload=workload, option=option, device=device, precision=precision,
+                           rates=rates, concurrency=concurrency, max_batch_sizes=max_batch_sizes,
+                           queue_delays=queue_delays, preferred=preferred, memory_budget=memory_budget, margin=margin,
+                           max_batch=max_batch, confirm=confirm, threads=threads, window=window,
+                           max_windows=max_windows, queue_timeout=queue_timeout, strategy=strategy, seed=seed,
+                           trial_timeout_s=trial_timeout, load_timeout_s=load_timeout)
+    outcome = with_progress("serve", lambda p: run_serve(config, p, profiles_dir=target_folder(profiles_dir, save),
+                                                           resume=resume))
+    finish_serve(fmt, outcome, plot=plot, output=output)

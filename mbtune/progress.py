@@ -1,0 +1,18 @@
+"""What a long job reports while it runs (report/progress.py draws it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    pass
+
+
+class TrialProgress(Protocol):
+    """What a long job reports while it runs (report/ implements it; None means silent)."""
+
+    def set_total(self, total: int | None) -> None: ...
+
+    def start_trial(self, description: str) -> None: ...
+
+    def end_trial(self, status: str, detail: str = "") -> None: ...

@@ -1,0 +1,138 @@
+"""The qualification run: re-run a baseline's (or a spec's) probe, sweep and serve here, and judge them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mbtune.device.describe import describe
+from mbtune.errors import (
+    EXIT_COULD_NOT_RUN,
+    BudgetTooSmallError,
+    ConfigError,
+    DeviceError,
+    MbtuneError,
+    WorkloadBrokenError,
+)
+from mbtune.probing.config import ProbeConfig
+from mbtune.probing.run import run_probe
+from mbtune.profiles import Profile
+from mbtune.progress import TrialProgress
+from mbtune.qualifying.records import Verdict
+from mbtune.qualifying.spec import QualifySpec
+from mbtune.serving.records import ServeReport
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.tune import run_tune
+
+if TYPE_CHECKING:
+    pass
+
+
+# Errors that are bad input for probe and sweep but, for a qualification, mean this machine could not run
+# what it is held to (no such device here, a budget or workload that fails here): an ERROR check.
+_RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
+
+
+def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
+                profiles_dir: Path | None, repeats: int | None = None,
+                launch: dict[str, Any] | None = None) -> Verdict:
+    """Re-run a baseline's (or a spec's) probe and sweep here and judge them: PASS, FAIL, INCONCLUSIVE or
+    ERROR per check (see mbtune.qualifying.judge). Each sweep point runs `repeats` times (default 3), each in fresh
+    processes.
+
+    Bad input (an unreadable baseline, another device model) raises; a run that cannot complete (no
+    device, a crash, a trial killed) becomes an ERROR check, so CI gets a verdict either way. `launch`:
+    the SweepConfig launcher fields (--launcher torchrun and its nodes) the sweep runs with."""
+    from mbtune.device import resolve_device
+    from mbtune.profiles import load_profile
+    from mbtune.qualifying import judge as qualify
+    from mbtune.qualifying.compare import check_same_device, device_model
+
+    repeats = qualify.DEFAULT_REPEATS if repeats is None else repeats
+    if repeats < 1:
+        raise ConfigError(f"repeats={repeats} is out of range", hint="Use --repeats 1 or more (default 3).")
+    baseline = load_profile(Path(spec.baseline)) if spec.baseline else None
+    probe_config, sweep_config = _qualify_configs(spec, baseline, repeats)
+    if sweep_config is not None and launch:
+        sweep_config = dataclasses.replace(sweep_config, **launch)
+    probe = sweep = info = None
+    probe_error = None
+    try:
+        info = describe(resolve_device(probe_config.device if probe_config else _serve_device(spec)))
+        check_same_device(device_model(baseline) if baseline else None,
+                                  f"{info.backend}: {info.name}", allow=spec.allow_different_device,
+                                  what="the baseline and this machine")
+        if probe_config is None:
+            pass  # a serving spec alone
+        elif sweep_config is None:
+            probe = run_probe(probe_config, progress, profiles_dir=profiles_dir).probe
+        else:
+            outcome = run_tune(probe_config, sweep_config, progress, profiles_dir=profiles_dir)
+            probe, sweep = outcome.probe, outcome.sweep
+    except MbtuneError as exc:
+        if not (isinstance(exc, _RUN_FAILURES) or exc.exit_code == EXIT_COULD_NOT_RUN):
+            raise
+        probe_error = exc.one_line()
+    serve, serve_error = None, None
+    if spec.serve is not None:
+        serve, serve_error = _qualify_serve(spec, progress, profiles_dir) if info else (None, probe_error)
+    checks = qualify.run_errors(probe_error, sweep)
+    if baseline is not None:
+        checks += qualify.against_baseline(baseline.probe, baseline.sweep, probe, sweep, tolerance=spec.tolerance)
+    checks += qualify.against_thresholds(dict(spec.thresholds), probe, sweep)
+    checks += qualify.serve_thresholds(dict(spec.thresholds), serve, serve_error)
+    return Verdict(checks=tuple(checks), device=info, baseline=spec.baseline,
+                   baseline_device=device_model(baseline) if baseline else None, tolerance=spec.tolerance,
+                   repeats=repeats if sweep_config is not None else None, probe=probe, sweep=sweep)
+
+
+def _serve_device(spec: QualifySpec) -> str:
+    assert spec.serve is not None, "a spec with neither a probe nor a baseline has a serve section"
+    return spec.serve.device
+
+
+def _qualify_serve(spec: QualifySpec, progress: TrialProgress | None,
+                   profiles_dir: Path | None) -> tuple[ServeReport | None, str | None]:
+    """The spec's serving run, or why it could not complete (an ERROR check, as a probe's would be)."""
+    from mbtune.serving.run import run_serve
+
+    assert spec.serve is not None
+    try:
+        return run_serve(spec.serve, progress, profiles_dir=profiles_dir).serve, None
+    except MbtuneError as exc:
+        if not (isinstance(exc, _RUN_FAILURES) or exc.exit_code == EXIT_COULD_NOT_RUN):
+            raise
+        return None, exc.one_line()
+
+
+def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
+                     repeats: int) -> tuple[ProbeConfig | None, SweepConfig | None]:
+    """The spec's own configs, or the ones that reproduce what the baseline measured; sweeps run each
+    point `repeats` times. A serving spec alone has neither."""
+    from mbtune.errors import ProfileError
+
+    if spec.probe is None and baseline is None:
+        return None, None
+    if spec.probe is not None:
+        return spec.probe, dataclasses.replace(spec.sweep, repeats=repeats) if spec.sweep else None
+    if baseline is None or baseline.probe is None:
+        raise ProfileError(f"baseline {spec.baseline} holds no probe to re-run",
+                           hint="Qualify against a profile written by mbtune probe or tune.")
+    was = baseline.probe
+    probe = ProbeConfig(workload=was.workload, workload_options=tuple(sorted(was.workload_options.items())),
+                        device=was.device.label if was.device.backend == "cuda" else "cpu",
+                        memory_budget_bytes=was.memory_budget_bytes, margin=was.margin, granularity=was.granularity,
+                        precision=was.precision, optimizer=was.optimizer, max_batch=was.max_batch,
+                        confirm=was.confirm, resolution=was.resolution, steps=was.steps,
+                        recompute=(was.recompute, *(c.recompute for c in was.recompute_ceilings)),
+                        command_line=baseline.metadata.command_line)
+    if baseline.sweep is None:
+        return probe, None
+    points = tuple(r.point for r in baseline.sweep.results if r.ok)
+    sweep = SweepConfig(workload=was.workload, workload_options=probe.workload_options, device=probe.device,
+                        num_stages=max(p.num_stages for p in points) if points else 1, points=points,
+                        objective=baseline.sweep.objective, warmup_steps=baseline.sweep.warmup_steps,
+                        measured_steps=baseline.sweep.measured_steps, repeats=repeats,
+                        balance=baseline.sweep.balance.by)
+    return probe, sweep

@@ -1,0 +1,110 @@
+"""What every command's settings share: the precisions, optimizers and modes, their defaults, the flag each
+config field is set by, and the checks the configs run on the fields they have in common."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+from mbtune.records import RECOMPUTE_MODES
+from mbtune.validation import require as _require
+
+if TYPE_CHECKING:
+    pass
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+# What a trial runs: full training steps, or forward passes in eval mode under torch.inference_mode.
+TRAIN, INFER = "train", "infer"
+
+
+MODES = (TRAIN, INFER)
+
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+# The learning rate each optimizer trains with when --lr is not given (memory and speed do not depend on it).
+DEFAULT_LR = {"adamw": 1e-4, "sgd": 1e-3}
+
+
+def lr_for(optimizer: str, lr: float | None) -> float:
+    """The learning rate a run trains with: the one given, else the optimizer's default."""
+    return lr if lr is not None else DEFAULT_LR[optimizer]
+
+
+DEFAULT_MARGIN = 0.15
+
+
+# Timeouts above a week are a typo (or inf): a hung trial would hold a CI runner for that long.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+DEFAULT_TRIAL_TIMEOUT_S = 600.0
+
+
+DEFAULT_LOAD_TIMEOUT_S = 120.0
+
+
+USUAL_MARGIN_RANGE = (0.10, 0.20)
+
+
+# Config fields whose command-line flag is not the field's name with dashes (every other field's is).
+# The CLI names flags in hints from this; the Python API takes either name.
+FLAG_NAMES = {"trial_timeout_s": "trial-timeout", "load_timeout_s": "load-timeout", "point_timeout_s": "point-timeout",
+              "accum_steps": "accum", "measured_steps": "steps", "warmup_steps": "warmup", "num_stages": "stages",
+              "memory_budget_bytes": "memory-budget", "workload_options": "option", "grad_accum_steps": "accum",
+              "num_blocks": "blocks", "link_bandwidth_bytes_per_s": "link-bandwidth", "link_latency_s": "link-latency",
+              "validation_method": "validation", "num_microbatches": "micro-batches", "timeout_s": "timeout",
+              "p99_budget_s": "p99", "queue_delays_s": "queue-delays", "window_s": "window",
+              "queue_timeout_s": "queue-timeout"}
+
+
+# flag name with underscores -> the fields it sets
+_FIELDS_OF_KEY: dict[str, list[str]] = {
+    "options": ["workload_options"],
+    **{key: [f for f, flag in FLAG_NAMES.items() if flag.replace("-", "_") == key]
+       for key in {flag.replace("-", "_") for flag in FLAG_NAMES.values()}},
+}
+
+
+def flag_for(field_name: str) -> str:
+    """The command-line flag of a config field."""
+    return "--" + FLAG_NAMES.get(field_name, field_name.replace("_", "-"))
+
+
+def param_for(field_name: str) -> str:
+    """The command's parameter (its flag with underscores, as the Python API and settings files name it)."""
+    return flag_for(field_name)[2:].replace("-", "_")
+
+
+def field_for(key: str, fields: Collection[str]) -> str:
+    """The config field, of `fields`, that a setting names: the field's own name, or its flag's with
+    underscores or dashes (`accum` -> `accum_steps`, `trial-timeout` -> `trial_timeout_s`). A key that
+    names none comes back as it is, for the caller to refuse."""
+    if key in fields:
+        return key
+    return next((f for f in _FIELDS_OF_KEY.get(key.replace("-", "_"), ()) if f in fields), key)
+
+
+def check_lr(lr: float | None) -> None:
+    _require(lr is None or (math.isfinite(lr) and lr > 0), "lr", lr, "a finite number above 0 (e.g. 3e-4)")
+
+
+def check_timeout(seconds: float, field_name: str) -> None:
+    _require(0 < seconds <= MAX_TIMEOUT_S, field_name, seconds, f"seconds above 0 and at most {MAX_TIMEOUT_S:g} (a week)")
+
+
+def as_tuple(config: Any, name: str) -> None:
+    """A list field given one value (an int, a str), as before lists: that value alone."""
+    value = getattr(config, name)
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        object.__setattr__(config, name, (value,))
+
+
+def check_recompute_modes(modes: tuple[str, ...]) -> None:
+    unknown = [m for m in modes if m not in RECOMPUTE_MODES]
+    _require(bool(modes) and not unknown, "recompute", ",".join(unknown) or modes, " | ".join(RECOMPUTE_MODES))

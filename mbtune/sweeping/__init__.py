@@ -1,0 +1,1 @@
+"""The sweep's wing: real pipelined steps over a grid of schedules and batch splits, ranked; and tune."""

@@ -1,0 +1,181 @@
+"""The sweep's settings (SweepConfig) and its defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mbtune.errors import ConfigError
+from mbtune.settings import (
+    DEFAULT_LOAD_TIMEOUT_S,
+    DEFAULT_TRIAL_TIMEOUT_S,
+    OPTIMIZERS,
+    as_tuple,
+    check_lr,
+    check_recompute_modes,
+    check_timeout,
+)
+from mbtune.sweeping.point import SweepPoint
+from mbtune.units import parse_device
+from mbtune.validation import check_types, require_unique
+from mbtune.validation import require as _require
+
+if TYPE_CHECKING:
+    from mbtune.pipeline.nodes import Nodes
+
+
+DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+
+
+OBJECTIVES = ("throughput", "memory", "bubble")
+
+
+BALANCES = ("parameters", "time")  # how a sweep splits blocks over stages (--balance params | time)
+
+
+STRATEGIES = ("grid", "quick")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """Settings of `mbtune sweep` (and the sweep half of `mbtune tune`)."""
+
+    workload: str = "gpt"
+    workload_options: tuple[tuple[str, int | float | str], ...] = ()
+    device: str = "auto"
+    num_stages: int = 2
+    schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    micro_batches: tuple[int, ...] | None = None  # default: p, 2p, 4p
+    accum_steps: tuple[int, ...] = (1, 2)
+    micro_batch_size: tuple[int, ...] | None = None  # fixed sizes (the global batch then varies)
+    global_batch: tuple[int, ...] | None = None  # held fixed, each split every way the grid allows
+    data_parallel: tuple[int, ...] = (1,)  # replicas of the pipeline (world = stages x replicas processes)
+    recompute: tuple[str, ...] = ("none",)  # activation recompute modes, one point each
+    balance: str = "parameters"  # stages split by compute-bearing parameters, or by measured block time
+    safe_batch: int | None = None  # from a probe: micro-batch sizes above it are skipped
+    recompute_safe_batch: int | None = None  # the probe's with full recompute (bounds those points instead)
+    ceiling: int | None = None
+    ceiling_peak_memory_bytes: int | None = None
+    virtual_stages: int = 2
+    warmup_steps: int = 1
+    measured_steps: int = 3
+    repeats: int = 1  # each point run this many times, each in fresh processes
+    optimizer: str = "adamw"
+    precision: str = "fp32"
+    threads: int | None = None
+    point_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+    objective: str = "throughput"
+    strategy: str = "grid"
+    seed: int = 0
+    lr: float | None = None  # trains with it (None: the optimizer's default); with reference_batch, the recipe's
+    reference_batch: int | None = None  # the recipe's global batch: each row's advised lr is scaled from it
+    profiles_dir: str | None = None  # where to look for this device's probe when safe_batch is not given
+    from_profile: str | None = None  # a saved profile whose probe bounds the micro-batch size instead
+    points: tuple[SweepPoint, ...] | None = None  # run exactly these (qualification re-runs a baseline's)
+    command_line: str = ""
+    # Who starts each point's ranks: mbtune's own launcher on this host, or torch.distributed.run's elastic
+    # agent (pipeline/torchrun.py), on this host or on nnodes hosts meeting at rdzv_endpoint.
+    launcher: str = "local"
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    join_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        from mbtune.pipeline.theory import SCHEDULE_NAMES
+
+        for name in ("global_batch", "micro_batch_size", "data_parallel", "recompute"):
+            as_tuple(self, name)
+        check_types(self)
+        check_recompute_modes(self.recompute)
+        object.__setattr__(self, "device", parse_device(self.device))
+        _require(self.num_stages >= 1, "num_stages", self.num_stages, "an integer >= 1")
+        for name in ("schedules", "micro_batches", "accum_steps", "global_batch", "micro_batch_size",
+                     "data_parallel", "recompute"):
+            require_unique(getattr(self, name), name)
+        _require(bool(self.schedules), "schedules", self.schedules, "at least one schedule")
+        unknown = [s for s in self.schedules if s not in SCHEDULE_NAMES]
+        _require(not unknown, "schedules", ",".join(unknown), " | ".join(SCHEDULE_NAMES))
+        _require(self.micro_batches is None or (bool(self.micro_batches) and min(self.micro_batches) >= 1),
+                 "micro_batches", self.micro_batches, "integers >= 1")
+        _require(bool(self.accum_steps) and min(self.accum_steps) >= 1, "accum_steps", self.accum_steps,
+                 "integers >= 1")
+        if self.micro_batch_size is not None and self.global_batch is not None:
+            raise ConfigError("--micro-batch-size and --global-batch both given",
+                              hint="Give one: the other follows from micro-batches and accumulation steps.")
+        for name in ("safe_batch", "recompute_safe_batch", "ceiling"):
+            value = getattr(self, name)
+            _require(value is None or value >= 1, name, value, "an integer >= 1")
+        for name in ("global_batch", "micro_batch_size"):
+            value = getattr(self, name)
+            _require(value is None or (bool(value) and min(value) >= 1), name, value, "integers >= 1")
+        _require(bool(self.data_parallel) and min(self.data_parallel) >= 1, "data_parallel", self.data_parallel,
+                 "integers >= 1")
+        _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
+        _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
+        _require(self.measured_steps >= 1, "measured_steps", self.measured_steps, "an integer >= 1")
+        _require(self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
+        _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
+        _require(self.precision in ("fp32", "bf16"), "precision", self.precision,
+                 "fp32 | bf16 for pipelined steps (fp16 would need one loss scale across all ranks)")
+        _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
+        check_timeout(self.point_timeout_s, "point_timeout_s")
+        check_timeout(self.load_timeout_s, "load_timeout_s")
+        _require(self.objective in OBJECTIVES, "objective", self.objective, " | ".join(OBJECTIVES))
+        _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
+        if self.balance == "params":
+            object.__setattr__(self, "balance", "parameters")
+        _require(self.balance in BALANCES, "balance", self.balance, "params | time")
+        check_lr(self.lr)
+        _require(self.reference_batch is None or self.reference_batch >= 1, "reference_batch", self.reference_batch,
+                 "an integer >= 1")
+        from mbtune.pipeline.nodes import LAUNCHERS
+
+        _require(self.launcher in LAUNCHERS, "launcher", self.launcher, " | ".join(LAUNCHERS))
+        if self.nnodes > 1 and self.launcher != "torchrun":
+            raise ConfigError(f"--nnodes {self.nnodes} needs --launcher torchrun",
+                              hint="Add --launcher torchrun: mbtune's own launcher reaches one host only.")
+        _ = self.nodes  # checks the node settings
+
+    @property
+    def nodes(self) -> Nodes:
+        """The hosts this sweep's ranks run on (pipeline/torchrun.py)."""
+        from mbtune.pipeline.nodes import Nodes
+
+        return Nodes(nnodes=self.nnodes, node_rank=self.node_rank, endpoint=self.rdzv_endpoint,
+                     join_timeout_s=self.join_timeout_s)
+
+    def safe_batch_for(self, recompute: str) -> int | None:
+        """The probed safe batch that bounds a point's micro-batch size: with full recompute, the probe's
+        with it where one ran."""
+        if recompute == "full" and self.recompute_safe_batch is not None:
+            return self.recompute_safe_batch
+        return self.safe_batch
+
+    @property
+    def micro_batch_counts(self) -> tuple[int, ...]:
+        p = self.num_stages
+        return self.micro_batches or tuple(sorted({p, 2 * p, 4 * p}))
+
+    @property
+    def global_batches(self) -> tuple[int, ...]:
+        """The global batches held fixed: the given ones; else, with a probed safe batch and no fixed
+        micro-batch size, the one the default rule picks (default_global_batch); else none (the micro-batch
+        size is fixed and the global batch varies from point to point)."""
+        if self.global_batch is not None:
+            return self.global_batch
+        if self.micro_batch_size is None and self.safe_batch is not None:
+            return (default_global_batch(self.safe_batch, self.micro_batch_counts, self.accum_steps,
+                                         self.data_parallel),)
+        return ()
+
+
+def default_global_batch(safe_batch: int, micro_batch_counts: tuple[int, ...], accum_steps: tuple[int, ...],
+                         data_parallel: tuple[int, ...] = (1,)) -> int:
+    """The global batch a sweep holds fixed by default: the largest power of two that the fewest
+    micro-batches, accumulation steps and replicas of the grid hold at the probed safe batch. Every
+    (micro-batches, accumulation, replicas) combination of powers of two then splits it with a micro-batch
+    size within the safe batch."""
+    most = safe_batch * min(micro_batch_counts) * min(accum_steps) * min(data_parallel)
+    return 1 << (most.bit_length() - 1)

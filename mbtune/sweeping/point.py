@@ -1,0 +1,52 @@
+"""One point of a sweep's grid (SweepPoint): the configuration a pipeline runs, and the global batch it makes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mbtune.recordio import (
+    Record,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepPoint(Record):
+    """One configuration of the sweep grid."""
+
+    schedule: str
+    num_stages: int  # pipeline ranks (one process each; one GPU each on CUDA)
+    num_microbatches: int
+    grad_accum_steps: int
+    micro_batch_size: int
+    virtual_stages: int = 1  # stages per rank (looped and V schedules hold several)
+    data_parallel_size: int = 1
+    recompute: str = "none"  # one of RECOMPUTE_MODES
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.num_microbatches * self.grad_accum_steps * self.data_parallel_size
+
+    @property
+    def label(self) -> str:
+        replicas = f" dp={self.data_parallel_size}" if self.data_parallel_size > 1 else ""
+        recompute = f" recompute={self.recompute}" if self.recompute != "none" else ""
+        return (f"{self.schedule} p={self.num_stages} m={self.num_microbatches} "
+                f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}{replicas}{recompute}")
+
+    @property
+    def num_processes(self) -> int:
+        """One process per pipeline rank of every replica."""
+        return self.num_stages * self.data_parallel_size
+
+
+def micro_batch_size_for(global_batch: int, *, num_microbatches: int, grad_accum_steps: int,
+                         data_parallel_size: int = 1) -> tuple[int, str | None]:
+    """The micro-batch size that makes `global_batch` (see SweepPoint.global_batch) and None; where the
+    batch does not divide evenly, the size just below it (at least 1) and why the point cannot run."""
+    per_step = num_microbatches * grad_accum_steps * data_parallel_size
+    if global_batch % per_step:
+        replicas = f" x {data_parallel_size} data-parallel replicas" if data_parallel_size != 1 else ""
+        return max(1, global_batch // per_step), (
+            f"global batch {global_batch} does not divide into {num_microbatches} micro-batches x "
+            f"{grad_accum_steps} accumulation steps{replicas}")
+    return global_batch // per_step, None

@@ -1,0 +1,172 @@
+"""The sweep's records: a point of the grid, what it measured, and the sweep's report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from mbtune import records
+from mbtune.checking.records import CheckResult
+from mbtune.recordio import (
+    Record,
+)
+from mbtune.records import OK, DeviceInfo, IdleShares, MachineLoad, NvmlSummary, TimelineAction
+from mbtune.sweeping.point import SweepPoint
+
+
+@dataclass(frozen=True, kw_only=True)
+class LrAdvice(Record):
+    """The learning rate a global batch implies: the reference batch's scaled by the rule (lr.py)."""
+
+    global_batch: int
+    reference_batch: int  # the recipe's global batch, or the smallest one the sweep ran
+    rule: str  # linear (SGD family) | square-root (Adam family)
+    scale: float  # advised lr / the reference batch's lr
+    lr: float | None = None  # the advised learning rate, where the recipe's (--lr) is known
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkippedPoint(Record):
+    """A grid point that was never spawned, and why."""
+
+    point: SweepPoint
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialResult(Record):
+    """What one sweep point measured."""
+
+    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
+
+    @classmethod
+    def field_choices(cls, name: str) -> tuple[str, ...] | None:
+        return {"status": records.STATUSES, "error_kind": records.ERROR_KINDS}.get(name)
+
+    point: SweepPoint
+    status: str
+    error: str = ""
+    step_times_s: tuple[float, ...] = ()
+    step_time_median_s: float | None = None
+    step_time_cv_pct: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu_pct: float | None = None
+    bubble_measured: float | None = None
+    bubble_theoretical: float | None = None
+    excess_idle_pct: float | None = None  # measured minus theoretical bubble: communication and imbalance
+    idle: IdleShares | None = None  # the measured bubble split into schedule, transfer and overhead
+    peak_memory_bytes: tuple[int | None, ...] = ()  # per pipeline rank (the highest over data-parallel replicas)
+    loss: float | None = None
+    allreduce_s: float | None = None  # data parallel: median gradient all-reduce per step, inside the step time
+    stage_blocks: tuple[tuple[int, ...], ...] = ()  # per model stage, the global blocks it held
+    stage_imbalance: float | None = None  # slowest / fastest stage's compute over the measured steps
+    nvml: NvmlSummary | None = None
+    ran_as: str = ""
+    warnings: tuple[str, ...] = ()
+    timeline: tuple[TimelineAction, ...] = ()  # the actions of one measured step: the median one
+    timeline_step: int = 0  # which measured step the timeline shows (index into step_times_s)
+    wall_s: float = 0.0
+    # Uncertainty. With repeats (fresh processes each), the range is over the repeats' medians; with one
+    # run, over its measured steps. step_times_s then holds every repeat's steps, in order.
+    num_repeats: int = 1
+    repeat_step_time_medians_s: tuple[float, ...] = ()  # one per repeat that completed
+    samples_per_s_min: float | None = None
+    samples_per_s_max: float | None = None
+    bubble_measured_min: float | None = None
+    bubble_measured_max: float | None = None
+    load: MachineLoad | None = None
+    # CUDA only: per measured step, the device's own time (CUDA events, origin to the step's last work,
+    # slowest rank), beside the wall-clock step_times_s it can only be below.
+    cuda_step_times_s: tuple[float, ...] = ()
+    # Why a failed point failed: the rank named as the root cause, the blocks that rank holds, whose fault
+    # it is (see ERROR_KINDS), and the last lines of that rank's traceback and stderr.
+    failed_rank: int | None = None
+    failed_blocks: tuple[int, ...] = ()
+    error_kind: str = ""
+    error_tail: str = ""
+    flops_counted: float | None = None  # training FLOPs per sample, where this point was asked to count them
+    # Under torchrun, per pipeline rank (replica 0), the node it ran on ("node 1 (hostname)"); () on one host.
+    rank_nodes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def crosses_nodes(self, rank: int, other: int) -> bool:
+        """Whether a hand-over between these two pipeline ranks crossed a node boundary."""
+        nodes = self.rank_nodes
+        return max(rank, other) < len(nodes) and nodes[rank].split(" (")[0] != nodes[other].split(" (")[0]
+
+    @property
+    def max_peak_memory_bytes(self) -> int | None:
+        known = [b for b in self.peak_memory_bytes if b is not None]
+        return max(known) if known else None
+
+    @property
+    def compute_per_sample_s(self) -> float | None:
+        """Busy compute seconds per sample, all ranks of all replicas together: the arithmetic efficiency of
+        the micro-batch size with the bubble and the all-reduce taken out ((median step - all-reduce) x
+        processes x (1 - measured bubble) / global batch)."""
+        if self.step_time_median_s is None or self.bubble_measured is None:
+            return None
+        point = self.point
+        busy = (self.step_time_median_s - (self.allreduce_s or 0.0)) * point.num_processes
+        return busy * (1 - self.bubble_measured) / point.global_batch
+
+
+@dataclass(frozen=True, kw_only=True)
+class Balance(Record):
+    """How a sweep split the blocks over stages: by compute-bearing parameters, or by block times measured
+    once by a timing pass (forward + backward per block, the last with the loss) at one micro-batch size."""
+
+    by: str = "parameters"  # parameters | time
+    block_times_s: tuple[float, ...] = ()
+    micro_batch_size: int | None = None  # what the timing pass ran
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepReport(Record):
+    """A whole sweep: every point run, every point skipped, the ranking and the best."""
+
+    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
+    FRAME_ROWS: ClassVar[str] = 'results'
+
+    workload: str
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    device: DeviceInfo
+    objective: str
+    results: tuple[TrialResult, ...] = ()
+    skipped: tuple[SkippedPoint, ...] = ()
+    ranking: tuple[int, ...] = ()  # indices into results, best first (ok points only)
+    pareto: tuple[int, ...] = ()  # indices of the throughput-vs-peak-memory Pareto front
+    ties: tuple[int, ...] = ()  # indices whose throughput range overlaps the best's (tied with it)
+    global_batches: tuple[int, ...] = ()  # held fixed, rows ranked within each; empty: the global batch varies
+    global_batch_default: bool = False  # the global batch is the default rule's (config.default_global_batch)
+    tradeoff: tuple[int, ...] = ()  # the best row and its neighbours in micro-batch size (grid.tradeoff)
+    padding: tuple[int, ...] = ()  # (best, a row it beats by more micro-batches and fewer accumulation steps)
+    # (without, with full recompute) per point that ran both ways (grid.recompute_pairs)
+    recompute_pairs: tuple[tuple[int, int], ...] = ()
+    balance: Balance = field(default_factory=Balance)
+    ceiling: int | None = None  # from the probe, when one ran
+    safe_batch: int | None = None
+    ceiling_peak_memory_bytes: int | None = None  # the probe's peak at its ceiling, same measure as stage peaks
+    warmup_steps: int = 1
+    measured_steps: int = 3
+    repeats: int = 1
+    strategy: str = "grid"  # grid: every runnable point; quick: the simulator picks (the rest are skipped)
+    num_grid_points: int = 0
+    interrupted: bool = False
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what the run did that is worth knowing but not a problem
+    lr_advice: tuple[LrAdvice, ...] = ()  # one per global batch that ran (lr.py)
+    check: CheckResult | None = None  # tune: the best row's update against the plain model's (check.py)
+    check_error: str = ""  # why that check could not run, where it could not
+
+    @property
+    def best(self) -> TrialResult | None:
+        return self.results[self.ranking[0]] if self.ranking else None
+
+    def advice_for(self, global_batch: int) -> LrAdvice | None:
+        """The learning-rate advice of one global batch, if the sweep ran it."""
+        return next((a for a in self.lr_advice if a.global_batch == global_batch), None)

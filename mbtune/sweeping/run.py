@@ -1,0 +1,259 @@
+"""The sweep run: placement of ranks on the machine, the timing pass, each point's repeats in fresh
+processes, and the report, journaled and saved by a session."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mbtune.device.describe import describe
+from mbtune.errors import (
+    Interrupted,
+)
+from mbtune.progress import TrialProgress
+from mbtune.records import DeviceInfo
+from mbtune.session import BALANCE, REPLAYED, SWEEP_POINT, RunOutcome, saved_run
+from mbtune.settings import lr_for
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.limits import _with_saved_limits, limits_from_profile
+from mbtune.sweeping.point import SweepPoint
+from mbtune.sweeping.records import Balance, SkippedPoint, SweepReport, TrialResult
+
+if TYPE_CHECKING:
+    from mbtune.store import RunStore
+    from mbtune.workloads.facts import WorkloadFacts
+
+log = logging.getLogger(__name__)
+
+
+def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
+                   store: RunStore | None = None) -> SweepReport:
+    """Run the sweep grid as real pipelines, one fresh process per stage, and rank what they measured.
+
+    Ctrl-C (Interrupted) starts nothing new: the report keeps every finished point, marked interrupted.
+    With a store, every finished point is journaled and points journaled earlier are not run again.
+    """
+    from mbtune.device import resolve_device
+    from mbtune.device.peak_flops import peak_flops
+    from mbtune.sweeping.grid import plan_grid
+    from mbtune.workloads.facts import workload_facts
+
+    workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
+    device = resolve_device(config.device)
+    info = describe(device)
+    log.info("sweep of %s (%d blocks) on %s", config.workload, workload.num_blocks, info.name)
+    num_stages, threads, max_processes, warnings = _placement(config, device)
+    warnings += workload.warnings
+    if config.measured_steps * config.repeats < 2:
+        warnings.append("one measured step per point (--steps 1, --repeats 1) states no spread: each range is "
+                        "that one step; measure --steps 2 or more")
+    config = _with_saved_limits(config, info, warnings)
+    grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages, max_processes=max_processes,
+                     nnodes=config.nnodes)
+    # A resumed sweep keeps the split its journaled points ran with.
+    replayed = [Balance.from_dict(b) for b in store.replayed(BALANCE)] if store else []
+    balance = replayed[0] if replayed else _balance(config, grid.points, device, threads)
+    if store and not replayed:
+        store.record(BALANCE, balance.to_dict())
+    peak = peak_flops(info.name, config.precision)
+    results: list[TrialResult] = []
+    done = {r.point: r for r in map(TrialResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
+    if progress:
+        progress.set_total(len(grid.points))
+
+    def run_one(point: SweepPoint) -> TrialResult:
+        nonlocal workload
+        if progress:
+            progress.start_trial(point.label)
+        result, detail = done.get(point), REPLAYED
+        if result is None:
+            result = _run_repeats(point, config, device, threads, workload, peak * point.num_processes if peak else None,
+                                  balance.block_times_s or None)
+            detail = _result_detail(result)
+            if store:
+                store.record(SWEEP_POINT, result.to_dict())
+        workload = workload.with_counted_flops(result.flops_counted, tried=result.ok)  # counted in its first point
+        results.append(result)
+        if progress:
+            progress.end_trial(result.status, detail)
+        return result
+
+    interrupted, note = False, ""
+    not_run: tuple[SkippedPoint, ...] = ()
+    try:
+        if config.strategy == "quick":
+            not_run, note = _quick(grid.points, run_one, config, balance.block_times_s)
+        else:
+            for point in grid.points:
+                run_one(point)
+    except (Interrupted, KeyboardInterrupt):  # Ctrl-C on the command line, or in a notebook
+        interrupted = True
+    finally:
+        if config.launcher == "torchrun" and config.nnodes == 1:  # across nodes, the command ends the session
+            from mbtune.pipeline.torchrun import close_session
+
+            close_session(config.nodes, 0)
+    warnings += [w for w in workload.warnings if w not in warnings]  # the FLOPs count's, from the first point
+    report = _sweep_report(config, info, results, grid.skipped + not_run, len(grid.points), interrupted,
+                           warnings, (note,) if note else ())
+    return replace(report, balance=balance)
+
+
+def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResult],
+                  skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
+                  warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
+    from mbtune.sweeping.grid import rank_results, recompute_pairs, tied_with_best, tradeoff
+    from mbtune.sweeping.lr import lr_advice
+
+    fixed = config.global_batches
+    ranking, pareto = rank_results(results, config.objective, fixed)
+    rows, padding = tradeoff(results, ranking)
+    advice = lr_advice(config.optimizer, (r.point.global_batch for r in results if r.ok), lr=config.lr,
+                       reference_batch=config.reference_batch)
+    return SweepReport(
+        workload=config.workload, workload_options=dict(config.workload_options), device=info,
+        objective=config.objective, results=tuple(results), skipped=skipped, ranking=ranking, pareto=pareto,
+        ties=tied_with_best(results, ranking, config.objective, same_global_batch=bool(fixed)),
+        global_batches=fixed, global_batch_default=config.global_batch is None and bool(fixed),
+        tradeoff=rows, padding=padding or (), recompute_pairs=recompute_pairs(results),
+        repeats=config.repeats, strategy=config.strategy,
+        num_grid_points=num_grid_points, ceiling=config.ceiling,
+        safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
+        warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,
+        warnings=tuple(warnings), notes=notes, lr_advice=advice,
+    )
+
+
+def _quick(points: tuple[SweepPoint, ...], run_one: Callable[[SweepPoint], TrialResult],
+           config: SweepConfig, block_times_s: tuple[float, ...] = ()) -> tuple[tuple[SkippedPoint, ...], str]:
+    """The quick strategy: the simulator, calibrated on a few points, picks what to run next."""
+    from mbtune.planning.api import quick_sweep
+
+    found = quick_sweep(points, run_one, workload=config.workload, workload_options=config.workload_options,
+                        optimizer=config.optimizer, block_times_s=block_times_s)
+    not_run = tuple(
+        SkippedPoint(point=point, reason="not run (quick strategy): predicted "
+                     + (f"{rate:,.1f} samples/s" if rate is not None else "n/a"))
+        for point, rate in zip(found.unrun, found.unrun_predicted_samples_per_s))
+    note = (f"quick strategy ran {len(found.results)} of {found.num_grid_points} grid points "
+            f"({found.fraction_run:.0%}); stopped because {found.stopped_because}")
+    return not_run, note
+
+
+def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, int | None, list[str]]:
+    """Stages that really run, torch threads per rank process, the most processes a point may have (GPUs:
+    one rank each; None: no limit), and what the user should know. On the CPU every point's processes
+    get the same threads, the cores over the most processes a point has (stages x the most replicas), so
+    costs measured at one point are costs at another (calibration pools them)."""
+    warnings: list[str] = []
+    p, nodes = config.num_stages, config.nnodes  # across nodes, each node holds its share of a point's ranks
+    if device.startswith("cuda"):
+        import torch
+
+        gpus = torch.cuda.device_count() * nodes  # as many on every node as here
+        if p > gpus:
+            warnings.append(
+                f"{p} stages need {p} GPUs (NCCL allows one rank per GPU) but {gpus} is visible: ran one rank "
+                f"holding every stage on cuda:0 (micro-batching and accumulation are real; a {p}-GPU pipeline "
+                "bubble is not measured; see the theoretical column)")
+            p = 1
+        return p, config.threads, gpus, warnings
+    cores = os.cpu_count() or 1
+    most = -(-p * max(config.data_parallel) // nodes)  # a node's share of the largest point
+    if most > cores:
+        replicas = f" x {max(config.data_parallel)} data-parallel replicas" if max(config.data_parallel) > 1 else ""
+        where = f" per node ({nodes} nodes)" if nodes > 1 else ""
+        warnings.append(f"{p} stages{replicas} ({most} processes{where}) on {cores} CPU cores oversubscribe the "
+                        "machine: timings are distorted")
+    return p, config.threads or max(1, cores // most), None, warnings
+
+
+def _balance(config: SweepConfig, points: Sequence[SweepPoint], device: str, threads: int | None) -> Balance:
+    """How the sweep splits blocks over stages; by time, the timing pass's figures (pipeline/balance.py) at
+    the grid's median micro-batch size, measured once, before any point."""
+    if config.balance != "time" or not points:
+        return Balance(by=config.balance)
+    from mbtune.pipeline.balance import measure_block_times
+
+    sizes = sorted(p.micro_batch_size for p in points)
+    size = sizes[(len(sizes) - 1) // 2]  # the lower median: a size the grid runs
+    times = measure_block_times(config.workload, config.workload_options, micro_batch_size=size, device=device,
+                                seed=config.seed, precision=config.precision, threads=threads,
+                                timeout_s=config.point_timeout_s)
+    return Balance(by="time", block_times_s=times, micro_batch_size=size)
+
+
+def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
+                 peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> TrialResult:
+    """The point run config.repeats times, each in fresh processes, merged (stopping at a failed one)."""
+    from mbtune.sweeping.grid import merge_repeats
+
+    runs: list[TrialResult] = []
+    while len(runs) < config.repeats and (not runs or runs[-1].ok):
+        runs.append(_run_point(point, config, device, threads, workload, peak_total, block_times_s))
+        workload = workload.with_counted_flops(runs[-1].flops_counted, tried=runs[-1].ok)
+    return replace(merge_repeats(runs), flops_counted=next((r.flops_counted for r in runs if r.flops_counted), None))
+
+
+def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
+               peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> TrialResult:
+    from mbtune.device.load import LoadMeter, busy_warning
+    from mbtune.device.nvml import NvmlSampler
+    from mbtune.pipeline import PipelineSpec, run_pipeline_point
+    from mbtune.sweeping.grid import summarize_point
+
+    spec = PipelineSpec(
+        workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
+        num_ranks=point.num_stages, data_parallel=point.data_parallel_size, recompute=point.recompute,
+        virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
+        num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
+        grad_accum_steps=point.grad_accum_steps, warmup_steps=config.warmup_steps,
+        measured_steps=config.measured_steps, seed=config.seed, device="cuda" if device.startswith("cuda") else "cpu",
+        optimizer=config.optimizer, learning_rate=lr_for(config.optimizer, config.lr), precision=config.precision,
+        threads=threads, balance="time" if block_times_s else "parameters", block_weights=block_times_s,
+        count_flops=workload.needs_flops_count,
+    )
+    # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
+    # are summarised (the ranks report when those ran).
+    gpus = range(spec.world_size) if spec.device == "cuda" else ()
+    with NvmlSampler(cuda_indices=gpus) as sampler, LoadMeter() as meter:
+        if config.launcher == "torchrun":
+            from mbtune.pipeline.torchrun import session
+
+            outcome = session(config.nodes, config.command_line).run_point(spec, timeout_s=config.point_timeout_s)
+        else:
+            outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
+    workload = workload.with_counted_flops(outcome.flops_counted, tried=outcome.ok)
+    result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
+                             flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
+    window, uuids = outcome.measured_window_unix_s, outcome.device_uuids
+    load = meter.load(rank_cpu_s=outcome.rank_cpu_time_s, our_pids=outcome.pids, num_ranks=spec.world_size,
+                      gpu_pids=sampler.compute_pids(uuids, window) if gpus else None)
+    warning = busy_warning(point.label, load)
+    backend = "nccl" if spec.device == "cuda" else "gloo"
+    ran_as = f"{spec.world_size} process(es), {backend}"
+    if config.launcher == "torchrun":
+        ran_as += f", torchrun on {config.nnodes} node(s)" if config.nnodes > 1 else ", torchrun"
+    if spec.data_parallel > 1:
+        ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel} replicas, gradients all-reduced)"
+    return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
+                   warnings=result.warnings + ((warning,) if warning else ()), flops_counted=outcome.flops_counted)
+
+
+def _result_detail(result: TrialResult) -> str:
+    if result.ok and result.samples_per_s:
+        return f"{result.samples_per_s:,.1f} samples/s"
+    return (result.error.strip().splitlines() or [""])[-1][:80]
+
+
+def run_sweep(config: SweepConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,
+              resume: bool = False) -> RunOutcome:
+    """sweep_workload, journaled and saved to its profile (next to the probe already there)."""
+    if config.from_profile is not None:
+        limits_from_profile(config.from_profile, config)  # a wrong profile is bad input, before any file
+    return saved_run("sweep", {"sweep": config}, config.workload, config.device, profiles_dir, resume,
+                      config.command_line, lambda store: (None, sweep_workload(config, progress, store)))

@@ -1,0 +1,81 @@
+"""`mbtune tune`: probe, then sweep around the probed safe batch, then check the best row."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mbtune.checking.config import CheckConfig
+from mbtune.errors import (
+    Interrupted,
+    MbtuneError,
+)
+from mbtune.probing.config import ProbeConfig
+from mbtune.probing.records import ProbeResult
+from mbtune.probing.run import probe_workload
+from mbtune.progress import TrialProgress
+from mbtune.records import ERROR, OK
+from mbtune.session import RunOutcome, saved_run
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.limits import sweep_limits
+from mbtune.sweeping.records import SweepReport
+from mbtune.sweeping.run import sweep_workload
+
+if TYPE_CHECKING:
+    from mbtune.store import RunStore
+
+
+def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None,
+                  store: RunStore | None = None, *, check: bool = True) -> tuple[ProbeResult, SweepReport]:
+    """Probe, then sweep around the probed safe batch, then (with `check`) check the best row's update
+    against the plain model's."""
+    probe = probe_workload(probe_config, progress, store)
+    sweep_config = replace(sweep_config, **sweep_limits(probe))
+    sweep = sweep_workload(sweep_config, progress, store)
+    if check and sweep.best is not None and not sweep.interrupted:
+        sweep = _checked(sweep, sweep_config, progress)
+    return probe, sweep
+
+
+def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | None) -> SweepReport:
+    """The sweep with its best row checked (check.py); a check that cannot run says why, and Ctrl-C during
+    it keeps the sweep (as interrupted)."""
+    from mbtune.checking.run import check_update
+
+    assert sweep.best is not None
+    point = sweep.best.point
+    if progress:
+        progress.start_trial(f"check {point.label}")
+    try:
+        run_point = None
+        if config.launcher == "torchrun":  # the best row ran across these nodes: its check does too
+            from mbtune.pipeline.torchrun import session
+
+            run_point = session(config.nodes, config.command_line).run_point
+        result = check_update(CheckConfig.for_point(
+            point, workload=config.workload, workload_options=config.workload_options, device=config.device,
+            precision=config.precision, optimizer=config.optimizer, lr=config.lr, seed=config.seed,
+            timeout_s=config.point_timeout_s, load_timeout_s=config.load_timeout_s), run_point)
+    except (Interrupted, KeyboardInterrupt):
+        return replace(sweep, interrupted=True, check_error="interrupted")
+    except MbtuneError as exc:
+        if progress:
+            progress.end_trial(ERROR, exc.one_line())
+        return replace(sweep, check_error=exc.one_line())
+    finally:
+        if config.launcher == "torchrun" and config.nnodes == 1:
+            from mbtune.pipeline.torchrun import close_session
+
+            close_session(config.nodes, 0)
+    if progress:
+        progress.end_trial(OK if result.status == "PASS" else ERROR, f"check {result.status}")
+    return replace(sweep, check=result)
+
+
+def run_tune(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None, *,
+             profiles_dir: Path | None, resume: bool = False, check: bool = True) -> RunOutcome:
+    """tune_workload, journaled and saved: the probe and the sweep into one profile."""
+    return saved_run("tune", {"probe": probe_config, "sweep": sweep_config}, probe_config.workload,
+                      probe_config.device, profiles_dir, resume, probe_config.command_line,
+                      lambda store: tune_workload(probe_config, sweep_config, progress, store, check=check))
