@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mbtune.sweeping.point import SweepPoint  # noqa: E402
+from mbtune.pipeline.point import SweepPoint  # noqa: E402
 from tests.fixtures.bad_inputs import catalogue, make_files  # noqa: E402
 from tests.fixtures.commands import GRID, PROBE, SMALL, SWEEP  # noqa: E402
 from tests.fixtures.processes import orphans  # noqa: E402

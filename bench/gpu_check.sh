@@ -122,7 +122,8 @@ import statistics
 import xml.etree.ElementTree as ElementTree
 
 from mbtune.device.peak_flops import peak_flops
-from mbtune.records import ProbeResult, SweepReport
+from mbtune.probing.records import ProbeResult
+from mbtune.sweeping.records import SweepReport
 
 out = os.environ["GPU_CHECK_OUT"]
 

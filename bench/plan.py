@@ -26,7 +26,9 @@ import statistics
 import sys
 import time
 
-from mbtune.pipeline import PipelineSpec, run_pipeline_point
+from mbtune.pipeline.launch import run_pipeline_point
+from mbtune.pipeline.point import SweepPoint
+from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.theory import stages_per_rank
 from mbtune.planning.api import block_facts, validate_results
 from mbtune.planning.calibrate import usable
@@ -34,8 +36,7 @@ from mbtune.planning.quick import quick_search, simulator_predictor
 from mbtune.planning.records import Validation
 from mbtune.report.plan import noise_floor_text, noise_verdict
 from mbtune.sweeping.grid import merge_repeats, summarize_point
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 
 WORKLOAD = "mlp"
 OPTIONS = (("layers", 4), ("width", 512))
@@ -43,25 +44,23 @@ OPTIONS = (("layers", 4), ("width", 512))
 
 def grid(schedules: list[str], micro_batches: list[int], sizes: list[int]) -> list[SweepPoint]:
     """Every schedule x micro-batches x micro-batch size point at two stages."""
-    return [SweepPoint(schedule=s, num_stages=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b,
-                       virtual_stages=stages_per_rank(s)) for s in schedules for m in micro_batches for b in sizes]
+    return [SweepPoint(schedule=s, num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b,
+                       stages_per_rank=stages_per_rank(s)) for s in schedules for m in micro_batches for b in sizes]
 
 
-def run(point: SweepPoint, steps: int) -> TrialResult:
+def run(point: SweepPoint, steps: int) -> PointResult:
     """Run one point for real and summarise it as the sweep does."""
-    spec = PipelineSpec(workload=WORKLOAD, workload_options=OPTIONS, schedule=point.schedule, num_ranks=2,
-                        virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
-                        num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
-                        measured_steps=steps, threads=1)
+    spec = PipelineSpec.for_point(point, workload=WORKLOAD, workload_options=OPTIONS, device="cpu",
+                                  measured_steps=steps, threads=1)
     outcome = run_pipeline_point(spec, timeout_s=300)
     return summarize_point(point, outcome, tokens_per_sample=None, flops_per_sample=None, peak_flops_total=None)
 
 
-def measure(points: list[SweepPoint], steps: int, seed: int, repeats: int) -> list[TrialResult]:
+def measure(points: list[SweepPoint], steps: int, seed: int, repeats: int) -> list[PointResult]:
     """Run every point `repeats` times, each pass in its own shuffled order; results in the points' order,
     each point's repeats merged."""
     started = time.monotonic()
-    runs: dict[SweepPoint, list[TrialResult]] = {p: [] for p in points}
+    runs: dict[SweepPoint, list[PointResult]] = {p: [] for p in points}
     total = len(points) * repeats
     for repeat in range(repeats):
         order = list(points)
@@ -76,7 +75,7 @@ def measure(points: list[SweepPoint], steps: int, seed: int, repeats: int) -> li
     return [merge_repeats(runs[p]) for p in points]
 
 
-def validation(results: list[TrialResult]) -> None:
+def validation(results: list[PointResult]) -> None:
     """Print predicted against measured, in-sample and leave-one-out, with the noise floor beside them."""
     print(f"\n2. predicted vs measured step time, {len(results)} points that ran")
     checks = {(method, scatter): validate_results(results, workload=WORKLOAD, workload_options=dict(OPTIONS),
@@ -99,7 +98,7 @@ def validation(results: list[TrialResult]) -> None:
     _headline(held_out)
 
 
-def _repeat_range(result: TrialResult) -> str:
+def _repeat_range(result: PointResult) -> str:
     """(max - min) / median of a point's repeat medians, or '-' with fewer than two."""
     medians = result.repeat_step_time_medians_s
     if len(medians) < 2:
@@ -115,7 +114,7 @@ def _headline(held_out: Validation) -> None:
           f"{held_out.worst_step_error:.1%}) against a noise floor of {floor}")
 
 
-def quick_vs_exhaustive(results: list[TrialResult]) -> None:
+def quick_vs_exhaustive(results: list[PointResult]) -> None:
     """Replay the measured grid through the quick strategy and compare bests."""
     print("\n3. quick strategy vs the exhaustive grid (replayed: run_point returns the measured result)")
     by_point = {r.point: r for r in results}
@@ -146,7 +145,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.load:
         with open(args.load) as handle:
-            results = [TrialResult.from_dict(r) for r in json.load(handle)]
+            results = [PointResult.from_dict(r) for r in json.load(handle)]
         print(f"1. loaded {len(results)} measured points from {args.load}")
     else:
         points = grid(args.schedules.split(","), [int(m) for m in args.micro_batches.split(",")],

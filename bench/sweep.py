@@ -13,10 +13,12 @@ import argparse
 import statistics
 import time
 
-from mbtune.pipeline import PipelineSpec, run_pipeline_point, theoretical_bubble
+from mbtune.pipeline.launch import run_pipeline_point
+from mbtune.pipeline.point import SweepPoint
+from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.theory import theoretical_bubble
 from mbtune.sweeping.config import SweepConfig
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 from mbtune.sweeping.run import sweep_workload
 from mbtune.worker import run_isolated
 
@@ -40,7 +42,7 @@ def bubble_table(micro_batch_size: int, steps: int) -> None:
                 continue
             theory = theoretical_bubble(schedule, num_ranks=2, num_microbatches=m)
             measured = outcome.measured_bubble
-            rate = spec.global_batch_size / statistics.median(outcome.step_times_s)
+            rate = spec.global_batch / statistics.median(outcome.step_times_s)
             idle = outcome.idle_shares
             print(f"{schedule:<8}{m:>4}{measured:>10.1%}{theory:>9.1%}{measured - theory:>+9.1%}{idle.schedule:>9.1%}"
                   f"{idle.transfer:>11.1%}{idle.overhead:>11.1%}{rate:>11.1f}")
@@ -82,14 +84,14 @@ def overhead(batch_size: int, steps: int, repeats: int) -> None:
           + ", ".join(f"{r:.3f}" for r in ratios) + ")")
 
 
-def _run_points(points: list[SweepPoint], *, repeats: int, steps: int) -> list[TrialResult]:
+def _run_points(points: list[SweepPoint], *, repeats: int, steps: int) -> list[PointResult]:
     """The gpt demo's points, each run `repeats` times in fresh processes (figures: medians, ranges)."""
-    config = SweepConfig(workload="gpt", device="cpu", num_stages=max(p.num_stages for p in points),
+    config = SweepConfig(workload="gpt", device="cpu", num_ranks=max(p.num_ranks for p in points),
                          points=tuple(points), repeats=repeats, measured_steps=steps, threads=1)
     return list(sweep_workload(config).results)
 
 
-def _rate(r: TrialResult) -> str:
+def _rate(r: PointResult) -> str:
     return f"{r.samples_per_s:7.1f} ({r.samples_per_s_min:.1f}-{r.samples_per_s_max:.1f})"
 
 
@@ -100,7 +102,7 @@ def global_batch_table(global_batch: int, steps: int, repeats: int) -> None:
     print("bigger micro-batches compute a sample faster; more micro-batches leave a smaller bubble")
     print(f"{'schedule':<8}{'mbs':>5}{'m':>5}{'samples/s':>26}{'bubble':>9}{'theory':>9}{'compute/sample':>16}"
           f"{'peak mem':>11}")
-    points = [SweepPoint(schedule=schedule, num_stages=2, num_microbatches=global_batch // mbs, grad_accum_steps=1,
+    points = [SweepPoint(schedule=schedule, num_ranks=2, num_microbatches=global_batch // mbs, grad_accum_steps=1,
                          micro_batch_size=mbs) for schedule in ("gpipe", "1f1b") for mbs in (2, 4, 8, 16)]
     for r in _run_points(points, repeats=repeats, steps=steps):
         p = r.point
@@ -117,7 +119,7 @@ def data_parallel_table(global_batch: int, steps: int, repeats: int) -> None:
     print(f"\ndata parallel, gpt demo, 2 stages, global batch {global_batch}, 1f1b m=4, {repeats} repeats x {steps} "
           "steps (dp 2 is 4 processes on this machine's cores: oversubscribed where there are fewer)")
     print(f"{'dp':>3}{'mbs':>5}{'samples/s':>26}{'step':>10}{'all-reduce':>12}{'share':>8}{'bubble':>9}")
-    points = [SweepPoint(schedule="1f1b", num_stages=2, num_microbatches=4, grad_accum_steps=1,
+    points = [SweepPoint(schedule="1f1b", num_ranks=2, num_microbatches=4, grad_accum_steps=1,
                          micro_batch_size=global_batch // (4 * dp), data_parallel_size=dp) for dp in (1, 2)]
     for r in _run_points(points, repeats=repeats, steps=steps):
         p = r.point
@@ -134,7 +136,7 @@ def recompute_table(steps: int, repeats: int) -> None:
     print(f"\nrecompute, gpt demo, 2 stages, 1f1b m=4, {repeats} repeats x {steps} steps (peak: the busiest rank's "
           "VmHWM, which holds the runtime's ~250 MiB too)")
     print(f"{'mbs':>5}{'recompute':>11}{'samples/s':>26}{'peak mem':>11}{'throughput':>12}{'peak':>8}")
-    points = [SweepPoint(schedule="1f1b", num_stages=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=mbs,
+    points = [SweepPoint(schedule="1f1b", num_ranks=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=mbs,
                          recompute=mode) for mbs in (8, 32) for mode in ("none", "full")]
     results = _run_points(points, repeats=repeats, steps=steps)
     for plain, full in zip(results[::2], results[1::2]):

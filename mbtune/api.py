@@ -26,7 +26,7 @@ from mbtune.probing.config import ProbeConfig
 from mbtune.probing.records import ProbeResult
 from mbtune.profiles import Profile
 from mbtune.serving.records import ServeReport
-from mbtune.settings import field_for
+from mbtune.settings import field_for, param_for
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.records import SweepReport
 from mbtune.units import parse_bytes
@@ -63,18 +63,14 @@ def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: A
 
     probe_fields = {f.name for f in dataclasses.fields(ProbeConfig)}
     sweep_fields = {f.name for f in dataclasses.fields(SweepConfig)}
-    named = _field_names(settings, probe_fields | sweep_fields)
-    probe_steps = named.pop("probe_steps", None)
-    unknown = sorted(set(named) - probe_fields - sweep_fields)
-    if unknown:
-        raise ConfigError(f"unknown setting {unknown[0]!r} for tune",
-                          hint="Settings are tune's flags with underscores, e.g. memory_budget='3GiB'.")
+    probe_steps = settings.get("probe_steps")
+    named = _field_names({k: v for k, v in settings.items() if k != "probe_steps"}, probe_fields | sweep_fields, "tune")
     probe_settings = {k: v for k, v in named.items() if k in probe_fields and k != "steps"}
     if probe_steps is not None:
         probe_settings["steps"] = probe_steps
-    outcome = run_tune(_config(ProbeConfig, probe_settings), _config(SweepConfig, {
-        k: v for k, v in named.items() if k in sweep_fields}), progress, profiles_dir=_folder(save_to), resume=resume,
-        check=check)
+    sweep_settings = {k: v for k, v in named.items() if k in sweep_fields}
+    outcome = run_tune(ProbeConfig(**probe_settings), SweepConfig(**sweep_settings), progress,
+                       profiles_dir=_folder(save_to), resume=resume, check=check)
     assert outcome.probe is not None and outcome.sweep is not None
     return outcome.probe, outcome.sweep
 
@@ -82,12 +78,15 @@ def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: A
 def serve(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
           **settings: Any) -> ServeReport:
     """Find the dynamic-batching configuration that sustains the highest Poisson rate with its p99 within
-    the budget (`p99="50ms"` or `p99_budget_s=0.05`; see `mbtune serve --help` for the settings)."""
-    from mbtune.serving.config import ServeConfig, with_durations
+    the budget (`p99="50ms"`, or seconds: `p99=0.05`; see `mbtune serve --help` for the settings)."""
+    from mbtune.serving.config import DURATIONS, ServeConfig, with_durations
     from mbtune.serving.run import run_serve
 
-    settings = with_durations(settings)
-    report = run_serve(_config(ServeConfig, settings), progress, profiles_dir=_folder(save_to), resume=resume).serve
+    fields = {f.name for f in dataclasses.fields(ServeConfig)} - set(DURATIONS.values())
+    durations = with_durations({k: v for k, v in settings.items() if k in DURATIONS})
+    config = ServeConfig(**_field_names({k: v for k, v in settings.items() if k not in DURATIONS}, fields, "serve"),
+                         **durations)
+    report = run_serve(config, progress, profiles_dir=_folder(save_to), resume=resume).serve
     assert report is not None, "a serve run that returns holds its report"
     return report
 
@@ -110,22 +109,25 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def _config(kind: type, settings: Mapping[str, Any]) -> Any:
-    """A validated config from keyword settings given under flag or field names."""
-    fields = {f.name for f in dataclasses.fields(kind)}
-    named = _field_names(settings, fields)
-    unknown = sorted(set(named) - fields)
-    if unknown:
-        raise ConfigError(f"unknown setting {unknown[0]!r} for {kind.__name__}",
-                          hint=f"Known: {', '.join(sorted(fields - {'command_line', 'extra_warnings', 'points'}))}.")
-    return kind(**named)
+    """A validated config from keyword settings, each named as its flag is (with underscores)."""
+    return kind(**_field_names(settings, {f.name for f in dataclasses.fields(kind)}, kind.__name__))
 
 
-def _field_names(settings: Mapping[str, Any], fields: set[str]) -> dict[str, Any]:
-    """Settings keyed by config field (of `fields`): flag names mapped, sizes parsed, lists and option
-    dicts made tuples."""
+# Config fields that no setting names: filled in by mbtune itself.
+_NOT_SETTINGS = {"command_line", "extra_warnings", "points"}
+
+
+def _field_names(settings: Mapping[str, Any], fields: set[str], what: str) -> dict[str, Any]:
+    """Settings keyed by config field (of `fields`), each setting named by its flag with underscores
+    (`accum`, `memory_budget`); sizes parsed, lists and option dicts made tuples. Any other name is refused."""
+    fields = fields - _NOT_SETTINGS
     named: dict[str, Any] = {}
     for key, value in settings.items():
         name = field_for(key, fields)
+        if name not in fields or param_for(name) != key.replace("-", "_"):
+            raise ConfigError(f"unknown setting {key!r} for {what}",
+                              hint=f"Settings are the flags' names with underscores: "
+                                   f"{', '.join(sorted(param_for(f) for f in fields))}.")
         if name == "memory_budget_bytes" and isinstance(value, str):
             value = parse_bytes(value, name="memory_budget")
         elif name == "workload_options" and isinstance(value, Mapping):

@@ -34,7 +34,33 @@ from mbtune.sweeping.records import SweepReport
 OLDEST_READABLE_SCHEMA = 1
 MIGRATIONS: dict[int, Callable[[dict], dict]] = {
     1: lambda data: {**data, "schema_version": 2, "serve": None},  # 2 adds `serve`: version 1 had none
+    2: lambda data: _to_3(data),
 }
+# 3: a point's ranks are `num_ranks` (was `num_stages`) and its model stages per rank `stages_per_rank` (was
+# `virtual_stages`); a sweep records the precision, optimizer and learning rate it trained with.
+_POINT_RENAMES = {"num_stages": "num_ranks", "virtual_stages": "stages_per_rank"}
+
+
+def _to_3(data: dict) -> dict:
+    """Version 2 -> 3: points renamed; the sweep's precision and optimizer are the probe's (a version 2
+    sweep trained with those; without a probe, fp32 and adamw, the defaults), its learning rate unknown."""
+    sweep = data.get("sweep")
+    if isinstance(sweep, dict):
+        probe = data["probe"] if isinstance(data.get("probe"), dict) else {}
+        sweep = {**sweep, "precision": probe.get("precision", "fp32"), "optimizer": probe.get("optimizer", "adamw")}
+        for section in ("results", "skipped"):
+            if isinstance(sweep.get(section), list):
+                sweep[section] = [_point_renamed(row) for row in sweep[section]]
+        if isinstance(sweep.get("check"), dict):
+            sweep["check"] = _point_renamed(sweep["check"])
+    return {**data, "schema_version": 3, "sweep": sweep}
+
+
+def _point_renamed(row: object) -> object:
+    """A record holding a `point`, with the point's fields under their version 3 names."""
+    if not isinstance(row, dict) or not isinstance(row.get("point"), dict):
+        return row
+    return {**row, "point": {_POINT_RENAMES.get(k, k): v for k, v in row["point"].items()}}
 
 # Settings that move the memory ceiling; recorded so a profile says what it was measured under.
 ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX",
@@ -178,7 +204,9 @@ def command_line() -> str:
 
 
 # 2: a profile may hold `serve` (mbtune serve's report); version 1 files read as having none.
-SCHEMA_VERSION = 2
+# 3: points name ranks `num_ranks` and model stages per rank `stages_per_rank`; a sweep records its precision,
+# optimizer and learning rate (see MIGRATIONS).
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,23 +52,17 @@ DEFAULT_LOAD_TIMEOUT_S = 120.0
 USUAL_MARGIN_RANGE = (0.10, 0.20)
 
 
-# Config fields whose command-line flag is not the field's name with dashes (every other field's is).
-# The CLI names flags in hints from this; the Python API takes either name.
+# Config fields whose command-line flag is not the field's name with dashes (every other field's is). A
+# setting has one spelling: its flag's, with underscores in the Python API and in settings files.
 FLAG_NAMES = {"trial_timeout_s": "trial-timeout", "load_timeout_s": "load-timeout", "point_timeout_s": "point-timeout",
-              "accum_steps": "accum", "measured_steps": "steps", "warmup_steps": "warmup", "num_stages": "stages",
-              "memory_budget_bytes": "memory-budget", "workload_options": "option", "grad_accum_steps": "accum",
+              "grad_accum_steps": "accum", "measured_steps": "steps", "warmup_steps": "warmup", "num_ranks": "stages",
+              "memory_budget_bytes": "memory-budget", "workload_options": "option", "data_parallel_size": "data-parallel",
               "num_blocks": "blocks", "link_bandwidth_bytes_per_s": "link-bandwidth", "link_latency_s": "link-latency",
               "validation_method": "validation", "num_microbatches": "micro-batches", "timeout_s": "timeout",
               "p99_budget_s": "p99", "queue_delays_s": "queue-delays", "window_s": "window",
               "queue_timeout_s": "queue-timeout"}
-
-
-# flag name with underscores -> the fields it sets
-_FIELDS_OF_KEY: dict[str, list[str]] = {
-    "options": ["workload_options"],
-    **{key: [f for f, flag in FLAG_NAMES.items() if flag.replace("-", "_") == key]
-       for key in {flag.replace("-", "_") for flag in FLAG_NAMES.values()}},
-}
+# The workload's options are one table (a dict in Python, [options] in a file), not the repeatable -O flag.
+_TABLES = {"workload_options": "options"}
 
 
 def flag_for(field_name: str) -> str:
@@ -77,17 +71,16 @@ def flag_for(field_name: str) -> str:
 
 
 def param_for(field_name: str) -> str:
-    """The command's parameter (its flag with underscores, as the Python API and settings files name it)."""
-    return flag_for(field_name)[2:].replace("-", "_")
+    """The setting's one name in the Python API and in settings files: its flag with underscores."""
+    return _TABLES.get(field_name) or flag_for(field_name)[2:].replace("-", "_")
 
 
 def field_for(key: str, fields: Collection[str]) -> str:
-    """The config field, of `fields`, that a setting names: the field's own name, or its flag's with
-    underscores or dashes (`accum` -> `accum_steps`, `trial-timeout` -> `trial_timeout_s`). A key that
-    names none comes back as it is, for the caller to refuse."""
-    if key in fields:
-        return key
-    return next((f for f in _FIELDS_OF_KEY.get(key.replace("-", "_"), ()) if f in fields), key)
+    """The config field, of `fields`, that a setting names by its flag, with underscores or dashes
+    (`accum` -> `grad_accum_steps`, `trial-timeout` -> `trial_timeout_s`). A key that names none (a
+    field's own name where the flag's differs, say) comes back as it is, for the caller to refuse."""
+    wanted = key.replace("-", "_")
+    return next((f for f in fields if param_for(f) == wanted), key)
 
 
 def check_lr(lr: float | None) -> None:

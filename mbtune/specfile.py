@@ -15,7 +15,7 @@ layers = 8
 granularity = 8
 
 [sweep]                          # stages, schedules, micro_batches, accum, micro_batch_size, global_batch,
-                                 # data_parallel, steps
+                                 # data_parallel_size, steps
 stages = 1
 schedules = ["gpipe", "1f1b"]
 micro_batches = [2, 4, 8]
@@ -173,7 +173,7 @@ def _serve(path: Path, data: dict[str, Any], command_line: str) -> ServeConfig:
     from mbtune.serving.config import DURATIONS, ServeConfig, with_durations
 
     table = _table(data, "serve")
-    written = {k: v for k, v in table.items() if k in DURATIONS or k in DURATIONS.values()}
+    written = {k: v for k, v in table.items() if k in DURATIONS}
     with _named(path, "serve"):
         durations = with_durations(written)
     fields = _fields(path, {"serve": {k: v for k, v in table.items() if k not in written}}, "serve", ServeConfig)
@@ -220,7 +220,7 @@ def read_settings(path: Path, command: str) -> dict[str, Any]:
 def _fields(path: Path, data: dict[str, Any], section: str, config: type) -> dict[str, Any]:
     """A [probe] or [sweep] table as the config's keyword arguments, each value checked against the config
     field's type (a TOML list becomes a tuple; a string where a list belongs is refused, not split). A key
-    is the field's name or its flag's (`accum` or `accum_steps`, `trial_timeout` or `trial_timeout_s`)."""
+    is the flag's name, with underscores or dashes (`accum`, `trial_timeout` or `trial-timeout`)."""
     names = {f.name for f in dataclasses.fields(config)} - _SET_AT_THE_TOP
     hints = typing.get_type_hints(config)
     fields: dict[str, Any] = {}
@@ -228,11 +228,11 @@ def _fields(path: Path, data: dict[str, Any], section: str, config: type) -> dic
     unknown = []
     for key, value in _table(data, section).items():
         name = field_for(key, names)
-        if name not in names:
+        if name not in names or param_for(name) != key.replace("-", "_"):
             unknown.append(key)
             continue
         if name in keys:
-            raise ConfigError(f"spec {path}: [{section}] sets {name} twice, as {keys[name]} and as {key}",
+            raise ConfigError(f"spec {path}: [{section}] sets {param_for(name)} twice, as {keys[name]} and as {key}",
                               hint="Keep one of them.")
         keys[name] = key
         if name in _ONE_OR_MORE and isinstance(value, int | str) and not isinstance(value, bool) and _is_list(hints[name]):
@@ -246,7 +246,7 @@ def _fields(path: Path, data: dict[str, Any], section: str, config: type) -> dic
 
 
 # Settings that took one value before they took lists: a single value is a list of one.
-_ONE_OR_MORE = ("global_batch", "micro_batch_size", "data_parallel", "recompute")
+_ONE_OR_MORE = ("global_batch", "micro_batch_size", "data_parallel_size", "recompute")
 
 
 def _is_list(hint: Any) -> bool:

@@ -23,11 +23,11 @@ from mbtune.probing.records import ProbeResult, TrialOutcome
 from mbtune.profiles import profile_path, save_results
 from mbtune.records import KILLED, DeviceInfo, Record, RecordFieldError, short_repr, shorten
 from mbtune.serving.records import ConfigRun, ServeReport, ServiceCurve
-from mbtune.sweeping.records import Balance, SweepReport, TrialResult
+from mbtune.sweeping.records import Balance, PointResult, SweepReport
 
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2  # 2: points name ranks num_ranks and stages per rank stages_per_rank
 # The record each kind of journal entry holds (runs.PROBE_TRIAL, runs.SWEEP_POINT and runs.BALANCE).
-JOURNAL_RECORDS: dict[str, type[Record]] = {"probe_trial": TrialOutcome, "sweep_point": TrialResult,
+JOURNAL_RECORDS: dict[str, type[Record]] = {"probe_trial": TrialOutcome, "sweep_point": PointResult,
                                             "balance": Balance, "service_curve": ServiceCurve,
                                             "serve_config": ConfigRun}
 _BAD_JOURNAL = "Fix or delete that line, or run without --resume."

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mbtune.errors import ConfigError
+from mbtune.pipeline.point import SweepPoint, micro_batch_size_for
 from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
@@ -14,7 +15,6 @@ from mbtune.settings import (
     check_recompute_modes,
     check_timeout,
 )
-from mbtune.sweeping.point import SweepPoint, micro_batch_size_for
 from mbtune.units import parse_device
 from mbtune.validation import check_types
 from mbtune.validation import require as _require
@@ -32,10 +32,10 @@ class CheckConfig:
     workload_options: tuple[tuple[str, int | float | str], ...] = ()
     device: str = "auto"
     schedule: str = "1f1b"
-    num_stages: int = 2  # pipeline ranks
+    num_ranks: int = 2  # pipeline ranks
     num_microbatches: int = 4
     grad_accum_steps: int = 1
-    data_parallel: int = 1  # replicas of the pipeline, gradients all-reduced
+    data_parallel_size: int = 1  # replicas of the pipeline, gradients all-reduced
     recompute: str = "none"  # the pipeline's; the plain model it is held to never recomputes
     micro_batch_size: int | None = None  # None: from global_batch, else 2
     global_batch: int | None = None
@@ -53,7 +53,7 @@ class CheckConfig:
         check_types(self)
         object.__setattr__(self, "device", parse_device(self.device))
         _require(self.schedule in SCHEDULE_NAMES, "schedule", self.schedule, " | ".join(SCHEDULE_NAMES))
-        for name in ("num_stages", "num_microbatches", "grad_accum_steps", "data_parallel"):
+        for name in ("num_ranks", "num_microbatches", "grad_accum_steps", "data_parallel_size"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
         check_recompute_modes((self.recompute,))
         if self.micro_batch_size is not None and self.global_batch is not None:
@@ -71,7 +71,7 @@ class CheckConfig:
         if self.global_batch is not None:
             _, reason = micro_batch_size_for(self.global_batch, num_microbatches=self.num_microbatches,
                                              grad_accum_steps=self.grad_accum_steps,
-                                             data_parallel_size=self.data_parallel)
+                                             data_parallel_size=self.data_parallel_size)
             if reason:
                 raise ConfigError(f"{reason}", field="global_batch",
                                   hint="Pick a global batch that micro-batches x accumulation steps x replicas "
@@ -80,10 +80,10 @@ class CheckConfig:
     @classmethod
     def for_point(cls, point: SweepPoint, **settings: Any) -> CheckConfig:
         """The check of one sweep point; `settings` give the workload and the rest."""
-        return cls(schedule=point.schedule, num_stages=point.num_stages, num_microbatches=point.num_microbatches,
-                   grad_accum_steps=point.grad_accum_steps, data_parallel=point.data_parallel_size,
+        return cls(schedule=point.schedule, num_ranks=point.num_ranks, num_microbatches=point.num_microbatches,
+                   grad_accum_steps=point.grad_accum_steps, data_parallel_size=point.data_parallel_size,
                    recompute=point.recompute,
-                   micro_batch_size=point.micro_batch_size, virtual_stages=max(2, point.virtual_stages), **settings)
+                   micro_batch_size=point.micro_batch_size, virtual_stages=max(2, point.stages_per_rank), **settings)
 
     @property
     def point(self) -> SweepPoint:
@@ -94,8 +94,8 @@ class CheckConfig:
         if self.global_batch is not None:
             size, _ = micro_batch_size_for(self.global_batch, num_microbatches=self.num_microbatches,
                                            grad_accum_steps=self.grad_accum_steps,
-                                           data_parallel_size=self.data_parallel)
-        return SweepPoint(schedule=self.schedule, num_stages=self.num_stages, num_microbatches=self.num_microbatches,
+                                           data_parallel_size=self.data_parallel_size)
+        return SweepPoint(schedule=self.schedule, num_ranks=self.num_ranks, num_microbatches=self.num_microbatches,
                           grad_accum_steps=self.grad_accum_steps, micro_batch_size=size,
-                          virtual_stages=stages_per_rank(self.schedule, self.virtual_stages),
-                          data_parallel_size=self.data_parallel, recompute=self.recompute)
+                          stages_per_rank=stages_per_rank(self.schedule, self.virtual_stages),
+                          data_parallel_size=self.data_parallel_size, recompute=self.recompute)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mbtune.pipeline.point import SweepPoint
 from mbtune.recordio import (
     Record,
 )
-from mbtune.sweeping.point import SweepPoint
 
 
 @dataclass(frozen=True, kw_only=True)

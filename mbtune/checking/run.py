@@ -53,22 +53,17 @@ def check_update(config: CheckConfig, run_point: Callable[..., PipelineOutcome] 
     """Run the configuration's pipeline and the plain model for one optimizer step; compare per block.
     `run_point(spec, timeout_s=...)` runs the pipeline (default: the local launcher's run_pipeline_point;
     a sweep under torchrun passes its session's)."""
-    from mbtune.pipeline import PipelineSpec, run_pipeline_point
+    from mbtune.pipeline.launch import run_pipeline_point
+    from mbtune.pipeline.spec import PipelineSpec
     from mbtune.worker import run_isolated
     from mbtune.workloads.facts import workload_facts
 
     workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)  # loads, or says why
     point = config.point
-    device = "cuda" if config.device.startswith("cuda") else "cpu"
-    spec = PipelineSpec(
-        workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
-        num_ranks=point.num_stages, data_parallel=point.data_parallel_size, recompute=point.recompute,
-        virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
-        num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
-        grad_accum_steps=point.grad_accum_steps, warmup_steps=0, measured_steps=1, seed=config.seed, device=device,
-        optimizer=config.optimizer, learning_rate=lr_for(config.optimizer, config.lr), precision=config.precision,
-        capture_grads=True,
-    )
+    spec = PipelineSpec.for_point(point, workload=config.workload, workload_options=config.workload_options,
+                                  device=config.device, warmup_steps=0, measured_steps=1, seed=config.seed,
+                                  optimizer=config.optimizer, lr=lr_for(config.optimizer, config.lr),
+                                  precision=config.precision, capture_grads=True)
     outcome = (run_point or run_pipeline_point)(spec, timeout_s=config.timeout_s)
     if outcome.status != OK:
         raise TrialFailedError(f"the pipeline of {point.label} ended as {outcome.status}: "
@@ -168,7 +163,7 @@ def plain_gradients(spec: Any) -> dict[str, Any]:
     loss.backward()
     whole = _numpy_grads(model)
     model.zero_grad(set_to_none=True)
-    chunks = spec.num_microbatches * spec.data_parallel  # each replica's micro-batches, replica after replica
+    chunks = spec.num_microbatches * spec.data_parallel_size  # each replica's micro-batches, replica after replica
     parts = chunks * spec.grad_accum_steps
     for batch_inputs, batch_targets in batches:
         for x, y in zip(batch_inputs.to(device).chunk(chunks), batch_targets.to(device).chunk(chunks)):
@@ -188,7 +183,7 @@ def _numpy_grads(model: Any) -> dict[str, Any]:
 
 def check_config_from_profile(path: Path, rank: int, **settings: Any) -> CheckConfig:
     """The CheckConfig of the rank-th row (1: the best) of a saved profile's sweep, on its workload, options,
-    precision and optimizer (the probe's, where it saved them); `settings` give the rest."""
+    precision, optimizer and learning rate (unless `settings` give one); `settings` give the rest."""
     from mbtune.profiles import load_profile
 
     profile = load_profile(path)
@@ -200,8 +195,8 @@ def check_config_from_profile(path: Path, rank: int, **settings: Any) -> CheckCo
         raise ConfigError(f"--rank {rank} is out of range: {path} ranks {len(sweep.ranking)} row(s)",
                           hint=f"Use --rank 1 to {len(sweep.ranking)}.")
     point = sweep.results[sweep.ranking[rank - 1]].point
-    probe = profile.probe
+    lr = settings.pop("lr", None)
     return CheckConfig.for_point(point, workload=sweep.workload,
                                  workload_options=tuple(sorted(sweep.workload_options.items())),
-                                 precision=probe.precision if probe else "fp32",
-                                 optimizer=probe.optimizer if probe else "adamw", **settings)
+                                 precision=sweep.precision, optimizer=sweep.optimizer,
+                                 lr=lr if lr is not None else sweep.lr, **settings)

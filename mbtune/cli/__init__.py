@@ -3,8 +3,6 @@ options), train (probe, sweep, tune), ci (show, qualify, compare, check), plan, 
 options, output checks, progress) and main (errors -> one line and an exit code). Each command: options ->
 config -> one library call -> report/. No torch import and no logic here."""
 
-# Importing a command module registers its commands on the app.
-from mbtune.cli import ci, plan, serve, train  # noqa: F401
 from mbtune.cli.app import app
 from mbtune.cli.main import main
 

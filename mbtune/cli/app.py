@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from mbtune import __version__
-from mbtune.cli import support
+from mbtune.cli import ci, plan, serve, support, train
 
 app = typer.Typer(
     name="mbtune", no_args_is_help=True, add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -34,3 +34,8 @@ def _root(
         from mbtune.report import log_to_stderr
 
         log_to_stderr(verbose)
+
+
+# The commands, in the order --help lists them; each module declares its commands' options and nothing else.
+for command in (train.probe, train.sweep, train.tune, serve.serve, ci.show, ci.qualify, ci.compare, plan.plan, ci.check):
+    app.command()(command)

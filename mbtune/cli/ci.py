@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from mbtune.checking.config import CheckConfig
-from mbtune.cli.app import app
 from mbtune.cli.options import (
     PROFILES,
     C,
@@ -45,7 +44,6 @@ from mbtune.errors import EXIT_CHECK_FAILED
 from mbtune.qualifying.spec import QualifySpec
 
 
-@app.command()
 def show(
     profile: Annotated[Path, typer.Argument(help="A profile file written by probe (profiles/<device>/<workload>.json).")],
     errors: Annotated[bool, typer.Option("--errors", help="Also print every failed trial's and point's whole error tail (traceback and stderr).")] = False,
@@ -63,7 +61,6 @@ def show(
         print_profile(make_console(), loaded, fmt, path=str(profile), errors=errors)
 
 
-@app.command()
 def qualify(
     baseline: Annotated[Path | None, typer.Option("--baseline", help="Profile to re-run and compare against (profiles/<device>/<workload>.json).")] = None,
     spec: Annotated[Path | None, typer.Option("--spec", help="Qualification spec (TOML): workload, device, budget, sweep lists, thresholds.")] = None,
@@ -110,7 +107,6 @@ def qualify(
     raise typer.Exit(exit_code(verdict.status))
 
 
-@app.command()
 def compare(
     a: Annotated[Path, typer.Argument(help="First profile (A).")],
     b: Annotated[Path, typer.Argument(help="Second profile (B); ratios are B / A.")],
@@ -129,16 +125,15 @@ def compare(
     print_comparison(make_console(), rows, str(a), str(b), fmt)
 
 
-@app.command()
 def check(
     workload: Workload = C.workload,
     option: WorkloadOption = None,
     device: Device = C.device,
-    stages: Stages = C.num_stages,
+    stages: Stages = C.num_ranks,
     schedule: Annotated[str, typer.Option("--schedule", help="One schedule: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble or zbv.")] = C.schedule,
     micro_batches: Annotated[int, typer.Option("--micro-batches", "-m", help="Micro-batches per pipeline step.")] = C.num_microbatches,
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = C.grad_accum_steps,
-    data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline (gradients all-reduced).")] = C.data_parallel,
+    data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline (gradients all-reduced).")] = C.data_parallel_size,
     recompute: Annotated[str, typer.Option("--recompute", help="none or full: activation recompute in the pipeline (the plain model never recomputes).")] = C.recompute,
     micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default 2, or from --global-batch).")] = C.micro_batch_size,
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="Samples per optimizer step; the micro-batch size follows.")] = C.global_batch,
@@ -166,8 +161,8 @@ def check(
                                            load_timeout_s=load_timeout, seed=seed, lr=lr)
     else:
         config = CheckConfig(workload=workload, workload_options=parse_options(option or []), device=device,
-                             schedule=schedule, num_stages=stages, num_microbatches=micro_batches,
-                             grad_accum_steps=accum, data_parallel=data_parallel, recompute=recompute,
+                             schedule=schedule, num_ranks=stages, num_microbatches=micro_batches,
+                             grad_accum_steps=accum, data_parallel_size=data_parallel, recompute=recompute,
                              micro_batch_size=micro_batch_size,
                              global_batch=global_batch, virtual_stages=virtual_stages, precision=precision, optimizer=optimizer, lr=lr, seed=seed,
                              timeout_s=timeout, load_timeout_s=load_timeout)

@@ -23,7 +23,7 @@ PROFILES = Path("profiles")  # where saved profiles go, relative to the current 
 
 
 SWEEP_ACCUM, SWEEP_DATA_PARALLEL, RECOMPUTE, PLAN_MICRO_BATCHES = (
-    ",".join(map(str, v)) for v in (S.accum_steps, S.data_parallel, S.recompute, DEFAULT_PLAN_MICRO_BATCHES))
+    ",".join(map(str, v)) for v in (S.grad_accum_steps, S.data_parallel_size, S.recompute, DEFAULT_PLAN_MICRO_BATCHES))
 
 
 Workload = Annotated[str, typer.Option("--workload", "-w", help="Built-in workload (gpt, mlp) or package.module:factory.")]

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from mbtune.cli.app import app
 from mbtune.cli.options import (
     PLAN_MICRO_BATCHES,
     RECOMPUTE,
@@ -23,7 +22,6 @@ from mbtune.cli.support import check_format, check_output, check_outputs, printi
 from mbtune.planning.defaults import DEFAULT_PLAN_RANKS, DEFAULT_PLAN_SCATTER, DEFAULT_PLAN_VALIDATION
 
 
-@app.command()
 def plan(
     profile: Annotated[Path, typer.Argument(help="A profile with a sweep (profiles/<device>/<workload>.json) to calibrate the simulator on.")],
     stages: Annotated[int, typer.Option("--stages", "-p", help="Pipeline ranks to plan for (one GPU each).")] = DEFAULT_PLAN_RANKS,
@@ -57,9 +55,9 @@ def plan(
     fmt = check_output(check_format(format), output)
     check_outputs(plot_dir=plot, files=(trace,))
     config = PlanConfig(
-        num_stages=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),
+        num_ranks=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),
         schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
-        data_parallel=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
+        data_parallel_size=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
         grad_accum_steps=accum, num_blocks=blocks, virtual_stages=virtual_stages,
         recompute=parse_list(recompute, name="--recompute", convert=str),
         link_bandwidth_bytes_per_s=parse_rate(link_bandwidth, name="--link-bandwidth") if link_bandwidth else None,

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from mbtune.cli.app import app
 from mbtune.cli.options import (
     PROFILES,
     Budget,
@@ -39,7 +38,6 @@ from mbtune.cli.support import (
 from mbtune.serving.config import DEFAULT_SERVE_MAX_BATCH
 
 
-@app.command()
 def serve(
     p99: Annotated[str, typer.Option("--p99", help="The p99 latency budget of one request, end to end, e.g. 50ms.")],
     workload: Workload = P.workload,

@@ -51,12 +51,12 @@ def sweep_config_from(*, workload: str, option: list[str] | None, device: str, s
     from mbtune.units import parse_list, parse_options
 
     return SweepConfig(
-        workload=workload, workload_options=parse_options(option or []), device=device, num_stages=stages,
+        workload=workload, workload_options=parse_options(option or []), device=device, num_ranks=stages,
         schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
-        micro_batches=parse_list(micro_batches, name="--micro-batches"), accum_steps=parse_list(accum, name="--accum"),
+        micro_batches=parse_list(micro_batches, name="--micro-batches"), grad_accum_steps=parse_list(accum, name="--accum"),
         micro_batch_size=parse_list(micro_batch_size, name="--micro-batch-size"),
         global_batch=parse_list(global_batch, name="--global-batch"),
-        data_parallel=parse_list(data_parallel, name="--data-parallel"),
+        data_parallel_size=parse_list(data_parallel, name="--data-parallel"),
         recompute=parse_list(recompute, name="--recompute", convert=str), balance=balance,
         objective=objective, measured_steps=steps,
         warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, precision=precision, threads=threads,

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from mbtune.cli.app import app
 from mbtune.cli.options import (
     PROFILES,
     RECOMPUTE,
@@ -78,7 +77,6 @@ from mbtune.cli.support import (
 )
 
 
-@app.command()
 def probe(
     config_file: ConfigFile = None,
     workload: Workload = P.workload,
@@ -121,13 +119,12 @@ def probe(
     finish(fmt, outcome, output=output)
 
 
-@app.command()
 def sweep(
     config_file: ConfigFile = None,
     workload: Workload = S.workload,
     option: WorkloadOption = None,
     device: Device = S.device,
-    stages: Stages = S.num_stages,
+    stages: Stages = S.num_ranks,
     schedules: Schedules = None,
     micro_batches: MicroBatches = None,
     accum: Accum = SWEEP_ACCUM,
@@ -186,7 +183,6 @@ def sweep(
     finish(fmt, outcome, plot=plot, trace=trace, output=output)
 
 
-@app.command()
 def tune(
     config_file: ConfigFile = None,
     workload: Workload = P.workload,
@@ -200,7 +196,7 @@ def tune(
     resolution: Resolution = P.resolution,
     probe_steps: Annotated[int, typer.Option("--probe-steps", help="Full training steps per probe trial (>= 2).")] = P.steps,
     trial_timeout: TrialTimeout = P.trial_timeout_s,
-    stages: Stages = S.num_stages,
+    stages: Stages = S.num_ranks,
     schedules: Schedules = None,
     micro_batches: MicroBatches = None,
     accum: Accum = SWEEP_ACCUM,

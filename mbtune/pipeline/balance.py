@@ -169,15 +169,15 @@ def stage_imbalance(stage_compute_s: Sequence[float]) -> float | None:
     return max(stage_compute_s) / fastest
 
 
-def stage_compute_s(actions: Iterable[TimedAction], num_stages: int) -> tuple[float, ...]:
-    """Per model stage (virtual stages included, 0 .. num_stages-1), the summed seconds of its compute
+def stage_compute_s(actions: Iterable[TimedAction], num_model_stages: int) -> tuple[float, ...]:
+    """Per model stage (virtual stages included, 0 .. num_model_stages-1), the summed seconds of its compute
     actions over the given records; the loss counts as the last stage's work. 0.0 where a stage has none.
     Pass one step's actions to compare stages within a step, or all of them for a total."""
-    totals = [0.0] * num_stages
+    totals = [0.0] * num_model_stages
     for action in actions:
         if action.kind not in STAGE_WORK_KINDS:
             continue
-        if not 0 <= action.stage < num_stages:
-            raise ValueError(f"an action of stage {action.stage} is outside the {num_stages} model stages")
+        if not 0 <= action.stage < num_model_stages:
+            raise ValueError(f"an action of stage {action.stage} is outside the {num_model_stages} model stages")
         totals[action.stage] += action.end_s - action.start_s
     return tuple(totals)

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mbtune.errors import DeviceError, NonFiniteLossError
+from mbtune.errors import NonFiniteLossError
+from mbtune.pipeline.rank_device import device_uuid, peak_memory, rank_device, set_threads, timing_event
 from mbtune.pipeline.schedules import ActionTimer, build_schedule, build_stage, run_schedule_step
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.split import StageBlocks, split_blocks
@@ -64,8 +65,8 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank
     infinite loss raises NonFiniteLossError at that step.
     """
     if spec.threads is not None:
-        _set_threads(spec.threads)
-    device = _rank_device(spec, rank if store_path is not None else int(os.environ.get("LOCAL_RANK", "0")))
+        set_threads(spec.threads)
+    device = rank_device(spec, rank if store_path is not None else int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         **({"store": dist.FileStore(store_path, spec.world_size)} if store_path is not None
@@ -96,9 +97,9 @@ def _groups(spec: PipelineSpec, rank: int) -> tuple[dist.ProcessGroup | None, di
     """This process's pipeline group (its replica's ranks) and replica group (the ranks of the other
     replicas that hold the same stages); both None without data parallelism (the world is the pipeline).
     Every process creates every group, in the same order, as torch requires."""
-    if spec.data_parallel == 1:
+    if spec.data_parallel_size == 1:
         return None, None
-    p, d = spec.num_ranks, spec.data_parallel
+    p, d = spec.num_ranks, spec.data_parallel_size
     pipelines = [dist.new_group([replica * p + i for i in range(p)]) for replica in range(d)]
     replicas = [dist.new_group([replica * p + i for replica in range(d)]) for i in range(p)]
     pipeline_rank, replica = spec.place(rank)
@@ -118,31 +119,15 @@ def _tie_groups(spec: PipelineSpec, workload: Workload, all_blocks: StageBlocks,
         ranks = sorted({holder[block] for block, _ in tie})
         if len(ranks) < 2:
             continue  # one rank holds every member: they are one parameter there
-        for replica in range(spec.data_parallel):
+        for replica in range(spec.data_parallel_size):
             group = dist.new_group([replica * spec.num_ranks + r for r in ranks])
             if replica == my_replica and pipeline_rank in ranks:
                 mine[index] = group
     return mine
 
 
-def _set_threads(threads: int) -> None:
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(threads)
-    except RuntimeError:
-        pass  # already fixed once parallel work has run; intra-op threads are what matter here
 
 
-def _rank_device(spec: PipelineSpec, index: int) -> torch.device:
-    """cuda:index on CUDA (index: the rank on one host, LOCAL_RANK under torchrun)."""
-    if spec.device == "cpu":
-        return torch.device("cpu")
-    available = torch.cuda.device_count()
-    if index >= available:
-        raise DeviceError(f"this rank needs cuda:{index} but {available} CUDA device(s) are visible",
-                          hint="Use at most one rank per visible GPU.")
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
 
 
 @dataclass
@@ -191,7 +176,7 @@ class _RankRun:
         self.tied = _tie_across(workload, self.modules, self.blocks)
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_model_stages - 1 in self.stage_indices
-        self.timer = ActionTimer(new_event=_timing_event if device.type == "cuda" else None)
+        self.timer = ActionTimer(new_event=timing_event if device.type == "cuda" else None)
         keys = handover_keys(workload, spec.seed) if spec.num_model_stages > 1 else ()
         stages = [build_stage(_with_precision(StageModule(m, in_keys=keys[b[0] - 1] if b[0] > 0 else None,
                                                           out_keys=keys[b[-1]] if keys else None,
@@ -219,7 +204,7 @@ class _RankRun:
     def _scaled_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         self.output_dtype = str(output.dtype).removeprefix("torch.")
         spec = self.spec
-        return self.workload.loss(output, target) / (spec.num_microbatches * spec.grad_accum_steps * spec.data_parallel)
+        return self.workload.loss(output, target) / (spec.num_microbatches * spec.grad_accum_steps * spec.data_parallel_size)
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -341,7 +326,7 @@ class _RankRun:
         return grads
 
     def _report(self, warmup: _StepTimes, measured: _StepTimes, grads: dict[str, torch.Tensor] | None) -> StageReport:
-        peak, source = _peak_memory(self.device)
+        peak, source = peak_memory(self.device)
         return StageReport(
             rank=self.rank, num_ranks=self.spec.num_ranks, replica=self.replica, device=str(self.device),
             stage_indices=self.stage_indices, block_indices=self.blocks,
@@ -353,7 +338,7 @@ class _RankRun:
             output_dtype=self.output_dtype, cuda_step_times_s=tuple(measured.cuda_step_s),
             measured_window_unix_s=(measured.first_start_unix_s, measured.last_end_unix_s)
             if measured.first_start_unix_s is not None and measured.last_end_unix_s is not None else None,
-            device_uuid=_device_uuid(self.device),
+            device_uuid=device_uuid(self.device),
         )
 
 
@@ -382,24 +367,10 @@ def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch
         return None
     from mbtune.training import make_optimizer
 
-    return make_optimizer(spec.optimizer, list(params), lr=spec.learning_rate)
+    return make_optimizer(spec.optimizer, list(params), lr=spec.lr)
 
 
-def _timing_event() -> torch.cuda.Event:
-    return torch.cuda.Event(enable_timing=True)
 
 
-def _device_uuid(device: torch.device) -> str | None:
-    if device.type != "cuda":
-        return None
-    from mbtune.device.cuda import device_uuid
-
-    return device_uuid(device.index)
 
 
-def _peak_memory(device: torch.device) -> tuple[int | None, str]:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    from mbtune.device.cpu import read_status_bytes
-
-    return read_status_bytes("VmHWM").get("VmHWM"), "cpu_vmhwm"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mbtune.errors import ConfigError
+from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.theory import check_point, stages_per_rank
 from mbtune.records import RECOMPUTE_MODES
 from mbtune.validation import require as _require
@@ -19,9 +20,9 @@ BALANCES = ("parameters", "blocks", "time")
 class PipelineSpec:
     """One pipelined point: workload, schedule, batch shape, how many steps to time, and where to run.
 
-    Each optimizer step runs, on each of `data_parallel` replicas, `grad_accum_steps` pipeline steps of
+    Each optimizer step runs, on each of `data_parallel_size` replicas, `grad_accum_steps` pipeline steps of
     `num_microbatches` micro-batches of `micro_batch_size` samples; the replicas' gradients are all-reduced,
-    and add up to those of one batch of `global_batch_size` samples. Process r is pipeline rank
+    and add up to those of one batch of `global_batch` samples. Process r is pipeline rank
     r % num_ranks of replica r // num_ranks.
     """
 
@@ -29,7 +30,7 @@ class PipelineSpec:
     workload_options: tuple[tuple[str, Any], ...] = ()
     schedule: str = "1f1b"
     num_ranks: int = 2  # pipeline ranks of one replica
-    data_parallel: int = 1  # replicas of the pipeline; world = num_ranks x data_parallel processes
+    data_parallel_size: int = 1  # replicas of the pipeline; world = num_ranks x data_parallel_size processes
     virtual_stages: int | None = None  # stages per rank for the looped schedules (default 2)
     num_microbatches: int = 4
     micro_batch_size: int = 1
@@ -40,7 +41,7 @@ class PipelineSpec:
     device: str = "cpu"  # "cpu" (gloo) or "cuda" (nccl, rank r on cuda:r)
     optimizer: str = "adamw"
     precision: str = "fp32"  # fp32 or bf16 (autocast per stage); fp16 needs a pipeline-wide scaler: not here
-    learning_rate: float = 1e-4
+    lr: float = 1e-4
     threads: int | None = 1  # torch threads per rank process
     # Split by compute-bearing parameters (embeddings excluded), by block count, or by measured block time
     # (block_weights, from pipeline/balance.py's timing pass).
@@ -53,7 +54,7 @@ class PipelineSpec:
 
     def __post_init__(self) -> None:
         _require(self.num_ranks >= 1, "num_ranks", self.num_ranks, "an integer >= 1")
-        _require(self.data_parallel >= 1, "data_parallel", self.data_parallel, "an integer >= 1")
+        _require(self.data_parallel_size >= 1, "data_parallel_size", self.data_parallel_size, "an integer >= 1")
         _require(self.num_microbatches >= 1, "num_microbatches", self.num_microbatches, "an integer >= 1")
         _require(self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size, "an integer >= 1")
         _require(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "an integer >= 1")
@@ -70,8 +71,8 @@ class PipelineSpec:
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
         _require(math.isfinite(self.pg_timeout_s) and self.pg_timeout_s > 0, "pg_timeout_s", self.pg_timeout_s,
                  "seconds > 0")
-        _require(math.isfinite(self.learning_rate) and self.learning_rate >= 0, "learning_rate",
-                 self.learning_rate, "a finite number >= 0")
+        _require(math.isfinite(self.lr) and self.lr >= 0, "lr",
+                 self.lr, "a finite number >= 0")
         try:
             per_rank = stages_per_rank(self.schedule, self.virtual_stages)
         except ValueError as exc:
@@ -81,6 +82,19 @@ class PipelineSpec:
             raise ConfigError(f"this pipeline point cannot run: {reason}",
                               hint="Change --schedule, --stages or --micro-batches.")
 
+    @classmethod
+    def for_point(cls, point: SweepPoint, *, workload: str, workload_options: tuple[tuple[str, Any], ...],
+                  device: str, **run: Any) -> PipelineSpec:
+        """What every rank of one point runs: the point's shape on a resolved device ('cpu', 'cuda' or
+        'cuda:N'); `run` sets the rest (optimizer, lr, precision, seed, steps, threads, balance...). The one
+        conversion of a point into a spec."""
+        return cls(workload=workload, workload_options=workload_options, schedule=point.schedule,
+                   num_ranks=point.num_ranks, data_parallel_size=point.data_parallel_size, recompute=point.recompute,
+                   virtual_stages=point.stages_per_rank if point.stages_per_rank > 1 else None,
+                   num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
+                   grad_accum_steps=point.grad_accum_steps, device="cuda" if device.startswith("cuda") else "cpu",
+                   **run)
+
     @property
     def stages_per_rank(self) -> int:
         return stages_per_rank(self.schedule, self.virtual_stages)
@@ -88,7 +102,7 @@ class PipelineSpec:
     @property
     def num_model_stages(self) -> int:
         """Every stage the model is split into: ranks x stages per rank (virtual stages included). Not a
-        SweepPoint's num_stages, which counts ranks (that is `num_ranks` here)."""
+        SweepPoint's num_ranks, which counts ranks (that is `num_ranks` here)."""
         return self.stages_per_rank * self.num_ranks
 
     @property
@@ -99,17 +113,17 @@ class PipelineSpec:
     @property
     def replicas_batch_size(self) -> int:
         """Samples one pipeline step pushes through all replicas together (each takes its slice)."""
-        return self.pipeline_batch_size * self.data_parallel
+        return self.pipeline_batch_size * self.data_parallel_size
 
     @property
-    def global_batch_size(self) -> int:
+    def global_batch(self) -> int:
         """Samples per optimizer step, over every replica."""
         return self.replicas_batch_size * self.grad_accum_steps
 
     @property
     def world_size(self) -> int:
         """Processes: pipeline ranks x data-parallel replicas."""
-        return self.num_ranks * self.data_parallel
+        return self.num_ranks * self.data_parallel_size
 
     def place(self, process: int) -> tuple[int, int]:
         """(pipeline rank, replica) of process `process` of the world."""

@@ -24,33 +24,27 @@ a root cause, the deadline, a node gone) and tells the others to stop theirs.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import pickle
-import queue as queue_module
-import signal
-import socket
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 from mbtune.errors import ConfigError, HarnessError
-from mbtune.pipeline.launch import Message, Ranks, collect, failure_detail, hang_rank_from_env, rank_message
+from mbtune.pipeline.agent import POLL_S, STOP_GRACE_S, StoreQueue, _first_line, open_store, start_agent, stop_agent
+from mbtune.pipeline.launch import Ranks, collect, failure_detail, hang_rank_from_env
 from mbtune.pipeline.nodes import Nodes, parse_endpoint
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.timeline import PipelineOutcome
 from mbtune.records import ERROR, HARNESS_FAULT, TIMEOUT
-from mbtune.worker import capture_stderr, die_with_parent, forward_stderr, read_child_stderr
+from mbtune.worker import forward_stderr, read_child_stderr
 
 _HEARTBEAT_S = 1.0
 _GONE_S = 10.0  # a node whose heartbeat has not moved for this long is gone
-_POLL_S = 0.05
-_STOP_GRACE_S = 3.0
 _BYE_WAIT_S = 10.0  # how long node 0 keeps the store up for the other nodes to read the end
 
 
@@ -79,35 +73,6 @@ def command_fingerprint(argv: Sequence[str]) -> str:
     return " ".join(kept)
 
 
-class StoreQueue:
-    """A queue of one point's rank messages in the shared store, per rank in the order sent; `get`
-    raises queue.Empty as multiprocessing's does, and calls `watch` while it waits (which may raise)."""
-
-    def __init__(self, store: Any, key: str, count: int, watch: Callable[[], None] | None = None) -> None:
-        self.store, self.key, self.count, self.watch = store, key, count, watch
-        self.seen = [0] * count
-        self.sent: dict[int, int] = {}
-
-    def put(self, message: Message) -> None:
-        """The message first, then the count that makes it visible: a reader never waits for a value a
-        rank died before writing. (One writer per rank, so the index is its own.)"""
-        rank = message[1]
-        self.sent[rank] = self.sent.get(rank, 0) + 1
-        self.store.set(f"{self.key}/m/{rank}/{self.sent[rank]}", pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-        self.store.add(f"{self.key}/n/{rank}", 1)
-
-    def get(self, timeout: float | None = None) -> Message:
-        end = time.monotonic() + (timeout or 0.0)
-        while True:
-            for rank in range(self.count):
-                if self.store.add(f"{self.key}/n/{rank}", 0) > self.seen[rank]:
-                    self.seen[rank] += 1
-                    return pickle.loads(self.store.get(f"{self.key}/m/{rank}/{self.seen[rank]}"))
-            if self.watch is not None:
-                self.watch()
-            if time.monotonic() >= end:
-                raise queue_module.Empty
-            time.sleep(_POLL_S)
 
 
 class _Abort(Exception):
@@ -118,11 +83,6 @@ class _Abort(Exception):
         self.status = status
 
 
-def _store(host: str, port: int, *, serve: bool, timeout_s: float) -> Any:
-    from torch.distributed import TCPStore
-
-    return TCPStore(host, port, is_master=serve, wait_for_workers=False, multi_tenant=serve,
-                    timeout=timedelta(seconds=timeout_s))
 
 
 class Session:
@@ -136,7 +96,7 @@ class Session:
         else:
             self.host, port = "127.0.0.1", 0  # one host: any free port
         try:
-            self.store = _store(self.host, port, serve=nodes.leads, timeout_s=nodes.join_timeout_s)
+            self.store = open_store(self.host, port, serve=nodes.leads, timeout_s=nodes.join_timeout_s)
         except (RuntimeError, OSError) as exc:
             where = f"{self.host}:{port}"
             if nodes.leads:
@@ -163,7 +123,7 @@ class Session:
     # Heartbeats ---------------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
         try:
-            store = _store(self.host, self.port, serve=False, timeout_s=self.nodes.join_timeout_s)
+            store = open_store(self.host, self.port, serve=False, timeout_s=self.nodes.join_timeout_s)
             while not self._stop.is_set():
                 store.add(f"mbtune/alive/{self.nodes.node_rank}", 1)
                 self._stop.wait(_HEARTBEAT_S)
@@ -199,7 +159,7 @@ class Session:
             time.sleep(0.2)
 
     # Node 0 --------------------------------------------------------------------------------------------
-    def run_point(self, spec: PipelineSpec, *, timeout_s: float, grace_s: float = _STOP_GRACE_S) -> PipelineOutcome:
+    def run_point(self, spec: PipelineSpec, *, timeout_s: float, grace_s: float = STOP_GRACE_S) -> PipelineOutcome:
         """Run one point on every node and return every rank's report, or why not (as run_pipeline_point)."""
         index, started = self.points, time.monotonic()
         self.points += 1
@@ -220,13 +180,13 @@ class Session:
         key = f"mbtune/point/{index}"
         self.store.set(f"mbtune/ctl/{index}", pickle.dumps(("run", run_id, spec, timeout_s)))
         with tempfile.TemporaryDirectory(prefix="mbtune-tr-") as tmp:
-            agent = _start_agent(spec, self.nodes, self.endpoint, run_id, key, tmp, hang_rank_from_env())
+            agent = start_agent(spec, self.nodes, self.endpoint, run_id, key, tmp, hang_rank_from_env())
             outcome = PipelineOutcome(status=ERROR, error="the launcher failed before collecting results")
             try:
                 outcome = self._collect(spec, agent, key, timeout_s)
             finally:
                 self.store.set(f"{key}/stop", "1")
-                _stop_agent(agent, wait_s=5.0 if outcome.ok else 0.0, grace_s=grace_s)
+                stop_agent(agent, wait_s=5.0 if outcome.ok else 0.0, grace_s=grace_s)
             stderr = {int(name[4:-7]): read_child_stderr(os.path.join(tmp, name))[1]
                       for name in os.listdir(tmp) if name.startswith("rank") and name.endswith(".stderr")}
         for text in stderr.values():
@@ -273,11 +233,11 @@ class Session:
                                                  f"({self.nodes.join_timeout_s:g} s): the rendezvous did not "
                                                  "complete")
                 watch()
-                time.sleep(_POLL_S)
+                time.sleep(POLL_S)
             # A failing rank's peers are stopped by their agent, which then says how its lost ranks exited:
             # the root cause waits for that word.
             return collect(ranks, messages, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s,
-                           settle_s=_STOP_GRACE_S + 1.0)
+                           settle_s=STOP_GRACE_S + 1.0)
         except _Abort as exc:
             return PipelineOutcome(status=exc.status, error=str(exc), error_kind=HARNESS_FAULT)
 
@@ -331,7 +291,7 @@ class Session:
             key = f"mbtune/point/{index}"
             say(f"point {index + 1}: {spec.world_size // self.nodes.nnodes} rank(s) here of {spec.world_size}")
             with tempfile.TemporaryDirectory(prefix="mbtune-tr-") as tmp:
-                agent = _start_agent(spec, self.nodes, self.endpoint, run_id, key, tmp, hang_rank_from_env())
+                agent = start_agent(spec, self.nodes, self.endpoint, run_id, key, tmp, hang_rank_from_env())
                 deadline = time.monotonic() + self.nodes.join_timeout_s + timeout_s + _GONE_S
                 try:
                     while agent.exitcode is None and time.monotonic() < deadline:
@@ -341,7 +301,7 @@ class Session:
                 except (RuntimeError, OSError):
                     pass  # node 0 is gone: the next _wait_for says so
                 finally:
-                    _stop_agent(agent, wait_s=5.0, grace_s=_STOP_GRACE_S)
+                    stop_agent(agent, wait_s=5.0, grace_s=STOP_GRACE_S)
             index += 1
 
 
@@ -370,88 +330,12 @@ def close_sessions(exit_code: int) -> None:
             opened.close(exit_code)
 
 
-# The agent and its ranks (child processes) -------------------------------------------------------------
-def _start_agent(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, key: str, tmp: str,
-                 hang_rank: int | None) -> Any:
-    from mbtune.worker import process_context
-
-    agent = process_context().Process(target=_agent_main, name="mbtune-elastic-agent", daemon=False,
-                                      args=(spec, nodes, endpoint, run_id, key, tmp, hang_rank))
-    agent.start()
-    return agent
 
 
-def _stop_agent(agent: Any, *, wait_s: float, grace_s: float) -> None:
-    """Let the agent end by itself for wait_s, then SIGTERM (it stops its ranks), then SIGKILL its group."""
-    agent.join(wait_s)
-    if agent.is_alive():
-        agent.terminate()
-        agent.join(grace_s)
-    if agent.is_alive():
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(agent.pid, signal.SIGKILL)
-        agent.kill()
-    agent.join()
 
 
-def _agent_main(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, key: str, tmp: str,
-                hang_rank: int | None) -> None:
-    """In a fresh child: this node's elastic agent for one point. Its own process group, so that stopping
-    it stops its ranks too; how ranks that died without a word exited goes to the store."""
-    os.setpgid(0, 0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent()
-    capture_stderr(os.path.join(tmp, "agent.stderr"))
-    # LaunchConfig asks torch.cuda.is_available(), which would start CUDA in this process; ranks forked from
-    # a process with CUDA started cannot use it. NVML answers the question without starting it.
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    host, port = parse_endpoint(endpoint)
-    store = _store(host, port, serve=False, timeout_s=nodes.join_timeout_s)
-    config = LaunchConfig(
-        min_nodes=nodes.nnodes, max_nodes=nodes.nnodes, nproc_per_node=spec.world_size // nodes.nnodes,
-        run_id=run_id, rdzv_backend="c10d", rdzv_endpoint=endpoint,
-        rdzv_configs={"timeout": max(1, math.ceil(nodes.join_timeout_s)),
-                      "join_timeout": max(1, math.ceil(nodes.join_timeout_s)), "is_host": False},
-        max_restarts=0, monitor_interval=0.1, start_method="fork",
-        local_addr="127.0.0.1" if host in ("127.0.0.1", "localhost") else None,
-        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(tmp, "elastic")), shutdown_timeout=int(_STOP_GRACE_S),
-    )
-    try:
-        elastic_launch(config, _rank_entry)(spec, endpoint, key, tmp, nodes.node_rank, nodes.join_timeout_s,
-                                            hang_rank)
-    except ChildFailedError as exc:
-        for rank, failure in exc.failures.items():
-            store.set(f"{key}/died/{rank}", str(failure.exitcode))
-        os._exit(1)
-    except BaseException as exc:  # noqa: BLE001 - the rendezvous or the agent failed: say why, once
-        store.set(f"{key}/agent_error/{nodes.node_rank}",
-                  f"node {nodes.node_rank}'s elastic agent failed: {type(exc).__name__}: {_first_line(exc)}")
-        os._exit(1)
-    os._exit(0)
 
 
-def _rank_entry(spec: PipelineSpec, endpoint: str, key: str, tmp: str, node_rank: int, timeout_s: float,
-                hang_rank: int | None) -> None:
-    """One rank, started by the elastic agent: RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT come from it.
-    Its messages go to the store, where node 0 reads them."""
-    rank = int(os.environ["RANK"])
-    capture_stderr(os.path.join(tmp, f"rank{rank}.stderr"))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):  # the agent's handlers, inherited by fork:
-        signal.signal(signum, signal.SIG_DFL)  # a rank its agent stops is stopped, not "an error"
-    die_with_parent()
-    host, port = parse_endpoint(endpoint)
-    store = _store(host, port, serve=False, timeout_s=timeout_s)
-    store.set(f"{key}/began/{rank}", f"node {node_rank} ({socket.gethostname()})")
-    messages = StoreQueue(store, key, spec.world_size)
-    messages.put(rank_message(spec, rank, None, messages.put, hang_rank))
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mbtune.errors import ProfileError
+from mbtune.pipeline.point import SweepPoint
 from mbtune.planning.calibrate import calibrate
 from mbtune.planning.config import PlanConfig
 from mbtune.planning.planner import Link, deepen, plan, predict, without_per_sample_memory
@@ -28,8 +29,7 @@ from mbtune.planning.records import (
 )
 from mbtune.planning.validate import LEAVE_ONE_OUT, validate
 from mbtune.profiles import Profile
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import SweepReport, TrialResult
+from mbtune.sweeping.records import PointResult, SweepReport
 
 
 def block_facts(workload: str, workload_options: Sequence[tuple[str, Any]] | dict[str, Any] = ()) -> BlockFacts:
@@ -121,10 +121,12 @@ def with_balance(facts: BlockFacts, block_times_s: Sequence[float]) -> BlockFact
 
 
 def _optimizer(profile: Profile) -> str:
-    return profile.probe.optimizer if profile.probe is not None else "adamw"
+    """The optimizer the profile's sweep trained with (its state is part of every rank's memory)."""
+    assert profile.sweep is not None, "plans calibrate on a sweep"
+    return profile.sweep.optimizer
 
 
-def calibrate_results(results: Sequence[TrialResult], *, workload: str, workload_options: dict[str, Any] | None = None,
+def calibrate_results(results: Sequence[PointResult], *, workload: str, workload_options: dict[str, Any] | None = None,
                       device: str = "", optimizer: str = "adamw", facts: BlockFacts | None = None) -> CostModel:
     """The cost model fitted to sweep results (see mbtune.planning.calibrate)."""
     facts = facts or block_facts(workload, workload_options or {})
@@ -139,7 +141,7 @@ def calibrate_profile(profile: Profile) -> CostModel:
                              device=sweep.device.name, optimizer=_optimizer(profile), facts=sweep_facts(sweep))
 
 
-def validate_results(results: Sequence[TrialResult], *, workload: str, workload_options: dict[str, Any] | None = None,
+def validate_results(results: Sequence[PointResult], *, workload: str, workload_options: dict[str, Any] | None = None,
                      optimizer: str = "adamw", method: str = LEAVE_ONE_OUT, facts: BlockFacts | None = None,
                      scatter: str = SCATTER_MEASURED) -> Validation:
     """Predicted against measured step time and bubble for every point that ran (median and worst error),
@@ -171,7 +173,7 @@ def memory_limit(profile: Profile) -> tuple[float | None, str]:
     return None, ""
 
 
-def _tokens_per_sample(results: Sequence[TrialResult]) -> int | None:
+def _tokens_per_sample(results: Sequence[PointResult]) -> int | None:
     for r in results:
         if r.ok and r.tokens_per_s and r.samples_per_s:
             return round(r.tokens_per_s / r.samples_per_s)
@@ -244,7 +246,7 @@ def recommended_timeline(report: PlanReport) -> Prediction | None:
                    keep_timeline=True, seed=best.seed)
 
 
-def quick_sweep(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint], TrialResult], *, workload: str,
+def quick_sweep(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint], PointResult], *, workload: str,
                 workload_options: Sequence[tuple[str, Any]] | dict[str, Any] = (), optimizer: str = "adamw",
                 num_calibration: int = 3, min_gain: float = 0.02, max_fraction: float = 1 / 3,
                 block_times_s: Sequence[float] = ()) -> QuickResult:

@@ -1,6 +1,6 @@
 """Fit the simulator's cost model to measured timelines. Pure: no torch.
 
-What is measured, and how each cost is read from it (every TrialResult keeps the action timeline of its median
+What is measured, and how each cost is read from it (every PointResult keeps the action timeline of its median
 measured optimizer step, each rank's times relative to its own start after the step's barrier; a timeline of
 another step is first scaled by the point's median step over that step, see typical_step_scale):
 
@@ -39,7 +39,6 @@ another step is first scaled by the point's median step over that step, see typi
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -58,9 +57,16 @@ from mbtune.actions import (
     input_stage,
     output_stage,
 )
-from mbtune.pipeline.split import split_blocks
+from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.theory import stage_to_rank
 from mbtune.planning.fit import fit_samples, median_or, quantiles, trimmed_mean
+from mbtune.planning.memory import (
+    STATE_BYTES_PER_PARAMETER,
+    allreduce_volume_bytes,
+    base_bytes,
+    point_split,
+    rank_parameters,
+)
 from mbtune.planning.orders import RankOrders, schedule_orders
 from mbtune.planning.records import (
     BlockCost,
@@ -69,53 +75,17 @@ from mbtune.planning.records import (
     LinearCost,
     Spread,
 )
-from mbtune.planning.simulate import peak_in_flight
 from mbtune.records import TimelineAction
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import TrialResult
-
-STATE_BYTES_PER_PARAMETER = {"adamw": 16.0, "sgd": 8.0}  # fp32 weights + gradients (+ AdamW's two moments)
-GRAD_BYTES_PER_PARAMETER = 4  # fp32 gradients are what data-parallel replicas all-reduce
-
-
-def allreduce_volume_bytes(parameters: int, replicas: int) -> float:
-    """Bytes one rank sends in a ring all-reduce of its gradients over the replicas: 2(d-1)/d of them."""
-    return 2 * (replicas - 1) / replicas * parameters * GRAD_BYTES_PER_PARAMETER
-
-
-def activation_bytes(facts: BlockFacts, blocks: Sequence[int], held: int, micro_batch_size: int,
-                     recompute: str = "none") -> float:
-    """Peak activation bytes of a stage of these blocks holding `held` micro-batches (see stage_memory_bytes)."""
-    saved = facts.saved_bytes_per_sample
-    if not saved:
-        return 0.0
-    if recompute != "full":
-        return held * micro_batch_size * sum(saved[b] for b in blocks)
-    outputs = facts.output_bytes_per_sample
-    inputs = sum(outputs[b - 1] for b in blocks if b > 0) if outputs else 0
-    return micro_batch_size * (held * inputs + max(saved[b] for b in blocks))
-
-
-def point_split(point: SweepPoint, facts: BlockFacts) -> tuple[tuple[int, ...], ...]:
-    """The blocks of every stage of a point, split as the runner splits them (by the facts' balance weights:
-    compute-bearing parameters, or the block times a sweep balanced by)."""
-    weights = facts.balance_weights
-    return _split(facts.num_blocks, point.num_stages * point.virtual_stages,
-                  None if weights is None else tuple(weights))
-
-
-# A plan splits the same blocks over the same stages for every micro-batch count and twice per point, and a
-# weighted split costs about the square of the blocks: keep the recent ones (they are immutable tuples).
-_split = functools.lru_cache(maxsize=64)(split_blocks)
+from mbtune.sweeping.records import PointResult
 
 
 def point_orders(point: SweepPoint) -> RankOrders:
     """The per-rank action orders of a point's schedule."""
-    return schedule_orders(point.schedule, num_ranks=point.num_stages, num_microbatches=point.num_microbatches,
-                           stages_per_rank=point.virtual_stages)
+    return schedule_orders(point.schedule, num_ranks=point.num_ranks, num_microbatches=point.num_microbatches,
+                           stages_per_rank=point.stages_per_rank)
 
 
-def usable(results: Sequence[TrialResult]) -> list[TrialResult]:
+def usable(results: Sequence[PointResult]) -> list[PointResult]:
     """The results a cost model can be fitted to: ok, timed, with a timeline."""
     return [r for r in results if r.ok and r.timeline and r.step_time_median_s]
 
@@ -136,7 +106,7 @@ class _Samples:
     actions: list[tuple[tuple[int, ...], str, int, float]]  # (the stage's blocks, kind, size, seconds)
 
 
-def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: str,
+def calibrate(results: Sequence[PointResult], facts: BlockFacts, *, workload: str,
               workload_options: dict[str, Any] | None = None, device: str = "", optimizer: str = "adamw",
               orders_of: Callable[[SweepPoint], RankOrders] = point_orders) -> CostModel:
     """Fit a CostModel to the timelines of the results that ran (see the module docstring for how).
@@ -166,7 +136,7 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
         workload=workload, workload_options=dict(workload_options or {}), device=device, blocks=blocks, facts=facts,
         loss=fit_samples(samples.loss), transfer=transfer, send_s=send_s, gap_s=gap_s,
         start_s=median_or(samples.start), update_per_parameter_s=median_or(samples.update_per_parameter),
-        base_bytes=_base_bytes(runs, facts, state, orders_of), state_bytes_per_parameter=state,
+        base_bytes=base_bytes(runs, facts, state, orders_of), state_bytes_per_parameter=state,
         micro_batch_sizes=tuple(sorted({r.point.micro_batch_size for r in runs})), num_points=len(runs),
         split_backward_measured=split_measured, spread=_spread(samples, blocks, transfer, send_s, gap_s),
         notes=notes, allreduce_bytes_per_s=median_or(samples.allreduce_bytes_per_s) or None,
@@ -175,10 +145,10 @@ def calibrate(results: Sequence[TrialResult], facts: BlockFacts, *, workload: st
     )
 
 
-def _read(result: TrialResult, facts: BlockFacts, samples: _Samples) -> None:
+def _read(result: PointResult, facts: BlockFacts, samples: _Samples) -> None:
     point = result.point
     split = result.stage_blocks or point_split(point, facts)  # the split that ran, where the result says
-    owners = stage_to_rank(point.schedule, point.num_stages, len(split))
+    owners = stage_to_rank(point.schedule, point.num_ranks, len(split))
     size = point.micro_batch_size
     spans = _spans(result.timeline, typical_step_scale(result))
     for span in spans.values():
@@ -206,7 +176,7 @@ class _Span:
     end_s: float
 
 
-def typical_step_scale(result: TrialResult) -> float:
+def typical_step_scale(result: PointResult) -> float:
     """Median step over the step the timeline was taken from: 1 where the timeline shows the median step (as
     the sweep keeps it); a step that ran slower or faster than usual (a neighbour on a shared machine, a cold
     cache) is scaled to a typical one, assuming the difference spread evenly over its actions."""
@@ -281,7 +251,7 @@ def _rank_gaps(spans: dict, owners: Sequence[int], samples: _Samples) -> None:
             (samples.send if _sends_remote(before, owners) else samples.gap).append(gap)
 
 
-def _transfer_gaps(spans: dict, owners: Sequence[int], result: TrialResult) -> list[tuple[bool, float]]:
+def _transfer_gaps(spans: dict, owners: Sequence[int], result: PointResult) -> list[tuple[bool, float]]:
     """Hand-over gaps where the receiver was idle, with the two ranks' clock offset taken out, each with
     whether it crossed a node boundary.
 
@@ -330,18 +300,13 @@ def _previous_on_rank(spans: dict) -> dict[int, _Span]:
     return previous
 
 
-def _rank_parameters(split: Sequence[Sequence[int]], owners: Sequence[int], facts: BlockFacts) -> list[int]:
-    params = [0] * (max(owners) + 1)
-    for stage, blocks in enumerate(split):
-        params[owners[stage]] += sum(facts.parameters[b] for b in blocks)
-    return params
 
 
-def _update(result: TrialResult, spans: dict, split: Sequence[Sequence[int]], owners: Sequence[int],
+def _update(result: PointResult, spans: dict, split: Sequence[Sequence[int]], owners: Sequence[int],
             facts: BlockFacts, samples: _Samples) -> None:
     step_s = result.step_time_median_s  # the spans are scaled to a typical step
     last_end = max(s.end_s for s in spans.values())
-    most = max(_rank_parameters(split, owners, facts))
+    most = max(rank_parameters(split, owners, facts))
     allreduce_s = result.allreduce_s or 0.0
     if step_s and most > 0:
         samples.update_per_parameter.append(max(0.0, step_s - last_end - allreduce_s) / most)
@@ -381,29 +346,9 @@ def _spread(samples: _Samples, blocks: Sequence[BlockCost], transfer: LinearCost
     return Spread(compute=quantiles(compute), transfer=quantiles(hand_overs), gap=quantiles(gaps))
 
 
-def _base_bytes(runs: Sequence[TrialResult], facts: BlockFacts, state: float,
-                orders_of: Callable[[SweepPoint], RankOrders]) -> float:
-    bases = []
-    for result in runs:
-        point = result.point
-        split = result.stage_blocks or point_split(point, facts)
-        owners = stage_to_rank(point.schedule, point.num_stages, len(split))
-        try:
-            held = peak_in_flight(orders_of(point), len(split))
-        except ValueError:
-            held = (0,) * len(split)
-        params = _rank_parameters(split, owners, facts)
-        activations = [0.0] * len(params)
-        for stage, blocks in enumerate(split):
-            activations[owners[stage]] += activation_bytes(facts, blocks, held[stage], point.micro_batch_size,
-                                                           point.recompute)
-        for rank, peak in enumerate(result.peak_memory_bytes):
-            if peak is not None and rank < len(params):
-                bases.append(peak - state * params[rank] - activations[rank])
-    return max(0.0, median_or(bases))
 
 
-def _notes(runs: Sequence[TrialResult], samples: _Samples, split_measured: bool) -> tuple[str, ...]:
+def _notes(runs: Sequence[PointResult], samples: _Samples, split_measured: bool) -> tuple[str, ...]:
     notes = []
     sizes = sorted({r.point.micro_batch_size for r in runs})
     if len(sizes) == 1:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mbtune.errors import ConfigError
+from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.theory import (
     DEFAULT_VIRTUAL_STAGES,
     SCHEDULE_NAMES,
@@ -45,7 +46,6 @@ from mbtune.planning.records import SCATTER_MEASURED, SCATTER_MODES
 from mbtune.planning.validate import LEAVE_ONE_OUT, METHODS
 from mbtune.records import RECOMPUTE_MODES
 from mbtune.sweeping.config import DEFAULT_SCHEDULES
-from mbtune.sweeping.point import SweepPoint
 from mbtune.validation import check_types, require, require_unique
 
 MAX_SIMULATED_ACTIONS = 1_000_000
@@ -73,8 +73,8 @@ class PlanWork:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanConfig:
-    """Settings of `mbtune plan`: the grid to predict (schedules x micro-batch counts at `num_stages` ranks
-    and `data_parallel` replicas), the interconnect, and how the simulator is checked and run.
+    """Settings of `mbtune plan`: the grid to predict (schedules x micro-batch counts at `num_ranks` ranks
+    and `data_parallel_size` replicas), the interconnect, and how the simulator is checked and run.
 
     Without a micro-batch size or global batch, the plan takes the size the profile measured most.
     `validation_method` None skips the check against the measured points (leave-one-out refits the model
@@ -83,10 +83,10 @@ class PlanConfig:
     in the plan (for pictures and traces). ConfigError where a setting is out of range or the grid is too
     large to simulate in seconds (see the module docstring for the limits)."""
 
-    num_stages: int = DEFAULT_PLAN_RANKS  # pipeline ranks
+    num_ranks: int = DEFAULT_PLAN_RANKS  # pipeline ranks
     micro_batches: tuple[int, ...] = DEFAULT_PLAN_MICRO_BATCHES
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
-    data_parallel: int = 1
+    data_parallel_size: int = 1
     micro_batch_size: int | None = None
     global_batch: int | None = None
     grad_accum_steps: int = 1
@@ -110,7 +110,7 @@ class PlanConfig:
         self._check_size()
 
     def _check_grid(self) -> None:
-        require(1 <= self.num_stages <= MAX_MODEL_STAGES, "num_stages", self.num_stages,
+        require(1 <= self.num_ranks <= MAX_MODEL_STAGES, "num_ranks", self.num_ranks,
                 f"an integer from 1 to {MAX_MODEL_STAGES}")
         require(bool(self.micro_batches), "micro_batches", self.micro_batches, "at least one micro-batch count")
         require(min(self.micro_batches) >= 1, "micro_batches", self.micro_batches, "integers >= 1")
@@ -127,7 +127,7 @@ class PlanConfig:
                 f"an integer from 2 to {MAX_MODEL_STAGES}")
         require(self.num_blocks is None or 3 <= self.num_blocks <= MAX_BLOCKS, "num_blocks", self.num_blocks,
                 f"an integer from 3 to {MAX_BLOCKS} (a deeper model repeats its interior blocks)")
-        for name in ("data_parallel", "grad_accum_steps"):
+        for name in ("data_parallel_size", "grad_accum_steps"):
             require(1 <= getattr(self, name) <= MAX_COUNT, name, getattr(self, name), f"an integer from 1 to {MAX_COUNT}")
         for name in ("micro_batch_size", "global_batch"):
             value = getattr(self, name)
@@ -149,17 +149,17 @@ class PlanConfig:
     def _check_size(self) -> None:
         for schedule in self.schedules:
             per_rank = stages_per_rank(schedule, self.virtual_stages)
-            require(self.num_stages * per_rank <= MAX_MODEL_STAGES, "num_stages", self.num_stages,
+            require(self.num_ranks * per_rank <= MAX_MODEL_STAGES, "num_ranks", self.num_ranks,
                     f"at most {MAX_MODEL_STAGES // per_rank} with {schedule} at {per_rank} stages per rank "
                     f"({MAX_MODEL_STAGES} stages in all at most)")
         # The cheapest point (gpipe: two actions per stage and micro-batch) bounds each count alone, before
         # the grid is built (some checks of a point cost as much as its micro-batch count).
-        per_count = 2 * self.num_stages * self.grad_accum_steps
+        per_count = 2 * self.num_ranks * self.grad_accum_steps
         require(per_count <= MAX_SIMULATED_ACTIONS, "grad_accum_steps", self.grad_accum_steps,
-                f"at most {MAX_SIMULATED_ACTIONS // (2 * self.num_stages)} (at {self.num_stages} stages, more is "
+                f"at most {MAX_SIMULATED_ACTIONS // (2 * self.num_ranks)} (at {self.num_ranks} stages, more is "
                 "too much to simulate)")
         require(max(self.micro_batches) * per_count <= MAX_SIMULATED_ACTIONS, "micro_batches", self.micro_batches,
-                f"at most {MAX_SIMULATED_ACTIONS // per_count} (at {self.num_stages} stages x {self.grad_accum_steps} "
+                f"at most {MAX_SIMULATED_ACTIONS // per_count} (at {self.num_ranks} stages x {self.grad_accum_steps} "
                 "accumulation steps, more is too much to simulate)")
         work = self.work()
         if work.simulated_actions > MAX_SIMULATED_ACTIONS:
@@ -167,15 +167,15 @@ class PlanConfig:
             assert largest is not None
             raise ConfigError(
                 f"the grid needs ~{_count(work.simulated_actions)} simulated actions (limit "
-                f"{_count(MAX_SIMULATED_ACTIONS)}; {largest.schedule} p={largest.num_stages} "
+                f"{_count(MAX_SIMULATED_ACTIONS)}; {largest.schedule} p={largest.num_ranks} "
                 f"m={largest.num_microbatches} alone {_count(simulated_actions(largest, self.scatter))})",
                 hint="Plan fewer stages, micro-batches, accumulation steps or schedules.")
 
     def grid(self) -> PlanGrid:
         """The configurations to predict (micro-batch size still None where neither it nor the global batch
         is given: the plan takes it from the profile)."""
-        return PlanGrid(num_stages=self.num_stages, micro_batches=self.micro_batches, schedules=self.schedules,
-                        data_parallel=self.data_parallel, micro_batch_size=self.micro_batch_size,
+        return PlanGrid(num_ranks=self.num_ranks, micro_batches=self.micro_batches, schedules=self.schedules,
+                        data_parallel_size=self.data_parallel_size, micro_batch_size=self.micro_batch_size,
                         global_batch=self.global_batch, grad_accum_steps=self.grad_accum_steps,
                         virtual_stages=self.virtual_stages, num_blocks=self.num_blocks, recompute=self.recompute)
 

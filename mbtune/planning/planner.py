@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COMPUTE_KINDS, FORWARD
+from mbtune.pipeline.point import SweepPoint, micro_batch_size_for
 from mbtune.pipeline.theory import (
     check_point,
     schedule_info,
@@ -31,7 +32,8 @@ from mbtune.pipeline.theory import (
     stages_per_rank,
     theoretical_bubble,
 )
-from mbtune.planning.calibrate import activation_bytes, allreduce_volume_bytes, point_orders, point_split
+from mbtune.planning.calibrate import point_orders
+from mbtune.planning.memory import activation_bytes, allreduce_volume_bytes, point_split
 from mbtune.planning.orders import RankOrders
 from mbtune.planning.records import (
     SCATTER_MEASURED,
@@ -42,15 +44,14 @@ from mbtune.planning.records import (
     CostModel,
     LinearCost,
     PlanReport,
-    PlanSkipped,
     Prediction,
     Simulation,
+    SkippedPoint,
     Spread,
     StageCost,
     Validation,
 )
 from mbtune.planning.simulate import Jitter, Overheads, simulate
-from mbtune.sweeping.point import SweepPoint, micro_batch_size_for
 
 SPREAD_SAMPLES = 15  # simulated steps behind one prediction where the spread is known
 SAMPLED_ACTIONS = 150_000  # at most this many simulated actions per prediction (but 3 steps at least): a huge
@@ -81,10 +82,10 @@ class Link:
 class PlanGrid:
     """The configurations to predict: every schedule x micro-batch count, at one size of the pipeline."""
 
-    num_stages: int  # pipeline ranks
+    num_ranks: int  # pipeline ranks
     micro_batches: tuple[int, ...]
     schedules: tuple[str, ...]
-    data_parallel: int = 1
+    data_parallel_size: int = 1
     micro_batch_size: int | None = None  # or derived from global_batch
     global_batch: int | None = None
     grad_accum_steps: int = 1
@@ -111,7 +112,7 @@ def without_per_sample_memory(facts: BlockFacts) -> BlockFacts:
 def point_depth(num_blocks: int, point: SweepPoint) -> int:
     """The blocks a point is planned with when no depth is chosen: the workload's own where they give every
     stage one, else one per stage (ranks x stages per rank)."""
-    return max(num_blocks, point.num_stages * point.virtual_stages)
+    return max(num_blocks, point.num_ranks * point.stages_per_rank)
 
 
 def deepen(model: CostModel, num_blocks: int) -> CostModel:
@@ -175,7 +176,7 @@ def simulate_point(model: CostModel, point: SweepPoint, *, link: Link | None = N
     Where the spread is known, the median of several draws, or the one draw `seed` (a median's seed again
     gives that median, timeline and all, for a fraction of the work)."""
     split = point_split(point, model.facts)
-    owners = stage_to_rank(point.schedule, point.num_stages, len(split))
+    owners = stage_to_rank(point.schedule, point.num_ranks, len(split))
     size = point.micro_batch_size
     transfers = tuple(_transfer_s(model, link, blocks[-1], size,
                                   crosses=link is not None and link.crosses(owners[s], owners[s + 1]))
@@ -205,7 +206,7 @@ def point_actions(point: SweepPoint) -> int:
     """Compute actions one optimizer step of a point simulates: a forward and a backward (split in an input
     and a weight part by the zero-bubble schedules) per stage and micro-batch, every accumulation step."""
     kinds = 3 if schedule_info(point.schedule).splits_backward else 2
-    return kinds * point.num_stages * point.virtual_stages * point.num_microbatches * point.grad_accum_steps
+    return kinds * point.num_ranks * point.stages_per_rank * point.num_microbatches * point.grad_accum_steps
 
 
 def simulated_actions(point: SweepPoint, scatter: str = SCATTER_MEASURED) -> int:
@@ -235,15 +236,15 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
     memory per rank checked against the limit. `seed`: see simulate_point."""
     sim = simulate_point(model, point, link=link, orders_of=orders_of, keep_timeline=keep_timeline, seed=seed)
     split = point_split(point, model.facts)
-    owners = stage_to_rank(point.schedule, point.num_stages, len(split))
-    params = [0] * point.num_stages
+    owners = stage_to_rank(point.schedule, point.num_ranks, len(split))
+    params = [0] * point.num_ranks
     for stage, blocks in enumerate(split):
         params[owners[stage]] += sum(model.facts.parameters[b] for b in blocks)
     allreduce = _allreduce_s(max(params), point.data_parallel_size, link, model)
     update = model.update_fixed_s + model.update_per_parameter_s * max(params)
     step = sim.pipeline_s + allreduce + update
     per_stage = stage_memory_bytes(model, split, sim.peak_in_flight, point.micro_batch_size, point.recompute)
-    memory = [model.base_bytes] * point.num_stages
+    memory = [model.base_bytes] * point.num_ranks
     for stage, stage_bytes in enumerate(per_stage):
         memory[owners[stage]] += stage_bytes
     rate = point.global_batch / step if step > 0 else 0.0
@@ -251,9 +252,9 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
         point=point, blocks_per_stage=tuple(len(b) for b in split), step_time_s=step, pipeline_s=sim.pipeline_s,
         allreduce_s=allreduce, update_s=update, samples_per_s=rate,
         tokens_per_s=rate * tokens_per_sample if tokens_per_sample else None, bubble=sim.bubble,
-        bubble_theoretical=theoretical_bubble(point.schedule, num_ranks=point.num_stages,
+        bubble_theoretical=theoretical_bubble(point.schedule, num_ranks=point.num_ranks,
                                               num_microbatches=point.num_microbatches,
-                                              virtual_stages=point.virtual_stages),
+                                              virtual_stages=point.stages_per_rank),
         peak_in_flight=sim.peak_in_flight, stage_memory_bytes=per_stage, memory_bytes=tuple(memory),
         memory_limit_bytes=memory_limit_bytes,
         fits=None if memory_limit_bytes is None else max(memory) <= memory_limit_bytes, timeline=sim.timeline,
@@ -288,7 +289,7 @@ def stage_memory_bytes(model: CostModel, split: Sequence[Sequence[int]], held: S
 
 
 
-def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint], list[PlanSkipped]]:
+def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint], list[SkippedPoint]]:
     """The grid's points, and those that cannot run with why (schedule constraints, blocks, batch split)."""
     points, skipped = [], []
     for schedule in grid.schedules:
@@ -296,14 +297,14 @@ def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint
         for m in grid.micro_batches:
             size, bad_split = _micro_batch_size(grid, m)
             for recompute in grid.recompute:
-                point = SweepPoint(schedule=schedule, num_stages=grid.num_stages, num_microbatches=m,
-                                   grad_accum_steps=grid.grad_accum_steps, micro_batch_size=size, virtual_stages=v,
-                                   data_parallel_size=grid.data_parallel, recompute=recompute)
-                reason = bad_split or check_point(schedule, v * grid.num_stages, grid.num_stages, m,
+                point = SweepPoint(schedule=schedule, num_ranks=grid.num_ranks, num_microbatches=m,
+                                   grad_accum_steps=grid.grad_accum_steps, micro_batch_size=size, stages_per_rank=v,
+                                   data_parallel_size=grid.data_parallel_size, recompute=recompute)
+                reason = bad_split or check_point(schedule, v * grid.num_ranks, grid.num_ranks, m,
                                                   num_blocks=num_blocks)
                 if reason and "blocks, too few" in reason:
                     reason += "; plan a deeper model of the same blocks (--blocks)"
-                (skipped.append(PlanSkipped(point=point, reason=reason)) if reason else points.append(point))
+                (skipped.append(SkippedPoint(point=point, reason=reason)) if reason else points.append(point))
     return points, skipped
 
 
@@ -311,7 +312,7 @@ def _micro_batch_size(grid: PlanGrid, m: int) -> tuple[int, str | None]:
     if grid.global_batch is None:
         return grid.micro_batch_size or 1, None
     return micro_batch_size_for(grid.global_batch, num_microbatches=m, grad_accum_steps=grid.grad_accum_steps,
-                                data_parallel_size=grid.data_parallel)
+                                data_parallel_size=grid.data_parallel_size)
 
 
 def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_limit_bytes: float | None = None,
@@ -340,13 +341,13 @@ def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_l
             predictions.append(predict(deep, point, link=link, memory_limit_bytes=memory_limit_bytes,
                                        tokens_per_sample=tokens_per_sample, orders_of=orders_of))
         except ValueError as exc:
-            skipped.append(PlanSkipped(point=point, reason=str(exc)))
+            skipped.append(SkippedPoint(point=point, reason=str(exc)))
     ranked = sorted(predictions, key=lambda p: ({True: 0, None: 1, False: 2}[p.fits], -p.samples_per_s))
     recommended = 0 if ranked and ranked[0].fits is not False else None
     notes = list(warnings) + _depth_notes(model, ranked) + list(model.notes)
     if scatter == SCATTER_MEASURED and not model.spread.known:
         notes.append("no scatter measured: predictions use the average costs")
-    if grid.data_parallel > 1 and (link is None or link.bandwidth_bytes_per_s is None):
+    if grid.data_parallel_size > 1 and (link is None or link.bandwidth_bytes_per_s is None):
         if model.allreduce_bytes_per_s:
             notes.append(f"data-parallel all-reduce charged at {model.allreduce_bytes_per_s / 1e9:.2f} GB/s, the "
                          f"effective ring bandwidth measured over {model.allreduce_points} data-parallel point(s)")

@@ -9,17 +9,17 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 
+from mbtune.pipeline.point import SweepPoint
 from mbtune.planning.records import BlockFacts, QuickResult, QuickRound
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 
 # (results measured so far, candidate points) -> predicted samples/s per candidate (None: cannot tell)
-Predictor = Callable[[Sequence[TrialResult], Sequence[SweepPoint]], Sequence[float | None]]
+Predictor = Callable[[Sequence[PointResult], Sequence[SweepPoint]], Sequence[float | None]]
 
 SPLIT_BACKWARD = ("zero-bubble", "zbv")
 
 
-def quick_search(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint], TrialResult], *,
+def quick_search(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint], PointResult], *,
                  predict_rates: Predictor, num_calibration: int = 3, min_gain: float = 0.02,
                  max_fraction: float = 1 / 3, per_round: int = 3, min_uncertainty: float = 0.05) -> QuickResult:
     """Search the grid for the highest throughput while running few of its points.
@@ -69,10 +69,10 @@ def quick_search(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint],
 class _Search:
     """What the quick search has run, and how far its predictions were from what then ran."""
 
-    def __init__(self, run_point: Callable[[SweepPoint], TrialResult], budget: int) -> None:
+    def __init__(self, run_point: Callable[[SweepPoint], PointResult], budget: int) -> None:
         self.run_point = run_point
         self.budget = budget
-        self.results: dict[SweepPoint, TrialResult] = {}
+        self.results: dict[SweepPoint, PointResult] = {}
         self.rounds: list[QuickRound] = []
         self.errors: list[float] = []
 
@@ -100,7 +100,7 @@ class _Search:
         return max(ok, key=lambda item: item[0])[1] if ok else None
 
 
-def _predict(predict_rates: Predictor, results: list[TrialResult], unrun: list[SweepPoint]) -> dict[SweepPoint, float]:
+def _predict(predict_rates: Predictor, results: list[PointResult], unrun: list[SweepPoint]) -> dict[SweepPoint, float]:
     try:
         predicted = list(predict_rates(results, unrun))
     except ValueError:
@@ -108,7 +108,7 @@ def _predict(predict_rates: Predictor, results: list[TrialResult], unrun: list[S
     return {p: r for p, r in zip(unrun, predicted) if r is not None}
 
 
-def _held_out_error(predict_rates: Predictor, results: dict[SweepPoint, TrialResult]) -> float:
+def _held_out_error(predict_rates: Predictor, results: dict[SweepPoint, PointResult]) -> float:
     """How far the predictor misses a point it has not seen: each ok point predicted from all the others;
     the upper quartile of the relative errors (0 with fewer than three ok points)."""
     ok = [(r, r.samples_per_s) for r in results.values() if r.ok and r.samples_per_s]
@@ -185,12 +185,12 @@ def neighbours(point: SweepPoint, candidates: Sequence[SweepPoint]) -> list[Swee
     return found
 
 
-def _best_rate(results: Iterable[TrialResult]) -> float | None:
+def _best_rate(results: Iterable[PointResult]) -> float | None:
     rates = [r.samples_per_s for r in results if r.ok and r.samples_per_s]
     return max(rates, default=None)
 
 
-def _best_index(results: Sequence[TrialResult]) -> int | None:
+def _best_index(results: Sequence[PointResult]) -> int | None:
     ok = [(r.samples_per_s, i) for i, r in enumerate(results) if r.ok and r.samples_per_s]
     return max(ok)[1] if ok else None
 
@@ -200,7 +200,7 @@ def simulator_predictor(facts: BlockFacts, *, workload: str, optimizer: str = "a
     from mbtune.planning.calibrate import calibrate, usable
     from mbtune.planning.planner import predict
 
-    def predict_rates(results: Sequence[TrialResult], candidates: Sequence[SweepPoint]) -> list[float | None]:
+    def predict_rates(results: Sequence[PointResult], candidates: Sequence[SweepPoint]) -> list[float | None]:
         if not usable(results):
             raise ValueError("no point ran ok yet")
         model = calibrate(results, facts, workload=workload, optimizer=optimizer)

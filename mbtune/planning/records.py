@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
+from mbtune.pipeline.point import SweepPoint
 from mbtune.records import DeviceInfo, Record, TimelineAction
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult, SkippedPoint
 
 _COST_FIELD = {FORWARD: "forward_s", BACKWARD: "backward_s", BACKWARD_INPUT: "backward_input_s",
                BACKWARD_WEIGHT: "backward_weight_s"}
@@ -258,14 +258,6 @@ class Validation(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanSkipped(Record):
-    """A configuration the planner did not predict, and why."""
-
-    point: SweepPoint
-    reason: str
-
-
-@dataclass(frozen=True, kw_only=True)
 class PlanReport(Record):
     """Ranked predictions for configurations beyond this machine, and the one recommended."""
 
@@ -282,7 +274,7 @@ class PlanReport(Record):
     memory_limit_bytes: float | None = None
     memory_limit_source: str = ""  # what the limit is (the probe's peak at its ceiling, ...)
     predictions: tuple[Prediction, ...] = ()  # best first: fitting ones by throughput, then the rest
-    skipped: tuple[PlanSkipped, ...] = ()
+    skipped: tuple[SkippedPoint, ...] = ()
     recommended: int | None = None  # index into predictions
     validation: Validation | None = None  # the simulator against the points the profile's sweep ran
     warnings: tuple[str, ...] = ()
@@ -307,7 +299,7 @@ class QuickRound(Record):
 class QuickResult(Record):
     """What the quick strategy ran (in order), how much of the grid that was, and why it stopped."""
 
-    results: tuple[TrialResult, ...]
+    results: tuple[PointResult, ...]
     num_grid_points: int
     fraction_run: float
     best: int | None  # index into results

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+from mbtune.pipeline.point import SweepPoint
 from mbtune.planning.calibrate import point_orders, usable
 from mbtune.planning.orders import RankOrders
 from mbtune.planning.planner import predict, with_scatter
@@ -25,14 +26,13 @@ from mbtune.planning.records import (
     Validation,
     ValidationRow,
 )
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 
 IN_SAMPLE, LEAVE_ONE_OUT = "in-sample", "leave-one-out"
 METHODS = (IN_SAMPLE, LEAVE_ONE_OUT)
 
 
-def compare(result: TrialResult, model: CostModel, *,
+def compare(result: PointResult, model: CostModel, *,
             orders_of: Callable[[SweepPoint], RankOrders] = point_orders) -> ValidationRow:
     """One point's predicted step time and bubble beside what it measured."""
     predicted = predict(model, result.point, orders_of=orders_of)
@@ -47,7 +47,7 @@ def compare(result: TrialResult, model: CostModel, *,
     )
 
 
-def validate(results: Sequence[TrialResult], fit: Callable[[Sequence[TrialResult]], CostModel], *,
+def validate(results: Sequence[PointResult], fit: Callable[[Sequence[PointResult]], CostModel], *,
              method: str = LEAVE_ONE_OUT, orders_of: Callable[[SweepPoint], RankOrders] = point_orders,
              scatter: str = SCATTER_MEASURED) -> Validation:
     """Predict every point that ran with models from `fit` (a calibration over a list of results) and
@@ -84,7 +84,7 @@ def summarize(rows: Sequence[ValidationRow], method: str, *, noise: NoiseFloor |
     )
 
 
-def noise_floor(results: Sequence[TrialResult]) -> NoiseFloor | None:
+def noise_floor(results: Sequence[PointResult]) -> NoiseFloor | None:
     """The noise floor of the ok points' step times (see NoiseFloor): between runs over the points measured
     in two or more repeats; where none was, within one run over the points with two or more measured steps.
     None where no point has either."""

@@ -57,7 +57,7 @@ from mbtune.probing.records import ProbeResult
 from mbtune.qualifying.records import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check
 from mbtune.records import OK, OOM
 from mbtune.serving.records import ServeReport
-from mbtune.sweeping.records import SweepReport, TrialResult
+from mbtune.sweeping.records import PointResult, SweepReport
 
 DEFAULT_REPEATS = 3  # runs of each sweep point a qualification makes, each in fresh processes
 AGGREGATE = "throughput, all common points (geometric mean of now/baseline ratios)"
@@ -135,7 +135,7 @@ def at_most(name: str, measured: float | None, bound: float, rule: str, spread: 
     return judge(name, measured, bound, rule=rule, spread=spread, upper=True)
 
 
-def point_spread(result: TrialResult, side: str) -> Spread | None:
+def point_spread(result: PointResult, side: str) -> Spread | None:
     """A point's samples/s range over its repeats' medians (over its steps when it ran once), or None."""
     median = result.samples_per_s
     if not result.ok or not median:
@@ -162,7 +162,7 @@ def probe_spread(probe: ProbeResult, side: str) -> Spread:
                   basis=f"{side}, fits at {probe.ceiling}, fails at {probe.first_failing}")
 
 
-def busy_reason(results: list[TrialResult]) -> Busy | None:
+def busy_reason(results: list[PointResult]) -> Busy | None:
     """How busy the machine was, when it was busy while more than half of these results were measured."""
     busy = [r.load for r in results if r.load is not None and r.load.busy]
     if not busy or 2 * len(busy) <= len(results):
@@ -181,13 +181,13 @@ def wider(*spreads: Spread | None) -> Spread | None:
     return max(known, key=lambda s: s.share) if known else None
 
 
-def fastest(sweep: SweepReport | None) -> TrialResult | None:
+def fastest(sweep: SweepReport | None) -> PointResult | None:
     """The point with the highest samples/s (whatever the sweep's objective ranked first)."""
     ok = [r for r in sweep.results if r.ok and r.samples_per_s] if sweep else []
     return max(ok, key=_rate) if ok else None
 
 
-def _rate(result: TrialResult) -> float:
+def _rate(result: PointResult) -> float:
     """The samples/s of a result already known to have one."""
     assert result.samples_per_s is not None, "only results that measured a throughput get here"
     return result.samples_per_s
@@ -213,7 +213,7 @@ def against_baseline(baseline_probe: ProbeResult | None, baseline_sweep: SweepRe
     return checks
 
 
-def _best(was: TrialResult, sweep: SweepReport | None, tolerance: float, rule: str) -> Check:
+def _best(was: PointResult, sweep: SweepReport | None, tolerance: float, rule: str) -> Check:
     """The fastest point now against the fastest of the baseline, `was` (see the module docstring)."""
     now = fastest(sweep)
     keep = 1.0 - tolerance
@@ -347,7 +347,7 @@ def serve_thresholds(thresholds: Mapping[str, float], report: ServeReport | None
     return [dataclasses.replace(check, detail="; ".join(p for p in (detail, check.detail) if p))]
 
 
-def _bubble_spread(result: TrialResult | None) -> Spread | None:
+def _bubble_spread(result: PointResult | None) -> Spread | None:
     if result is None or not result.bubble_measured:
         return None
     low, high = result.bubble_measured_min, result.bubble_measured_max

@@ -131,7 +131,7 @@ def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
         return probe, None
     points = tuple(r.point for r in baseline.sweep.results if r.ok)
     sweep = SweepConfig(workload=was.workload, workload_options=probe.workload_options, device=probe.device,
-                        num_stages=max(p.num_stages for p in points) if points else 1, points=points,
+                        num_ranks=max(p.num_ranks for p in points) if points else 1, points=points,
                         objective=baseline.sweep.objective, warmup_steps=baseline.sweep.warmup_steps,
                         measured_steps=baseline.sweep.measured_steps, repeats=repeats,
                         balance=baseline.sweep.balance.by)

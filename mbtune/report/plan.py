@@ -68,7 +68,7 @@ def predictions_table(report: PlanReport, *, limit: int | None = 20) -> Table:
 def _prediction_row(position: int, p: Prediction) -> list[str]:
     point = p.point
     fits = {True: "yes", False: "[red]no[/]", None: "unchecked"}[p.fits]
-    return [str(position), point.schedule, str(point.num_stages), str(point.virtual_stages),
+    return [str(position), point.schedule, str(point.num_ranks), str(point.stages_per_rank),
             str(point.num_microbatches), str(point.micro_batch_size), str(point.data_parallel_size),
             str(point.global_batch), fmt_rate(p.samples_per_s), fmt_seconds(p.step_time_s),
             f"{_pct(p.bubble)} / {_pct(p.bubble_theoretical)}", fmt_bytes(p.max_memory_bytes), fits]
@@ -129,8 +129,8 @@ def recommendation_panel(report: PlanReport) -> Panel:
     point = best.point
     grid = key_value_grid()
     grid.add_row("schedule", point.schedule)
-    grid.add_row("stages", f"{point.num_stages * point.virtual_stages} ({point.num_stages} rank(s) x "
-                 f"{point.virtual_stages} stage(s) per rank; blocks per stage {_range(best.blocks_per_stage)})")
+    grid.add_row("stages", f"{point.num_ranks * point.stages_per_rank} ({point.num_ranks} rank(s) x "
+                 f"{point.stages_per_rank} stage(s) per rank; blocks per stage {_range(best.blocks_per_stage)})")
     grid.add_row("micro-batches", f"{point.num_microbatches} of {point.micro_batch_size} samples, "
                  f"{point.grad_accum_steps} accumulation step(s), {point.data_parallel_size} data-parallel")
     grid.add_row("global batch", str(point.global_batch))
@@ -176,8 +176,8 @@ def plan_frame(report: PlanReport) -> Any:
     """The predictions as a pandas DataFrame, ranked, in SI units."""
     import pandas as pd
 
-    rows = [{"rank": i + 1, "schedule": p.point.schedule, "num_blocks": p.num_blocks, "num_stages": p.point.num_stages,
-             "virtual_stages": p.point.virtual_stages, "num_microbatches": p.point.num_microbatches,
+    rows = [{"rank": i + 1, "schedule": p.point.schedule, "num_blocks": p.num_blocks, "num_ranks": p.point.num_ranks,
+             "stages_per_rank": p.point.stages_per_rank, "num_microbatches": p.point.num_microbatches,
              "micro_batch_size": p.point.micro_batch_size, "data_parallel_size": p.point.data_parallel_size,
              "global_batch": p.point.global_batch, "samples_per_s": p.samples_per_s, "step_time_s": p.step_time_s,
              "bubble": p.bubble, "bubble_theoretical": p.bubble_theoretical,

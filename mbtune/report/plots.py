@@ -190,7 +190,7 @@ def write_plan_plots(report: PlanReport, directory: str | os.PathLike[str], *,
     if report.predictions:
         written.append(_throughput_plot(report.predictions, target / "plan_throughput.png", predicted=True,
                                         title=f"Predicted throughput: {report.workload}, "
-                                              f"{report.predictions[0].point.num_stages} ranks"))
+                                              f"{report.predictions[0].point.num_ranks} ranks"))
         written.append(_plan_bubble_plot(report.predictions, target / "plan_bubble.png"))
     best = report.best
     if best is not None:

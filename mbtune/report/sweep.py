@@ -14,7 +14,7 @@ from rich.text import Text
 
 from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 from mbtune.report.probe import cause_line
-from mbtune.sweeping.records import SweepReport, TrialResult
+from mbtune.sweeping.records import PointResult, SweepReport
 
 
 def _pct(value: float | None, scale: float = 100.0) -> str:
@@ -138,7 +138,7 @@ def _bare_pct(value: float) -> str:
     return f"{value * 100:.0f}"
 
 
-def _lr_cell(report: SweepReport, result: TrialResult) -> str:
+def _lr_cell(report: SweepReport, result: PointResult) -> str:
     advice = report.advice_for(result.point.global_batch)
     if advice is None or (len(report.lr_advice) == 1 and advice.lr is None):
         return ""  # one global batch and no recipe: nothing to scale
@@ -158,9 +158,9 @@ def _lr_caption(report: SweepReport) -> list[str]:
     return [f"{scaled}, scaled by the {first.rule} rule ({WARMUP_NOTE})"]
 
 
-def _row(position: int, result: TrialResult, marks: str, lr: str = "") -> dict[str, str]:
+def _row(position: int, result: PointResult, marks: str, lr: str = "") -> dict[str, str]:
     point = result.point
-    row = {"#": f"{position}{marks}", "schedule": point.schedule, "p": str(point.num_stages),
+    row = {"#": f"{position}{marks}", "schedule": point.schedule, "p": str(point.num_ranks),
            "m": str(point.num_microbatches), "acc": str(point.grad_accum_steps),
            "dp": str(point.data_parallel_size), "rc": point.recompute, "mbs": str(point.micro_batch_size),
            "global": str(point.global_batch), "lr": lr, "status": "ok"}
@@ -180,7 +180,7 @@ def _row(position: int, result: TrialResult, marks: str, lr: str = "") -> dict[s
             "kernel active": _kernel_active(result)}
 
 
-def _kernel_active(result: TrialResult) -> str:
+def _kernel_active(result: PointResult) -> str:
     if result.nvml is None or not result.nvml.available or not result.nvml.gpus:
         return "n/a"
     values = [g.kernel_active_pct_median for g in result.nvml.gpus if g.kernel_active_pct_median is not None]
@@ -204,8 +204,8 @@ def best_panel(report: SweepReport) -> Panel:
     point = best.point
     grid = key_value_grid()
     grid.add_row("schedule", point.schedule)
-    grid.add_row("stages", f"{point.num_stages * point.virtual_stages} ({point.num_stages} rank(s) x "
-                 f"{point.virtual_stages} stage(s) per rank; ran as {best.ran_as})")
+    grid.add_row("stages", f"{point.num_ranks * point.stages_per_rank} ({point.num_ranks} rank(s) x "
+                 f"{point.stages_per_rank} stage(s) per rank; ran as {best.ran_as})")
     grid.add_row("micro-batch size", str(point.micro_batch_size))
     grid.add_row("micro-batches", str(point.num_microbatches))
     grid.add_row("accumulation steps", str(point.grad_accum_steps))
@@ -305,7 +305,7 @@ def _check_line(report: SweepReport) -> str:
     return f"[bold red]FAIL[/]: {found.cause} ({figures}). {found.hint}"
 
 
-def _headroom(report: SweepReport, best: TrialResult) -> str:
+def _headroom(report: SweepReport, best: PointResult) -> str:
     limit, peak = report.ceiling_peak_memory_bytes, best.max_peak_memory_bytes
     if limit is None or peak is None:
         return "n/a (no probe in this run; use mbtune tune)"
@@ -356,7 +356,7 @@ def results_frame(report: SweepReport):
         advice = report.advice_for(p.global_batch)
         rows.append({
             "rank": report.ranking.index(index) + 1 if index in report.ranking else None,
-            "schedule": p.schedule, "num_stages": p.num_stages, "num_microbatches": p.num_microbatches,
+            "schedule": p.schedule, "num_ranks": p.num_ranks, "num_microbatches": p.num_microbatches,
             "grad_accum_steps": p.grad_accum_steps, "data_parallel_size": p.data_parallel_size,
             "recompute": p.recompute,
             "micro_batch_size": p.micro_batch_size,

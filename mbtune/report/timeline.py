@@ -10,7 +10,7 @@ from rich.text import Text
 from mbtune.actions import ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.records import TimelineAction
 from mbtune.report import fmt_seconds
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 
 # kind -> (character, style); idle slices are IDLE.
 GLYPHS = {
@@ -58,13 +58,13 @@ def _coverage(actions: Sequence[TimelineAction], width: int, slice_s: float,
     return cover
 
 
-def timeline_renderable(actions: Sequence[TimelineAction] | TrialResult, *, width: int = 80,
+def timeline_renderable(actions: Sequence[TimelineAction] | PointResult, *, width: int = 80,
                         title: str = "", fit: int | None = None) -> RenderableType:
     """The timeline as rich text: a header, one coloured row per stage (with its rank, and its node when
     the ranks ran on several), a legend, and which hand-overs crossed a node boundary. `width` columns of
     time, or with `fit`, as many as fit in that many columns beside the labels."""
-    result = actions if isinstance(actions, TrialResult) else None
-    if isinstance(actions, TrialResult):
+    result = actions if isinstance(actions, PointResult) else None
+    if isinstance(actions, PointResult):
         title = title or f"Timeline of {actions.point.label} (median measured step)"
         actions = actions.timeline
     if not actions:

@@ -12,7 +12,7 @@ from typing import Any
 from mbtune.actions import ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.atomic import write_atomic
 from mbtune.records import TimelineAction
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 
 # Reserved trace-viewer colour names, so each kind keeps its colour in chrome://tracing.
 _COLOURS = {FORWARD: "thread_state_running", BACKWARD: "thread_state_iowait", BACKWARD_INPUT: "rail_load",
@@ -43,12 +43,12 @@ def trace_events(actions: Sequence[TimelineAction], *, label: str = "",
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"source": "mbtune", "label": label}}
 
 
-def write_trace(result: TrialResult | Sequence[TimelineAction], path: str | os.PathLike[str], *,
+def write_trace(result: PointResult | Sequence[TimelineAction], path: str | os.PathLike[str], *,
                 label: str = "") -> Path:
-    """Write the timeline (of a TrialResult's median measured step, or any actions) as trace-event JSON,
+    """Write the timeline (of a PointResult's median measured step, or any actions) as trace-event JSON,
     atomically; returns the path written."""
     nodes: Sequence[str] = ()
-    if isinstance(result, TrialResult):
+    if isinstance(result, PointResult):
         label = label or result.point.label
         actions: Sequence[TimelineAction] = result.timeline
         nodes = result.rank_nodes

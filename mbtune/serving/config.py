@@ -40,21 +40,21 @@ DURATIONS = {"p99": "p99_budget_s", "queue_delays": "queue_delays_s", "window": 
 
 
 def with_durations(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings with their durations in seconds, under the field's name: "50ms" -> 0.05, a list of
-    durations -> a tuple of seconds; numbers are seconds already. Any other setting is left as it is."""
+    """Settings with their durations (by their flag's name: p99, queue_delays, window, queue_timeout) in
+    seconds, under the field's name: "50ms" -> 0.05, a list of durations -> a tuple of seconds; numbers are
+    seconds already. Any other setting is left as it is."""
     from mbtune.units import parse_duration
 
     converted = dict(settings)
     for flag, name in DURATIONS.items():
-        for key in (flag, name):
-            if key not in converted:
-                continue
-            value = converted.pop(key)
-            if isinstance(value, list | tuple):
-                value = tuple(parse_duration(v, name=flag) if isinstance(v, str) else v for v in value)
-            elif isinstance(value, str):
-                value = parse_duration(value, name=flag)
-            converted[name] = value
+        if flag not in converted:
+            continue
+        value = converted.pop(flag)
+        if isinstance(value, list | tuple):
+            value = tuple(parse_duration(v, name=flag) if isinstance(v, str) else v for v in value)
+        elif isinstance(value, str):
+            value = parse_duration(value, name=flag)
+        converted[name] = value
     return converted
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mbtune.errors import ConfigError
+from mbtune.pipeline.point import SweepPoint
 from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
@@ -15,7 +16,6 @@ from mbtune.settings import (
     check_recompute_modes,
     check_timeout,
 )
-from mbtune.sweeping.point import SweepPoint
 from mbtune.units import parse_device
 from mbtune.validation import check_types, require_unique
 from mbtune.validation import require as _require
@@ -43,13 +43,13 @@ class SweepConfig:
     workload: str = "gpt"
     workload_options: tuple[tuple[str, int | float | str], ...] = ()
     device: str = "auto"
-    num_stages: int = 2
+    num_ranks: int = 2
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
     micro_batches: tuple[int, ...] | None = None  # default: p, 2p, 4p
-    accum_steps: tuple[int, ...] = (1, 2)
+    grad_accum_steps: tuple[int, ...] = (1, 2)
     micro_batch_size: tuple[int, ...] | None = None  # fixed sizes (the global batch then varies)
     global_batch: tuple[int, ...] | None = None  # held fixed, each split every way the grid allows
-    data_parallel: tuple[int, ...] = (1,)  # replicas of the pipeline (world = stages x replicas processes)
+    data_parallel_size: tuple[int, ...] = (1,)  # replicas of the pipeline (world = stages x replicas processes)
     recompute: tuple[str, ...] = ("none",)  # activation recompute modes, one point each
     balance: str = "parameters"  # stages split by compute-bearing parameters, or by measured block time
     safe_batch: int | None = None  # from a probe: micro-batch sizes above it are skipped
@@ -85,21 +85,21 @@ class SweepConfig:
     def __post_init__(self) -> None:
         from mbtune.pipeline.theory import SCHEDULE_NAMES
 
-        for name in ("global_batch", "micro_batch_size", "data_parallel", "recompute"):
+        for name in ("global_batch", "micro_batch_size", "data_parallel_size", "recompute"):
             as_tuple(self, name)
         check_types(self)
         check_recompute_modes(self.recompute)
         object.__setattr__(self, "device", parse_device(self.device))
-        _require(self.num_stages >= 1, "num_stages", self.num_stages, "an integer >= 1")
-        for name in ("schedules", "micro_batches", "accum_steps", "global_batch", "micro_batch_size",
-                     "data_parallel", "recompute"):
+        _require(self.num_ranks >= 1, "num_ranks", self.num_ranks, "an integer >= 1")
+        for name in ("schedules", "micro_batches", "grad_accum_steps", "global_batch", "micro_batch_size",
+                     "data_parallel_size", "recompute"):
             require_unique(getattr(self, name), name)
         _require(bool(self.schedules), "schedules", self.schedules, "at least one schedule")
         unknown = [s for s in self.schedules if s not in SCHEDULE_NAMES]
         _require(not unknown, "schedules", ",".join(unknown), " | ".join(SCHEDULE_NAMES))
         _require(self.micro_batches is None or (bool(self.micro_batches) and min(self.micro_batches) >= 1),
                  "micro_batches", self.micro_batches, "integers >= 1")
-        _require(bool(self.accum_steps) and min(self.accum_steps) >= 1, "accum_steps", self.accum_steps,
+        _require(bool(self.grad_accum_steps) and min(self.grad_accum_steps) >= 1, "grad_accum_steps", self.grad_accum_steps,
                  "integers >= 1")
         if self.micro_batch_size is not None and self.global_batch is not None:
             raise ConfigError("--micro-batch-size and --global-batch both given",
@@ -110,7 +110,7 @@ class SweepConfig:
         for name in ("global_batch", "micro_batch_size"):
             value = getattr(self, name)
             _require(value is None or (bool(value) and min(value) >= 1), name, value, "integers >= 1")
-        _require(bool(self.data_parallel) and min(self.data_parallel) >= 1, "data_parallel", self.data_parallel,
+        _require(bool(self.data_parallel_size) and min(self.data_parallel_size) >= 1, "data_parallel_size", self.data_parallel_size,
                  "integers >= 1")
         _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
@@ -155,7 +155,7 @@ class SweepConfig:
 
     @property
     def micro_batch_counts(self) -> tuple[int, ...]:
-        p = self.num_stages
+        p = self.num_ranks
         return self.micro_batches or tuple(sorted({p, 2 * p, 4 * p}))
 
     @property
@@ -166,16 +166,16 @@ class SweepConfig:
         if self.global_batch is not None:
             return self.global_batch
         if self.micro_batch_size is None and self.safe_batch is not None:
-            return (default_global_batch(self.safe_batch, self.micro_batch_counts, self.accum_steps,
-                                         self.data_parallel),)
+            return (default_global_batch(self.safe_batch, self.micro_batch_counts, self.grad_accum_steps,
+                                         self.data_parallel_size),)
         return ()
 
 
-def default_global_batch(safe_batch: int, micro_batch_counts: tuple[int, ...], accum_steps: tuple[int, ...],
-                         data_parallel: tuple[int, ...] = (1,)) -> int:
+def default_global_batch(safe_batch: int, micro_batch_counts: tuple[int, ...], grad_accum_steps: tuple[int, ...],
+                         data_parallel_size: tuple[int, ...] = (1,)) -> int:
     """The global batch a sweep holds fixed by default: the largest power of two that the fewest
     micro-batches, accumulation steps and replicas of the grid hold at the probed safe batch. Every
     (micro-batches, accumulation, replicas) combination of powers of two then splits it with a micro-batch
     size within the safe batch."""
-    most = safe_batch * min(micro_batch_counts) * min(accum_steps) * min(data_parallel)
+    most = safe_batch * min(micro_batch_counts) * min(grad_accum_steps) * min(data_parallel_size)
     return 1 << (most.bit_length() - 1)

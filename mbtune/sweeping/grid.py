@@ -1,5 +1,5 @@
 """The sweep: plan the grid (dropping points that cannot run, with the reason), run each point as a real
-pipeline through pipeline/, turn what it measured into a TrialResult, and rank the results.
+pipeline through pipeline/, turn what it measured into a PointResult, and rank the results.
 
 Planning and ranking are pure functions; `run_point` is the one place that starts processes.
 """
@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 from mbtune.actions import ALLREDUCE
 from mbtune.device.load import busy_warning
+from mbtune.pipeline.point import SweepPoint, micro_batch_size_for
 from mbtune.pipeline.theory import check_point, stages_per_rank, theoretical_bubble
 from mbtune.records import OK, MachineLoad, TimelineAction
 from mbtune.sweeping.config import SweepConfig
-from mbtune.sweeping.point import SweepPoint, micro_batch_size_for
-from mbtune.sweeping.records import SkippedPoint, SweepReport, TrialResult
+from mbtune.sweeping.records import PointResult, SkippedPoint, SweepReport
 
 if TYPE_CHECKING:
     from mbtune.pipeline.timeline import PipelineOutcome, StageReport
@@ -41,19 +41,19 @@ def default_micro_batch_size(config: SweepConfig) -> int:
     return max(1, config.safe_batch // max(config.micro_batch_counts))
 
 
-def plan_grid(config: SweepConfig, *, num_blocks: int, num_stages: int | None = None,
+def plan_grid(config: SweepConfig, *, num_blocks: int, num_ranks: int | None = None,
               max_processes: int | None = None, nnodes: int = 1) -> Grid:
     """Every (schedule, micro-batches, accumulation, replicas, micro-batch size) point, or the config's
     explicit points, split into runnable and skipped (with the reason). `max_processes`: the most ranks
     the device can hold (GPUs: one rank each); `nnodes`: the nodes a point's processes split over evenly."""
     points, skipped = [], []
-    for point, reason in _candidates(config, num_stages or config.num_stages):
-        reason = reason or check_point(point.schedule, point.virtual_stages * point.num_stages, point.num_stages,
+    for point, reason in _candidates(config, num_ranks or config.num_ranks):
+        reason = reason or check_point(point.schedule, point.stages_per_rank * point.num_ranks, point.num_ranks,
                                        point.num_microbatches, num_blocks=num_blocks)
         if reason is None and point.num_processes % nnodes:
             reason = f"{point.num_processes} process(es) do not split evenly over {nnodes} nodes"
         if reason is None and max_processes is not None and point.num_processes > max_processes:
-            reason = (f"{point.num_stages} stages x {point.data_parallel_size} replicas need {point.num_processes} "
+            reason = (f"{point.num_ranks} stages x {point.data_parallel_size} replicas need {point.num_processes} "
                       f"GPUs, {max_processes} visible")
         safe = config.safe_batch_for(point.recompute)
         if reason is None and safe is not None and point.micro_batch_size > safe:
@@ -68,19 +68,19 @@ def plan_grid(config: SweepConfig, *, num_blocks: int, num_stages: int | None = 
 
 def _candidates(config: SweepConfig, p: int) -> list[tuple[SweepPoint, str | None]]:
     if config.points is not None:
-        return [(replace(point, num_stages=min(point.num_stages, p)), None) for point in config.points]
+        return [(replace(point, num_ranks=min(point.num_ranks, p)), None) for point in config.points]
     candidates = []
     for global_batch in config.global_batches or (None,):
         for schedule in config.schedules:
             v = stages_per_rank(schedule, config.virtual_stages)
             for m in config.micro_batch_counts:
-                for accum in config.accum_steps:
-                    for dp in config.data_parallel:
+                for accum in config.grad_accum_steps:
+                    for dp in config.data_parallel_size:
                         for mbs, reason in _micro_batch_sizes(config, global_batch, m, accum, dp):
                             for recompute in config.recompute:
                                 candidates.append((SweepPoint(
-                                    schedule=schedule, num_stages=p, num_microbatches=m, grad_accum_steps=accum,
-                                    micro_batch_size=mbs, virtual_stages=v, data_parallel_size=dp,
+                                    schedule=schedule, num_ranks=p, num_microbatches=m, grad_accum_steps=accum,
+                                    micro_batch_size=mbs, stages_per_rank=v, data_parallel_size=dp,
                                     recompute=recompute), reason))
     return candidates
 
@@ -93,12 +93,12 @@ def _micro_batch_sizes(config: SweepConfig, global_batch: int | None, m: int, ac
 
 
 def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_sample: int | None,
-                    flops_per_sample: float | None, peak_flops_total: float | None) -> TrialResult:
-    """Turn a pipeline outcome (pipeline.PipelineOutcome) into the sweep's TrialResult."""
-    theory = theoretical_bubble(point.schedule, num_ranks=point.num_stages, num_microbatches=point.num_microbatches,
-                                virtual_stages=point.virtual_stages)
+                    flops_per_sample: float | None, peak_flops_total: float | None) -> PointResult:
+    """Turn a pipeline outcome (pipeline.PipelineOutcome) into the sweep's PointResult."""
+    theory = theoretical_bubble(point.schedule, num_ranks=point.num_ranks, num_microbatches=point.num_microbatches,
+                                virtual_stages=point.stages_per_rank)
     if outcome.status != OK:
-        return TrialResult(point=point, status=outcome.status, error=outcome.error, bubble_theoretical=theory,
+        return PointResult(point=point, status=outcome.status, error=outcome.error, bubble_theoretical=theory,
                            wall_s=outcome.wall_s, failed_rank=outcome.failed_rank,
                            failed_blocks=tuple(outcome.failed_blocks), error_kind=outcome.error_kind,
                            error_tail=outcome.error_detail)
@@ -115,7 +115,7 @@ def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_s
     pipeline = outcome.pipeline_reports
     bubbles = step_bubbles(pipeline)
     allreduce = outcome.allreduce_times_s
-    return TrialResult(
+    return PointResult(
         point=point, status=OK, step_times_s=steps, step_time_median_s=median, step_time_cv_pct=cv,
         samples_per_s=samples_per_s, repeat_step_time_medians_s=(median,),
         samples_per_s_min=point.global_batch / max(steps), samples_per_s_max=point.global_batch / min(steps),
@@ -178,7 +178,7 @@ def step_bubbles(reports: Sequence[StageReport]) -> list[float]:
     return bubbles
 
 
-def merge_repeats(repeats: Sequence[TrialResult]) -> TrialResult:
+def merge_repeats(repeats: Sequence[PointResult]) -> PointResult:
     """One point run len(repeats) times, each in fresh processes: the median over every measured step,
     the ranges over the repeats' own medians, the typical repeat's timeline. A repeat that failed
     fails the point (what ran before it is not a result on its own)."""
@@ -238,7 +238,7 @@ def merge_loads(loads: Sequence[MachineLoad | None]) -> MachineLoad | None:
                    other_gpu_processes=tuple(dict.fromkeys(p for k in known for p in k.other_gpu_processes)))
 
 
-def tied_with_best(results: Sequence[TrialResult], ranking: Sequence[int], objective: str, *,
+def tied_with_best(results: Sequence[PointResult], ranking: Sequence[int], objective: str, *,
                    same_global_batch: bool = False) -> tuple[int, ...]:
     """Ranked points whose measured range overlaps the best one's: on this evidence they are tied with
     it. Throughput and bubble carry ranges; memory is ranked exactly. With global batches held fixed, only
@@ -246,7 +246,7 @@ def tied_with_best(results: Sequence[TrialResult], ranking: Sequence[int], objec
     if not ranking or objective == "memory":
         return ()
 
-    def span(result: TrialResult) -> tuple[float, float] | None:
+    def span(result: PointResult) -> tuple[float, float] | None:
         if objective == "throughput":
             low, high, mid = result.samples_per_s_min, result.samples_per_s_max, result.samples_per_s
         else:
@@ -283,7 +283,7 @@ def step_timeline(reports: Sequence[StageReport], step: int = 0) -> tuple[Timeli
     return tuple(sorted(actions, key=lambda a: (a.start_s, a.rank)))
 
 
-def rank_results(results: Sequence[TrialResult], objective: str,
+def rank_results(results: Sequence[PointResult], objective: str,
                  global_batches: Sequence[int] = ()) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(ranking best first, Pareto front of throughput against peak memory), as indices of ok results.
     With global batches held fixed, rows are ranked within each, in the order given: the first one's best
@@ -310,14 +310,14 @@ def rank_results(results: Sequence[TrialResult], objective: str,
     return ranking, pareto
 
 
-def recompute_pairs(results: Sequence[TrialResult]) -> tuple[tuple[int, int], ...]:
+def recompute_pairs(results: Sequence[PointResult]) -> tuple[tuple[int, int], ...]:
     """(without, with full recompute): the indices of ok results whose points differ only in recompute."""
     plain = {replace(r.point, recompute="none"): i for i, r in enumerate(results) if r.ok and r.point.recompute == "none"}
     return tuple((plain[key], i) for i, r in enumerate(results)
                  if r.ok and r.point.recompute == "full" and (key := replace(r.point, recompute="none")) in plain)
 
 
-def tradeoff(results: Sequence[TrialResult], ranking: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, int] | None]:
+def tradeoff(results: Sequence[PointResult], ranking: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, int] | None]:
     """The rows that show the best row's trade-off, and a cross-batch padding pair.
 
     Rows: the best, and the best-ranked rows of the same schedule, global batch, replicas and recompute

@@ -7,11 +7,11 @@ from typing import Any, ClassVar
 
 from mbtune import records
 from mbtune.checking.records import CheckResult
+from mbtune.pipeline.point import SweepPoint
 from mbtune.recordio import (
     Record,
 )
 from mbtune.records import OK, DeviceInfo, IdleShares, MachineLoad, NvmlSummary, TimelineAction
-from mbtune.sweeping.point import SweepPoint
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +34,7 @@ class SkippedPoint(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrialResult(Record):
+class PointResult(Record):
     """What one sweep point measured."""
 
     __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
@@ -136,7 +136,10 @@ class SweepReport(Record):
     workload_options: dict[str, Any] = field(default_factory=dict)
     device: DeviceInfo
     objective: str
-    results: tuple[TrialResult, ...] = ()
+    precision: str = "fp32"  # what every point trained with
+    optimizer: str = "adamw"
+    lr: float | None = None  # the learning rate trained with (None: not recorded, profiles before schema 3)
+    results: tuple[PointResult, ...] = ()
     skipped: tuple[SkippedPoint, ...] = ()
     ranking: tuple[int, ...] = ()  # indices into results, best first (ok points only)
     pareto: tuple[int, ...] = ()  # indices of the throughput-vs-peak-memory Pareto front
@@ -164,7 +167,7 @@ class SweepReport(Record):
     check_error: str = ""  # why that check could not run, where it could not
 
     @property
-    def best(self) -> TrialResult | None:
+    def best(self) -> PointResult | None:
         return self.results[self.ranking[0]] if self.ranking else None
 
     def advice_for(self, global_batch: int) -> LrAdvice | None:

@@ -14,14 +14,14 @@ from mbtune.device.describe import describe
 from mbtune.errors import (
     Interrupted,
 )
+from mbtune.pipeline.point import SweepPoint
 from mbtune.progress import TrialProgress
 from mbtune.records import DeviceInfo
 from mbtune.session import BALANCE, REPLAYED, SWEEP_POINT, RunOutcome, saved_run
 from mbtune.settings import lr_for
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.limits import _with_saved_limits, limits_from_profile
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import Balance, SkippedPoint, SweepReport, TrialResult
+from mbtune.sweeping.records import Balance, PointResult, SkippedPoint, SweepReport
 
 if TYPE_CHECKING:
     from mbtune.store import RunStore
@@ -46,13 +46,13 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     device = resolve_device(config.device)
     info = describe(device)
     log.info("sweep of %s (%d blocks) on %s", config.workload, workload.num_blocks, info.name)
-    num_stages, threads, max_processes, warnings = _placement(config, device)
+    num_ranks, threads, max_processes, warnings = _placement(config, device)
     warnings += workload.warnings
     if config.measured_steps * config.repeats < 2:
         warnings.append("one measured step per point (--steps 1, --repeats 1) states no spread: each range is "
                         "that one step; measure --steps 2 or more")
     config = _with_saved_limits(config, info, warnings)
-    grid = plan_grid(config, num_blocks=workload.num_blocks, num_stages=num_stages, max_processes=max_processes,
+    grid = plan_grid(config, num_blocks=workload.num_blocks, num_ranks=num_ranks, max_processes=max_processes,
                      nnodes=config.nnodes)
     # A resumed sweep keeps the split its journaled points ran with.
     replayed = [Balance.from_dict(b) for b in store.replayed(BALANCE)] if store else []
@@ -60,12 +60,12 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     if store and not replayed:
         store.record(BALANCE, balance.to_dict())
     peak = peak_flops(info.name, config.precision)
-    results: list[TrialResult] = []
-    done = {r.point: r for r in map(TrialResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
+    results: list[PointResult] = []
+    done = {r.point: r for r in map(PointResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
     if progress:
         progress.set_total(len(grid.points))
 
-    def run_one(point: SweepPoint) -> TrialResult:
+    def run_one(point: SweepPoint) -> PointResult:
         nonlocal workload
         if progress:
             progress.start_trial(point.label)
@@ -103,7 +103,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     return replace(report, balance=balance)
 
 
-def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResult],
+def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[PointResult],
                   skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
                   warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
     from mbtune.sweeping.grid import rank_results, recompute_pairs, tied_with_best, tradeoff
@@ -116,7 +116,8 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResu
                        reference_batch=config.reference_batch)
     return SweepReport(
         workload=config.workload, workload_options=dict(config.workload_options), device=info,
-        objective=config.objective, results=tuple(results), skipped=skipped, ranking=ranking, pareto=pareto,
+        objective=config.objective, precision=config.precision, optimizer=config.optimizer,
+        lr=lr_for(config.optimizer, config.lr), results=tuple(results), skipped=skipped, ranking=ranking, pareto=pareto,
         ties=tied_with_best(results, ranking, config.objective, same_global_batch=bool(fixed)),
         global_batches=fixed, global_batch_default=config.global_batch is None and bool(fixed),
         tradeoff=rows, padding=padding or (), recompute_pairs=recompute_pairs(results),
@@ -128,7 +129,7 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[TrialResu
     )
 
 
-def _quick(points: tuple[SweepPoint, ...], run_one: Callable[[SweepPoint], TrialResult],
+def _quick(points: tuple[SweepPoint, ...], run_one: Callable[[SweepPoint], PointResult],
            config: SweepConfig, block_times_s: tuple[float, ...] = ()) -> tuple[tuple[SkippedPoint, ...], str]:
     """The quick strategy: the simulator, calibrated on a few points, picks what to run next."""
     from mbtune.planning.api import quick_sweep
@@ -150,7 +151,7 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, int |
     get the same threads, the cores over the most processes a point has (stages x the most replicas), so
     costs measured at one point are costs at another (calibration pools them)."""
     warnings: list[str] = []
-    p, nodes = config.num_stages, config.nnodes  # across nodes, each node holds its share of a point's ranks
+    p, nodes = config.num_ranks, config.nnodes  # across nodes, each node holds its share of a point's ranks
     if device.startswith("cuda"):
         import torch
 
@@ -163,9 +164,9 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, int |
             p = 1
         return p, config.threads, gpus, warnings
     cores = os.cpu_count() or 1
-    most = -(-p * max(config.data_parallel) // nodes)  # a node's share of the largest point
+    most = -(-p * max(config.data_parallel_size) // nodes)  # a node's share of the largest point
     if most > cores:
-        replicas = f" x {max(config.data_parallel)} data-parallel replicas" if max(config.data_parallel) > 1 else ""
+        replicas = f" x {max(config.data_parallel_size)} data-parallel replicas" if max(config.data_parallel_size) > 1 else ""
         where = f" per node ({nodes} nodes)" if nodes > 1 else ""
         warnings.append(f"{p} stages{replicas} ({most} processes{where}) on {cores} CPU cores oversubscribe the "
                         "machine: timings are distorted")
@@ -188,11 +189,11 @@ def _balance(config: SweepConfig, points: Sequence[SweepPoint], device: str, thr
 
 
 def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
-                 peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> TrialResult:
+                 peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> PointResult:
     """The point run config.repeats times, each in fresh processes, merged (stopping at a failed one)."""
     from mbtune.sweeping.grid import merge_repeats
 
-    runs: list[TrialResult] = []
+    runs: list[PointResult] = []
     while len(runs) < config.repeats and (not runs or runs[-1].ok):
         runs.append(_run_point(point, config, device, threads, workload, peak_total, block_times_s))
         workload = workload.with_counted_flops(runs[-1].flops_counted, tried=runs[-1].ok)
@@ -200,23 +201,19 @@ def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: i
 
 
 def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
-               peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> TrialResult:
+               peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> PointResult:
     from mbtune.device.load import LoadMeter, busy_warning
     from mbtune.device.nvml import NvmlSampler
-    from mbtune.pipeline import PipelineSpec, run_pipeline_point
+    from mbtune.pipeline.launch import run_pipeline_point
+    from mbtune.pipeline.spec import PipelineSpec
     from mbtune.sweeping.grid import summarize_point
 
-    spec = PipelineSpec(
-        workload=config.workload, workload_options=config.workload_options, schedule=point.schedule,
-        num_ranks=point.num_stages, data_parallel=point.data_parallel_size, recompute=point.recompute,
-        virtual_stages=point.virtual_stages if point.virtual_stages > 1 else None,
-        num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
-        grad_accum_steps=point.grad_accum_steps, warmup_steps=config.warmup_steps,
-        measured_steps=config.measured_steps, seed=config.seed, device="cuda" if device.startswith("cuda") else "cpu",
-        optimizer=config.optimizer, learning_rate=lr_for(config.optimizer, config.lr), precision=config.precision,
+    spec = PipelineSpec.for_point(
+        point, workload=config.workload, workload_options=config.workload_options, device=device,
+        warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, seed=config.seed,
+        optimizer=config.optimizer, lr=lr_for(config.optimizer, config.lr), precision=config.precision,
         threads=threads, balance="time" if block_times_s else "parameters", block_weights=block_times_s,
-        count_flops=workload.needs_flops_count,
-    )
+        count_flops=workload.needs_flops_count)
     # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
     # are summarised (the ranks report when those ran).
     gpus = range(spec.world_size) if spec.device == "cuda" else ()
@@ -238,13 +235,13 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     ran_as = f"{spec.world_size} process(es), {backend}"
     if config.launcher == "torchrun":
         ran_as += f", torchrun on {config.nnodes} node(s)" if config.nnodes > 1 else ", torchrun"
-    if spec.data_parallel > 1:
-        ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel} replicas, gradients all-reduced)"
+    if spec.data_parallel_size > 1:
+        ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel_size} replicas, gradients all-reduced)"
     return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
                    warnings=result.warnings + ((warning,) if warning else ()), flops_counted=outcome.flops_counted)
 
 
-def _result_detail(result: TrialResult) -> str:
+def _result_detail(result: PointResult) -> str:
     if result.ok and result.samples_per_s:
         return f"{result.samples_per_s:,.1f} samples/s"
     return (result.error.strip().splitlines() or [""])[-1][:80]

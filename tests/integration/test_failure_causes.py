@@ -21,7 +21,7 @@ from mbtune.profiles import SCHEMA_VERSION, Metadata, Profile
 from mbtune.report.profile import print_profile
 from mbtune.report.sweep import failure_lines
 from mbtune.sweeping.config import SweepConfig
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 from mbtune.sweeping.run import sweep_workload
 from mbtune.worker import run_isolated
 from tests.unit.test_cli import ROOT, mbtune
@@ -36,8 +36,8 @@ def _refuse_nan(text: str) -> float:
 
 
 def _two_stage_sweep(workload: str) -> SweepConfig:
-    return SweepConfig(workload=f"{FIXTURES}:{workload}", device="cpu", num_stages=2, schedules=("gpipe",),
-                       micro_batches=(2,), accum_steps=(1,), micro_batch_size=2, measured_steps=1, threads=1)
+    return SweepConfig(workload=f"{FIXTURES}:{workload}", device="cpu", num_ranks=2, schedules=("gpipe",),
+                       micro_batches=(2,), grad_accum_steps=(1,), micro_batch_size=2, measured_steps=1, threads=1)
 
 
 def _render_profile(report, *, errors: bool) -> str:
@@ -89,7 +89,7 @@ def test_a_rank_that_fails_is_named_with_its_blocks_and_its_traceback():
     assert result.error_tail.startswith("Traceback (most recent call last):")
     assert 'raise ValueError("the last block refuses its input")' in result.error_tail
     assert len(result.error_tail.splitlines()) <= 20
-    assert TrialResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+    assert PointResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
     [line] = failure_lines(report)
     assert line.plain.startswith("#1 error: gpipe p=2 m=2 accum=1 mbs=2: rank 1 (blocks 2-3): ValueError")
     shown = _render_profile(report, errors=True)

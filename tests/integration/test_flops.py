@@ -46,8 +46,8 @@ def test_a_typed_figure_far_from_the_count_is_kept_with_a_warning():
 
 
 def test_a_sweep_counts_them_in_its_first_point_that_ran():
-    config = SweepConfig(workload=USER, device="cpu", num_stages=2, schedules=("gpipe",), micro_batches=(2, 4),
-                         accum_steps=(1,), micro_batch_size=1, measured_steps=1, threads=1)
+    config = SweepConfig(workload=USER, device="cpu", num_ranks=2, schedules=("gpipe",), micro_batches=(2, 4),
+                         grad_accum_steps=(1,), micro_batch_size=1, measured_steps=1, threads=1)
     report = sweep_workload(config)
     assert [r.status for r in report.results] == ["ok", "ok"]
     assert [r.flops_counted for r in report.results] == [counted(), None]

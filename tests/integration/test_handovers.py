@@ -8,7 +8,7 @@ import pytest
 
 from mbtune.checking.config import CheckConfig
 from mbtune.checking.run import PASS, check_update
-from mbtune.pipeline import SCHEDULE_NAMES
+from mbtune.pipeline.theory import SCHEDULE_NAMES
 from mbtune.workloads import load_workload
 
 pytestmark = pytest.mark.integration
@@ -19,7 +19,7 @@ HANDOVERS, TIED = "tests.fixtures.workloads:handovers", "tests.fixtures.workload
 @pytest.mark.parametrize("schedule", SCHEDULE_NAMES)
 @pytest.mark.parametrize("workload", [HANDOVERS, TIED])
 def test_several_tensors_and_tied_weights_cross_stages_in_every_schedule(workload, schedule):
-    result = check_update(CheckConfig(workload=workload, device="cpu", schedule=schedule, num_stages=2,
+    result = check_update(CheckConfig(workload=workload, device="cpu", schedule=schedule, num_ranks=2,
                                       num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)
 
@@ -34,6 +34,6 @@ def test_a_tie_is_one_parameter_in_one_stage_and_counted_once():
 
 
 def test_tied_copies_with_data_parallel_replicas_sum_once_each():
-    result = check_update(CheckConfig(workload=TIED, device="cpu", schedule="1f1b", num_stages=2,
-                                      num_microbatches=2, grad_accum_steps=1, data_parallel=2, micro_batch_size=2))
+    result = check_update(CheckConfig(workload=TIED, device="cpu", schedule="1f1b", num_ranks=2,
+                                      num_microbatches=2, grad_accum_steps=1, data_parallel_size=2, micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)

@@ -64,7 +64,7 @@ def test_the_flops_the_config_gives_are_the_ones_counted(family):
 ])
 def test_the_pipelined_update_is_the_plain_models(family, schedule):
     result = check_update(CheckConfig(workload=f"hf:{family}", workload_options=_options(family), device="cpu",
-                                      schedule=schedule, num_stages=2, num_microbatches=4, grad_accum_steps=2,
+                                      schedule=schedule, num_ranks=2, num_microbatches=4, grad_accum_steps=2,
                                       micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)
 

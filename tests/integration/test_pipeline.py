@@ -14,20 +14,18 @@ import torch
 import torch.distributed as dist
 
 from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
-from mbtune.pipeline import (
+from mbtune.pipeline.launch import HANG_RANK_ENV, run_pipeline_point
+from mbtune.pipeline.runner import step_batch
+from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.theory import (
     SCHEDULE_NAMES,
-    PipelineOutcome,
-    PipelineSpec,
-    StageReport,
     check_point,
-    run_pipeline_point,
+    schedule_info,
     stage_to_rank,
     stages_per_rank,
     theoretical_bubble,
 )
-from mbtune.pipeline.launch import HANG_RANK_ENV
-from mbtune.pipeline.runner import step_batch
-from mbtune.pipeline.theory import schedule_info
+from mbtune.pipeline.timeline import PipelineOutcome, StageReport
 from mbtune.records import ERROR, OK, TIMEOUT
 from mbtune.workloads import load_workload
 
@@ -59,7 +57,7 @@ def _reference(spec: PipelineSpec) -> tuple[torch.Tensor, dict[str, torch.Tensor
                for a in range(spec.grad_accum_steps)]
     inputs = torch.cat([b[0] for b in batches])
     targets = torch.cat([b[1] for b in batches])
-    assert inputs.shape[0] == spec.global_batch_size
+    assert inputs.shape[0] == spec.global_batch
     loss = workload.loss(model(inputs), targets)
     loss.backward()
     return loss.detach(), {name: p.grad for name, p in model.named_parameters()}

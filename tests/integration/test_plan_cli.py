@@ -50,7 +50,7 @@ def test_plan_predicts_beyond_the_machine_and_validates_on_what_ran(swept, tmp_p
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     predictions = plan["predictions"]
-    assert {p["point"]["num_stages"] for p in predictions} == {8} and len(predictions) == 4
+    assert {p["point"]["num_ranks"] for p in predictions} == {8} and len(predictions) == 4
     assert plan["recommended"] is not None
     assert all(p["point"]["data_parallel_size"] == 4 for p in predictions)
     assert plan["validation"]["rows"]  # predicted vs measured for the points the sweep ran

@@ -40,8 +40,8 @@ OPTIONS = (("layers", 4), ("width", 512))
 
 
 def sweep(schedules: tuple[str, ...], micro_batches: tuple[int, ...]) -> SweepReport:
-    config = SweepConfig(workload="mlp", workload_options=OPTIONS, device="cpu", num_stages=2, schedules=schedules,
-                         micro_batches=micro_batches, accum_steps=(1,), micro_batch_size=32, measured_steps=3,
+    config = SweepConfig(workload="mlp", workload_options=OPTIONS, device="cpu", num_ranks=2, schedules=schedules,
+                         micro_batches=micro_batches, grad_accum_steps=(1,), micro_batch_size=32, measured_steps=3,
                          threads=1)
     report = sweep_workload(config)
     assert all(r.ok for r in report.results), [r.error for r in report.results]
@@ -110,8 +110,8 @@ def test_plan_pictures_and_trace_from_a_real_profile(fill_drain, tmp_path) -> No
                         command_line="", created_at="")
     profile = Profile(schema_version=1, metadata=metadata, sweep=fill_drain)
     profile = Profile.from_dict(json.loads(json.dumps(profile.to_dict())))  # as saved and loaded
-    report = plan_from_profile(profile, num_stages=8, micro_batches=(8, 16, 32), schedules=("gpipe", "1f1b", "zbv"),
-                               data_parallel=4, link_bandwidth_bytes_per_s=25e9, link_latency_s=5e-6, num_blocks=24)
+    report = plan_from_profile(profile, num_ranks=8, micro_batches=(8, 16, 32), schedules=("gpipe", "1f1b", "zbv"),
+                               data_parallel_size=4, link_bandwidth_bytes_per_s=25e9, link_latency_s=5e-6, num_blocks=24)
     assert report.num_blocks == 24 and report.validation is not None and len(report.validation.rows) == 6
     assert report.best is not None and len(report.predictions) == 9
     assert report.best.samples_per_s == max(p.samples_per_s for p in report.predictions)

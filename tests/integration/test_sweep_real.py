@@ -62,7 +62,7 @@ def test_data_parallel_points_run_every_replica_and_time_the_all_reduce():
 
 def test_gpipe_bubble_falls_as_micro_batches_rise_when_compute_dominates():
     config = SweepConfig(workload="mlp", workload_options=(("layers", 4), ("width", 512)), device="cpu",
-                         num_stages=2, schedules=("gpipe",), micro_batches=(2, 8), accum_steps=(1,),
+                         num_ranks=2, schedules=("gpipe",), micro_batches=(2, 8), grad_accum_steps=(1,),
                          micro_batch_size=64, measured_steps=3, threads=1)
     report = sweep_workload(config)
     by_m = {r.point.num_microbatches: r for r in report.results}
@@ -92,7 +92,7 @@ def _children_of(pid: int) -> list[int]:
 def test_hung_rank_is_killed_and_the_sweep_goes_on(tmp_path):
     marker = tmp_path / "hang-once"
     config = SweepConfig(workload="tests.fixtures.workloads:hang_once", workload_options=(("marker", str(marker)),),
-                         device="cpu", num_stages=2, schedules=("gpipe",), micro_batches=(2, 4), accum_steps=(1,),
+                         device="cpu", num_ranks=2, schedules=("gpipe",), micro_batches=(2, 4), grad_accum_steps=(1,),
                          micro_batch_size=2, measured_steps=1, point_timeout_s=15, threads=1)
     started = time.monotonic()
     report = sweep_workload(config)

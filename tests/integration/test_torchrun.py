@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mbtune.pipeline import PipelineSpec, run_pipeline_point
+from mbtune.pipeline.launch import run_pipeline_point
 from mbtune.pipeline.nodes import Nodes
+from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.torchrun import close_session, session
 from tests.fixtures.processes import orphans
 from tests.unit.test_cli import ROOT, mbtune
@@ -75,8 +76,8 @@ def test_a_sweep_through_torchrun_has_the_local_sweeps_rows():
     from mbtune.sweeping.config import SweepConfig
     from mbtune.sweeping.run import sweep_workload
 
-    config = SweepConfig(workload="mlp", workload_options=(("layers", 2), ("width", 32)), device="cpu", num_stages=2,
-                         schedules=("gpipe", "1f1b"), micro_batches=(2,), accum_steps=(1, 2), micro_batch_size=(2,),
+    config = SweepConfig(workload="mlp", workload_options=(("layers", 2), ("width", 32)), device="cpu", num_ranks=2,
+                         schedules=("gpipe", "1f1b"), micro_batches=(2,), grad_accum_steps=(1, 2), micro_batch_size=(2,),
                          measured_steps=1, threads=1)
     local, elastic = sweep_workload(config), sweep_workload(replace(config, launcher="torchrun"))
     assert [r.point for r in elastic.results] == [r.point for r in local.results]

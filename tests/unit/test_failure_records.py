@@ -15,7 +15,7 @@ from mbtune.probing.search import search_ceiling
 from mbtune.records import NONFINITE, STATUSES
 from mbtune.report.probe import CAUSE_CHARS, cause_line, trials_table
 from mbtune.report.profile import error_tails
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 from mbtune.worker import MAIN_GUARD_EXIT_CODE, _died, failure_tail, tail_lines
 from tests.unit.test_records import sample_probe
 
@@ -88,8 +88,8 @@ def test_block_ranges_name_runs():
 
 
 def test_old_records_without_the_cause_fields_still_load():
-    point = {"schedule": "gpipe", "num_stages": 2, "num_microbatches": 2, "grad_accum_steps": 1, "micro_batch_size": 2}
-    result = TrialResult.from_dict({"point": point, "status": "error", "error": "rank 1: boom"})
+    point = {"schedule": "gpipe", "num_ranks": 2, "num_microbatches": 2, "grad_accum_steps": 1, "micro_batch_size": 2}
+    result = PointResult.from_dict({"point": point, "status": "error", "error": "rank 1: boom"})
     assert (result.failed_rank, result.failed_blocks, result.error_kind, result.error_tail) == (None, (), "", "")
     trial = TrialOutcome.from_dict({"status": "oom", "batch_size": 8})
     assert (trial.error_kind, trial.error_tail) == ("", "")

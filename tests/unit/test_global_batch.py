@@ -7,16 +7,16 @@ from dataclasses import replace
 
 import pytest
 
+from mbtune.pipeline.point import SweepPoint
 from mbtune.sweeping.config import SweepConfig, default_global_batch
 from mbtune.sweeping.grid import plan_grid, rank_results, recompute_pairs, tied_with_best, tradeoff
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 
 
 @pytest.mark.parametrize("sizes", [(16,), (12, 48), (64, 7)])
 def test_every_point_multiplies_to_its_global_batch_and_the_rest_say_why(sizes):
-    config = SweepConfig(workload="mlp", num_stages=2, schedules=("gpipe", "1f1b"), micro_batches=(2, 3, 4),
-                         accum_steps=(1, 2, 3), global_batch=sizes, safe_batch=16)
+    config = SweepConfig(workload="mlp", num_ranks=2, schedules=("gpipe", "1f1b"), micro_batches=(2, 3, 4),
+                         grad_accum_steps=(1, 2, 3), global_batch=sizes, safe_batch=16)
     grid = plan_grid(config, num_blocks=6)
     made = [p.micro_batch_size * p.num_microbatches * p.grad_accum_steps * p.data_parallel_size for p in grid.points]
     assert made == [p.global_batch for p in grid.points] and set(made) <= set(sizes)
@@ -35,19 +35,19 @@ def test_the_default_global_batch_is_the_largest_power_of_two_the_smallest_split
 
 
 def test_a_probed_sweep_holds_the_default_global_batch_and_a_fixed_micro_batch_size_lets_it_vary():
-    probed = SweepConfig(workload="mlp", num_stages=2, safe_batch=68)
+    probed = SweepConfig(workload="mlp", num_ranks=2, safe_batch=68)
     assert probed.global_batches == (128,)
     grid = plan_grid(probed, num_blocks=6)
     assert {p.global_batch for p in grid.points} == {128} and grid.points
-    fixed = SweepConfig(workload="mlp", num_stages=2, safe_batch=68, micro_batch_size=4)
+    fixed = SweepConfig(workload="mlp", num_ranks=2, safe_batch=68, micro_batch_size=4)
     assert fixed.global_batches == () and len({p.global_batch for p in plan_grid(fixed, num_blocks=6).points}) > 1
     assert SweepConfig(workload="mlp", global_batch=32).global_batch == (32,)  # one, as before lists
 
 
 def _result(m, accum, mbs, rate, *, schedule="1f1b", bubble=0.2, memory=100):
-    point = SweepPoint(schedule=schedule, num_stages=2, num_microbatches=m, grad_accum_steps=accum,
+    point = SweepPoint(schedule=schedule, num_ranks=2, num_microbatches=m, grad_accum_steps=accum,
                        micro_batch_size=mbs)
-    return TrialResult(point=point, status="ok", samples_per_s=rate, samples_per_s_min=rate, samples_per_s_max=rate,
+    return PointResult(point=point, status="ok", samples_per_s=rate, samples_per_s_min=rate, samples_per_s_max=rate,
                        bubble_measured=bubble, peak_memory_bytes=(memory,), step_time_median_s=point.global_batch / rate)
 
 
@@ -78,20 +78,20 @@ def test_the_tradeoff_rows_are_the_best_and_its_neighbours_and_padding_is_found(
 
 
 def test_data_parallel_points_multiply_to_the_global_batch_and_need_a_rank_each():
-    config = SweepConfig(workload="mlp", num_stages=2, schedules=("1f1b",), micro_batches=(2, 4), accum_steps=(1, 2),
-                         data_parallel=(1, 2, 3), global_batch=(48,))
+    config = SweepConfig(workload="mlp", num_ranks=2, schedules=("1f1b",), micro_batches=(2, 4), grad_accum_steps=(1, 2),
+                         data_parallel_size=(1, 2, 3), global_batch=(48,))
     grid = plan_grid(config, num_blocks=6, max_processes=4)
     assert {p.data_parallel_size for p in grid.points} == {1, 2}
     assert all(p.micro_batch_size * p.num_microbatches * p.grad_accum_steps * p.data_parallel_size == 48
                for p in grid.points)
     too_many = [s for s in grid.skipped if s.point.data_parallel_size == 3]
     assert too_many and all("need 6 GPUs, 4 visible" in s.reason for s in too_many)
-    assert SweepConfig(workload="mlp", data_parallel=2).data_parallel == (2,)  # one, as a flag gives it
+    assert SweepConfig(workload="mlp", data_parallel_size=2).data_parallel_size == (2,)  # one, as a flag gives it
     assert default_global_batch(16, (2,), (1,), (2,)) == 64  # the replicas hold their share too
 
 
 def test_fixed_micro_batch_sizes_each_make_points_whose_global_batch_varies():
-    config = SweepConfig(workload="mlp", num_stages=2, schedules=("gpipe",), micro_batches=(2,), accum_steps=(1,),
+    config = SweepConfig(workload="mlp", num_ranks=2, schedules=("gpipe",), micro_batches=(2,), grad_accum_steps=(1,),
                          micro_batch_size=(2, 8))
     grid = plan_grid(config, num_blocks=6)
     assert [(p.micro_batch_size, p.global_batch) for p in grid.points] == [(2, 4), (8, 16)]
@@ -99,12 +99,12 @@ def test_fixed_micro_batch_sizes_each_make_points_whose_global_batch_varies():
 
 
 def test_recompute_points_take_the_probes_safe_batch_with_recompute_and_pair_with_their_twins():
-    config = SweepConfig(workload="mlp", num_stages=2, schedules=("gpipe",), micro_batches=(2,), accum_steps=(1,),
+    config = SweepConfig(workload="mlp", num_ranks=2, schedules=("gpipe",), micro_batches=(2,), grad_accum_steps=(1,),
                          global_batch=(32, 48), recompute=("none", "full"), safe_batch=16, recompute_safe_batch=24)
     grid = plan_grid(config, num_blocks=6)
     assert [(p.global_batch, p.recompute) for p in grid.points] == [(32, "none"), (32, "full"), (48, "full")]
     [skipped] = grid.skipped
     assert skipped.point.recompute == "none" and "above the probed safe batch 16" in skipped.reason
-    results = [TrialResult(point=p, status="ok", samples_per_s=1.0) for p in grid.points]
+    results = [PointResult(point=p, status="ok", samples_per_s=1.0) for p in grid.points]
     assert recompute_pairs(results) == ((0, 1),)
     assert SweepConfig(workload="mlp", recompute="full").recompute == ("full",)

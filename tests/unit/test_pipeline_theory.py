@@ -10,37 +10,33 @@ import sys
 import pytest
 
 from mbtune.errors import ConfigError
-from mbtune.pipeline import (
+from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.split import split_blocks
+from mbtune.pipeline.theory import (
     SCHEDULE_NAMES,
-    ActionRecord,
-    PipelineSpec,
-    StageReport,
-    bubble_from_reports,
     check_point,
-    idle_shares,
-    measured_bubble,
-    split_blocks,
     stage_to_rank,
     stages_of_rank,
     stages_per_rank,
     theoretical_bubble,
 )
+from mbtune.pipeline.timeline import ActionRecord, StageReport, bubble_from_reports, idle_shares, measured_bubble
 
 # --- split ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("num_blocks", "num_stages", "expected"), [
+@pytest.mark.parametrize(("num_blocks", "num_model_stages", "expected"), [
     (6, 2, ((0, 1, 2), (3, 4, 5))),
     (7, 3, ((0, 1), (2, 3), (4, 5, 6))),
     (5, 5, ((0,), (1,), (2,), (3,), (4,))),
     (3, 1, ((0, 1, 2),)),
 ])
-def test_unweighted_split_is_contiguous_and_even(num_blocks: int, num_stages: int, expected: tuple) -> None:
-    assert split_blocks(num_blocks, num_stages) == expected
+def test_unweighted_split_is_contiguous_and_even(num_blocks: int, num_model_stages: int, expected: tuple) -> None:
+    assert split_blocks(num_blocks, num_model_stages) == expected
 
 
-@pytest.mark.parametrize(("num_blocks", "num_stages"), [(n, s) for n in range(1, 13) for s in range(1, n + 1)])
-def test_unweighted_split_sizes_differ_by_at_most_one(num_blocks: int, num_stages: int) -> None:
-    stages = split_blocks(num_blocks, num_stages)
+@pytest.mark.parametrize(("num_blocks", "num_model_stages"), [(n, s) for n in range(1, 13) for s in range(1, n + 1)])
+def test_unweighted_split_sizes_differ_by_at_most_one(num_blocks: int, num_model_stages: int) -> None:
+    stages = split_blocks(num_blocks, num_model_stages)
     assert [b for stage in stages for b in stage] == list(range(num_blocks))
     sizes = [len(stage) for stage in stages]
     assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
@@ -64,20 +60,20 @@ def test_weighted_split_with_all_zero_weights_falls_back_to_counts() -> None:
 @pytest.mark.parametrize("weights", [
     [3, 1, 4, 1, 5, 9, 2, 6], [1, 1, 1, 8, 1, 1, 1], [5, 0, 0, 5, 0, 5], [2, 7, 1, 8, 2, 8],
 ])
-@pytest.mark.parametrize("num_stages", [2, 3, 4])
-def test_weighted_split_has_the_lightest_possible_heaviest_stage(weights: list[int], num_stages: int) -> None:
-    stages = split_blocks(len(weights), num_stages, weights)
+@pytest.mark.parametrize("num_model_stages", [2, 3, 4])
+def test_weighted_split_has_the_lightest_possible_heaviest_stage(weights: list[int], num_model_stages: int) -> None:
+    stages = split_blocks(len(weights), num_model_stages, weights)
     heaviest = max(sum(weights[b] for b in stage) for stage in stages)
-    assert heaviest == _brute_force_bottleneck(weights, num_stages)
+    assert heaviest == _brute_force_bottleneck(weights, num_model_stages)
     assert [b for stage in stages for b in stage] == list(range(len(weights)))
     assert all(stage for stage in stages)
 
 
-def _brute_force_bottleneck(weights: list[int], num_stages: int) -> int:
+def _brute_force_bottleneck(weights: list[int], num_model_stages: int) -> int:
     best = None
-    for cuts in itertools.combinations(range(1, len(weights)), num_stages - 1):
+    for cuts in itertools.combinations(range(1, len(weights)), num_model_stages - 1):
         bounds = (0, *cuts, len(weights))
-        worst = max(sum(weights[bounds[i]:bounds[i + 1]]) for i in range(num_stages))
+        worst = max(sum(weights[bounds[i]:bounds[i + 1]]) for i in range(num_model_stages))
         best = worst if best is None else min(best, worst)
     return best
 
@@ -204,7 +200,7 @@ def test_bubble_from_reports_uses_the_pipeline_part_of_each_step() -> None:
 def test_spec_derives_batch_sizes_and_stage_counts() -> None:
     spec = PipelineSpec(workload="mlp", schedule="interleaved-1f1b", num_ranks=2, virtual_stages=3,
                         num_microbatches=4, micro_batch_size=8, grad_accum_steps=2)
-    assert (spec.num_model_stages, spec.pipeline_batch_size, spec.global_batch_size) == (6, 32, 64)
+    assert (spec.num_model_stages, spec.pipeline_batch_size, spec.global_batch) == (6, 32, 64)
 
 
 def test_spec_refuses_points_that_cannot_run() -> None:

@@ -9,6 +9,7 @@ import pytest
 from torch import nn
 
 from mbtune.errors import ConfigError, ProfileError
+from mbtune.pipeline.point import SweepPoint
 from mbtune.planning.api import (
     block_facts,
     calibrate_profile,
@@ -20,7 +21,6 @@ from mbtune.planning.api import (
 from mbtune.planning.config import PlanConfig
 from mbtune.profiles import Metadata, Profile
 from mbtune.records import DeviceInfo
-from mbtune.sweeping.point import SweepPoint
 from mbtune.sweeping.records import SweepReport
 from mbtune.workloads import Workload
 from mbtune.workloads.mlp import mlp
@@ -65,7 +65,7 @@ def test_blocks_the_meta_device_cannot_run_fall_back_to_parameters() -> None:
 def profile(with_probe: bool = True) -> Profile:
     facts = block_facts("mlp", OPTIONS)
     model = replace(TRUTH, facts=facts, blocks=(TRUTH.blocks[0],) * facts.num_blocks)
-    points = [SweepPoint(schedule=s, num_stages=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+    points = [SweepPoint(schedule=s, num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
               for s in ("gpipe", "1f1b") for m in (2, 4)]
     results = tuple(measured(p, model) for p in points)
     sweep = SweepReport(workload="mlp", workload_options=OPTIONS, device=DeviceInfo(backend="cpu", name="Test CPU"),
@@ -75,35 +75,35 @@ def profile(with_probe: bool = True) -> Profile:
 
 
 def test_plan_from_a_profile_checks_memory_against_the_ceiling() -> None:
-    report = plan_from_profile(profile(), PlanConfig(num_stages=2, micro_batches=(4, 8, 64), schedules=("gpipe", "1f1b")))
+    report = plan_from_profile(profile(), PlanConfig(num_ranks=2, micro_batches=(4, 8, 64), schedules=("gpipe", "1f1b")))
     assert report.memory_limit_bytes == pytest.approx(TRUTH.base_bytes * 1.1)
     assert "probed ceiling" in report.memory_limit_source
     assert report.validation is not None and report.validation.median_step_error == pytest.approx(0.0, abs=1e-9)
     assert report.best is not None and report.best.fits
     assert {p.point.micro_batch_size for p in report.predictions} == {4}  # the measured size by default
     assert report.device is not None and report.device.name == "Test CPU"
-    unlimited = plan_from_profile(profile(with_probe=False), PlanConfig(num_stages=2, micro_batches=(4,),
+    unlimited = plan_from_profile(profile(with_probe=False), PlanConfig(num_ranks=2, micro_batches=(4,),
                                                                         schedules=("gpipe",), validation_method=None))
     assert unlimited.memory_limit_bytes is None and unlimited.validation is None
     assert unlimited.predictions[0].fits is None
 
 
 def test_more_stages_than_blocks_plans_a_deeper_model_and_says_so() -> None:
-    report = plan_from_profile(profile(), PlanConfig(num_stages=4, micro_batches=(4,),
+    report = plan_from_profile(profile(), PlanConfig(num_ranks=4, micro_batches=(4,),
                                                      schedules=("gpipe", "interleaved-1f1b"), validation_method=None))
     assert report.num_blocks == 4  # the mlp's own: enough for gpipe's 4 stages
     depths = {p.point.schedule: p.num_blocks for p in report.predictions}
     assert depths == {"gpipe": 4, "interleaved-1f1b": 8} and not report.skipped  # 4 ranks x 2 stages each
     assert any("has 4 blocks, too few" in w and "interleaved-1f1b as 8 blocks" in w and "--blocks" in w
                for w in report.warnings)
-    chosen = plan_from_profile(profile(), PlanConfig(num_stages=4, micro_batches=(4,), schedules=("interleaved-1f1b",),
+    chosen = plan_from_profile(profile(), PlanConfig(num_ranks=4, micro_batches=(4,), schedules=("interleaved-1f1b",),
                                                      num_blocks=4, validation_method=None))
     assert not chosen.predictions and "--blocks" in chosen.skipped[0].reason
 
 
 def test_a_prediction_does_not_depend_on_the_other_schedules_listed() -> None:
     def gpipe(schedules: tuple[str, ...]) -> list:
-        report = plan_from_profile(profile(), PlanConfig(num_stages=8, micro_batches=(16,), schedules=schedules,
+        report = plan_from_profile(profile(), PlanConfig(num_ranks=8, micro_batches=(16,), schedules=schedules,
                                                          validation_method=None))
         return [p for p in report.predictions if p.point.schedule == "gpipe"]
 
@@ -112,11 +112,11 @@ def test_a_prediction_does_not_depend_on_the_other_schedules_listed() -> None:
 
 
 def test_scatter_none_plans_and_validates_with_average_costs() -> None:
-    report = plan_from_profile(profile(), PlanConfig(num_stages=2, micro_batches=(4,), schedules=("gpipe",),
+    report = plan_from_profile(profile(), PlanConfig(num_ranks=2, micro_batches=(4,), schedules=("gpipe",),
                                                      scatter="none"))
     assert report.scatter == "none" and not report.model.spread.known
     assert report.validation is not None and report.validation.scatter == "none"
-    assert plan_from_profile(profile(), PlanConfig(num_stages=2, micro_batches=(4,), schedules=("gpipe",),
+    assert plan_from_profile(profile(), PlanConfig(num_ranks=2, micro_batches=(4,), schedules=("gpipe",),
                                                    validation_method=None)).scatter == "measured"
 
 
@@ -124,7 +124,7 @@ def test_an_unresolved_probe_memory_model_leaves_out_per_sample_memory() -> None
     resolved = profile()
     unresolved_probe = replace(sample_probe(), memory_model=replace(sample_probe().memory_model, resolved=False))
     unresolved = replace(resolved, probe=unresolved_probe)
-    grid = PlanConfig(num_stages=2, micro_batches=(4,), schedules=("gpipe",), validation_method=None)
+    grid = PlanConfig(num_ranks=2, micro_batches=(4,), schedules=("gpipe",), validation_method=None)
     counted, left_out = plan_from_profile(resolved, grid), plan_from_profile(unresolved, grid)
     assert counted.per_sample_memory and not any("per-sample memory" in w for w in counted.warnings)
     assert not left_out.per_sample_memory
@@ -156,9 +156,9 @@ def test_memory_limit_falls_back_to_the_probe() -> None:
 
 
 def test_the_keyword_call_builds_a_config_and_keeps_the_recommended_timeline() -> None:
-    by_keywords = plan_from_profile(profile(), num_stages=2, micro_batches=(4,), schedules=("gpipe",),
+    by_keywords = plan_from_profile(profile(), num_ranks=2, micro_batches=(4,), schedules=("gpipe",),
                                     validation_method=None)
-    config = PlanConfig(num_stages=2, micro_batches=(4,), schedules=("gpipe",), validation_method=None)
+    config = PlanConfig(num_ranks=2, micro_batches=(4,), schedules=("gpipe",), validation_method=None)
     plain, kept = plan_from_profile(profile(), config), plan_from_profile(profile(), replace(config, keep_timeline=True))
     assert not plain.recommended_timeline and kept.recommended_timeline == by_keywords.recommended_timeline
     assert replace(kept, recommended_timeline=()) == plain  # keeping the timeline changes nothing else
@@ -168,31 +168,42 @@ def test_the_keyword_call_builds_a_config_and_keeps_the_recommended_timeline() -
     assert kept.best is not None and kept.best.seed is not None  # the profile's timelines scatter
     # The timeline is the draw the prediction is the median of.
     assert max(a.end_s for a in kept.recommended_timeline) == pytest.approx(kept.best.pipeline_s)
-    with pytest.raises(ConfigError, match="num_stages=0 is out of range") as info:
-        plan_from_profile(profile(), num_stages=0)
-    assert info.value.field == "num_stages"
+    with pytest.raises(ConfigError, match="num_ranks=0 is out of range") as info:
+        plan_from_profile(profile(), num_ranks=0)
+    assert info.value.field == "num_ranks"
     with pytest.raises(TypeError, match="not both"):
-        plan_from_profile(profile(), config, num_stages=2)
+        plan_from_profile(profile(), config, num_ranks=2)
 
 
 def test_a_profile_without_a_timed_sweep_cannot_be_planned_from() -> None:
     with pytest.raises(ProfileError, match="no sweep with measured timelines") as info:
         plan_from_profile(Profile(schema_version=1, metadata=METADATA, probe=sample_probe()),
-                          PlanConfig(num_stages=2, micro_batches=(4,), schedules=("gpipe",)))
+                          PlanConfig(num_ranks=2, micro_batches=(4,), schedules=("gpipe",)))
     assert "Run mbtune sweep" in info.value.one_line()
 
 
 @pytest.mark.parametrize(("schedule", "ranks"), [("gpipe", 2), ("interleaved-1f1b", 2), ("zbv", 2), ("1f1b", 3)])
 def test_the_planner_splits_stages_exactly_as_the_runner(schedule, ranks):
-    from mbtune.pipeline import PipelineSpec
+    from mbtune.pipeline.point import SweepPoint
     from mbtune.pipeline.runner import stage_blocks
-    from mbtune.planning.calibrate import point_split
-    from mbtune.sweeping.point import SweepPoint
+    from mbtune.pipeline.spec import PipelineSpec
+    from mbtune.planning.memory import point_split
     from mbtune.workloads import load_workload
 
     spec = PipelineSpec(workload="gpt", schedule=schedule, num_ranks=ranks, num_microbatches=6)
-    point = SweepPoint(schedule=schedule, num_stages=ranks, num_microbatches=6, grad_accum_steps=1,
-                       micro_batch_size=1, virtual_stages=spec.stages_per_rank)
+    point = SweepPoint(schedule=schedule, num_ranks=ranks, num_microbatches=6, grad_accum_steps=1,
+                       micro_batch_size=1, stages_per_rank=spec.stages_per_rank)
     facts = block_facts("gpt")
     assert facts.split_weights[0] == 0  # the embedding lookup carries no weight
     assert point_split(point, facts) == stage_blocks(spec, load_workload("gpt"))
+
+
+def test_the_plan_counts_the_optimizer_state_of_the_optimizer_the_sweep_trained_with() -> None:
+    from mbtune.planning.memory import STATE_BYTES_PER_PARAMETER
+
+    grid = PlanConfig(num_ranks=2, micro_batches=(4,), schedules=("gpipe",), validation_method=None)
+    base = profile()
+    assert base.sweep is not None and base.sweep.optimizer == "adamw"
+    for optimizer in ("adamw", "sgd"):
+        report = plan_from_profile(replace(base, sweep=replace(base.sweep, optimizer=optimizer)), grid)
+        assert report.model.state_bytes_per_parameter == STATE_BYTES_PER_PARAMETER[optimizer]

@@ -7,14 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from mbtune.planning.calibrate import calibrate, point_split
+from mbtune.pipeline.point import SweepPoint
+from mbtune.planning.calibrate import calibrate
 from mbtune.planning.fit import fit_line, quantiles, trimmed_mean
+from mbtune.planning.memory import point_split
 from mbtune.planning.planner import predict
 from mbtune.planning.records import BlockCost, BlockFacts, CostModel, LinearCost, Spread
 from mbtune.planning.validate import IN_SAMPLE, LEAVE_ONE_OUT, summarize, validate
 from mbtune.records import TimelineAction
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 
 FACTS = BlockFacts(num_blocks=4, parameters=(1000, 1000, 1000, 1000), weights=(1.0, 1.0, 1.0, 1.0),
                    weight_source="equal", output_bytes_per_sample=(64, 64, 64, 64),
@@ -35,20 +36,20 @@ TRUTH = CostModel(
 )
 
 
-def measured(point: SweepPoint, model: CostModel = TRUTH) -> TrialResult:
+def measured(point: SweepPoint, model: CostModel = TRUTH) -> PointResult:
     """What the runner would report for this point if the world were the model."""
     p = predict(model, point, keep_timeline=True)
     shifted = tuple(replace(a, start_s=a.start_s - CLOCK_OFFSET_S * a.rank, end_s=a.end_s - CLOCK_OFFSET_S * a.rank)
                     for a in p.timeline)
-    return TrialResult(point=point, status="ok", step_times_s=(p.step_time_s,), step_time_median_s=p.step_time_s,
+    return PointResult(point=point, status="ok", step_times_s=(p.step_time_s,), step_time_median_s=p.step_time_s,
                        samples_per_s=p.samples_per_s, bubble_measured=p.bubble,
                        peak_memory_bytes=tuple(int(b) for b in p.memory_bytes), timeline=shifted,
                        allreduce_s=p.allreduce_s if point.data_parallel_size > 1 else None)
 
 
 def points(schedules=("gpipe", "1f1b"), sizes=(4, 8), ms=(2, 4)) -> list[SweepPoint]:
-    return [SweepPoint(schedule=s, num_stages=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b,
-                       virtual_stages=2 if s in ("zero-bubble", "zbv", "interleaved-1f1b") else 1)
+    return [SweepPoint(schedule=s, num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b,
+                       stages_per_rank=2 if s in ("zero-bubble", "zbv", "interleaved-1f1b") else 1)
             for s in schedules for m in ms for b in sizes]
 
 
@@ -139,7 +140,7 @@ def test_one_measured_size_is_taken_as_proportional_and_says_so() -> None:
 
 
 def test_calibrating_nothing_is_an_error() -> None:
-    failed = TrialResult(point=points()[0], status="oom")
+    failed = PointResult(point=points()[0], status="oom")
     with pytest.raises(ValueError, match="no point with a measured timeline"):
         calibrate([failed], FACTS, workload="synthetic")
 
@@ -205,12 +206,12 @@ def test_hand_overs_across_nodes_are_calibrated_apart_and_planned_where_the_node
     truth = replace(TRUTH, inter_node_transfer=LinearCost(fixed_s=3e-3, per_sample_s=1e-4))
     across = Link(ranks_per_node=2)  # ranks 0-1 on one node, 2-3 on the other: boundary 1 -> 2 crosses
     nodes = ("node 0 (a)", "node 0 (a)", "node 1 (b)", "node 1 (b)")
-    four = [SweepPoint(schedule=s, num_stages=4, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b)
+    four = [SweepPoint(schedule=s, num_ranks=4, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b)
             for s in ("gpipe", "1f1b") for m in (4, 8) for b in (2, 4)]
     results = []
     for point in four:
         p = predict(truth, point, link=across, keep_timeline=True)
-        results.append(TrialResult(point=point, status="ok", step_times_s=(p.step_time_s,),
+        results.append(PointResult(point=point, status="ok", step_times_s=(p.step_time_s,),
                                    step_time_median_s=p.step_time_s, samples_per_s=p.samples_per_s,
                                    peak_memory_bytes=tuple(int(b) for b in p.memory_bytes), timeline=p.timeline,
                                    rank_nodes=nodes))

@@ -8,6 +8,7 @@ from dataclasses import FrozenInstanceError, replace
 import pytest
 
 from mbtune.errors import ConfigError
+from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.theory import SCHEDULE_NAMES, stages_per_rank
 from mbtune.planning.api import plan_from_profile
 from mbtune.planning.calibrate import point_orders
@@ -18,29 +19,28 @@ from mbtune.planning.config import (
     PlanConfig,
 )
 from mbtune.planning.planner import point_actions, spread_samples
-from mbtune.sweeping.point import SweepPoint
 from tests.unit.test_plan_api import profile
 
 NAN, INF = float("nan"), float("inf")
 
 BAD = [
     # types: int is not bool nor float, floats are finite, lists hold the right items
-    ("num_stages", True), ("num_stages", 2.0), ("num_stages", "8"), ("num_stages", None),
+    ("num_ranks", True), ("num_ranks", 2.0), ("num_ranks", "8"), ("num_ranks", None),
     ("micro_batches", 8), ("micro_batches", "8,16"), ("micro_batches", (4, 2.5)), ("micro_batches", (True,)),
-    ("schedules", "gpipe"), ("schedules", ("gpipe", 1)), ("data_parallel", 1.5), ("micro_batch_size", True),
+    ("schedules", "gpipe"), ("schedules", ("gpipe", 1)), ("data_parallel_size", 1.5), ("micro_batch_size", True),
     ("global_batch", 64.0), ("grad_accum_steps", False), ("num_blocks", 8.0), ("virtual_stages", 2.0),
     ("link_bandwidth_bytes_per_s", NAN), ("link_bandwidth_bytes_per_s", INF), ("link_latency_s", INF),
     ("link_latency_s", "5us"), ("validation_method", True), ("scatter", None), ("keep_timeline", 1),
     # ranges, enums, repeats
-    ("num_stages", 0), ("num_stages", -3), ("micro_batches", ()), ("micro_batches", (4, 0)), ("micro_batches", (-1,)),
+    ("num_ranks", 0), ("num_ranks", -3), ("micro_batches", ()), ("micro_batches", (4, 0)), ("micro_batches", (-1,)),
     ("micro_batches", (4, 8, 4)), ("schedules", ()), ("schedules", ("gpipe", "pipedream")),
-    ("schedules", ("gpipe", "1f1b", "gpipe")), ("data_parallel", 0), ("data_parallel", MAX_COUNT + 1),
+    ("schedules", ("gpipe", "1f1b", "gpipe")), ("data_parallel_size", 0), ("data_parallel_size", MAX_COUNT + 1),
     ("micro_batch_size", 0), ("global_batch", 0), ("global_batch", 2**40), ("grad_accum_steps", 0),
     ("num_blocks", 2), ("num_blocks", 1025), ("virtual_stages", 0), ("virtual_stages", 1),
     ("link_bandwidth_bytes_per_s", 0.0), ("link_bandwidth_bytes_per_s", -1e9), ("link_latency_s", -1e-6),
     ("validation_method", "maybe"), ("validation_method", "none"), ("scatter", "sometimes"),
     # bounds: more than the simulation answers in seconds
-    ("num_stages", 100_000), ("num_stages", MAX_MODEL_STAGES + 1), ("micro_batches", (8, 10_000_000)),
+    ("num_ranks", 100_000), ("num_ranks", MAX_MODEL_STAGES + 1), ("micro_batches", (8, 10_000_000)),
     ("grad_accum_steps", 10**6), ("virtual_stages", 10**6),
 ]
 
@@ -74,12 +74,12 @@ def test_a_huge_value_is_shortened_in_the_message() -> None:
 def test_stages_in_all_are_bounded(schedules, stages, expected) -> None:
     virtual = 4 if "looped-bfs" in schedules else 2
     with pytest.raises(ConfigError, match=expected) as info:
-        PlanConfig(num_stages=stages, micro_batches=(stages,), schedules=schedules, virtual_stages=virtual)
-    assert info.value.field == "num_stages"
+        PlanConfig(num_ranks=stages, micro_batches=(stages,), schedules=schedules, virtual_stages=virtual)
+    assert info.value.field == "num_ranks"
 
 
 def test_a_grid_too_large_to_simulate_is_refused_with_how_to_shrink_it() -> None:
-    grid = {"num_stages": 64, "micro_batches": (256, 512, 1024), "schedules": ("gpipe", "1f1b")}
+    grid = {"num_ranks": 64, "micro_batches": (256, 512, 1024), "schedules": ("gpipe", "1f1b")}
     with pytest.raises(ConfigError, match=r"the grid needs ~1.51M simulated actions \(limit 1M; gpipe p=64 m=1024 "
                                           r"alone 393k\)") as info:
         PlanConfig(**grid)
@@ -90,26 +90,26 @@ def test_a_grid_too_large_to_simulate_is_refused_with_how_to_shrink_it() -> None
 
 def test_the_work_counts_what_the_planner_simulates() -> None:
     # The design's example: 64 ranks, 256 micro-batches, the default schedules (v=2, zero-bubble splits backward).
-    work = PlanConfig(num_stages=64, micro_batches=(256,)).work()
+    work = PlanConfig(num_ranks=64, micro_batches=(256,)).work()
     gpipe, looped, split = 2 * 64 * 256, 2 * 128 * 256, 3 * 128 * 256
     assert [spread_samples(a) for a in (gpipe, looped, split)] == [5, 3, 3]
     assert work.simulated_actions == 2 * 5 * gpipe + 3 * looped + 3 * split <= MAX_SIMULATED_ACTIONS
     assert work.held_actions == 2 * gpipe + looped + 2 * split and work.memory_bytes > 0
-    assert replace(PlanConfig(num_stages=64, micro_batches=(256,)), keep_timeline=True).work() == work
+    assert replace(PlanConfig(num_ranks=64, micro_batches=(256,)), keep_timeline=True).work() == work
     # Points that cannot run are not simulated: 1f1b needs as many micro-batches as ranks.
-    assert PlanConfig(num_stages=512, micro_batches=(8,), schedules=("1f1b",)).work().simulated_actions == 0
+    assert PlanConfig(num_ranks=512, micro_batches=(8,), schedules=("1f1b",)).work().simulated_actions == 0
 
 
 @pytest.mark.parametrize("schedule", SCHEDULE_NAMES)
 @pytest.mark.parametrize("virtual", [2, 3])
 def test_point_actions_are_the_actions_of_the_schedule_orders(schedule, virtual) -> None:
-    point = SweepPoint(schedule=schedule, num_stages=4, num_microbatches=8, grad_accum_steps=2, micro_batch_size=1,
-                       virtual_stages=stages_per_rank(schedule, virtual))
+    point = SweepPoint(schedule=schedule, num_ranks=4, num_microbatches=8, grad_accum_steps=2, micro_batch_size=1,
+                       stages_per_rank=stages_per_rank(schedule, virtual))
     assert point_actions(point) == 2 * sum(len(order) for order in point_orders(point))
 
 
 def test_a_valid_config_plans() -> None:
-    config = PlanConfig(num_stages=2, micro_batches=[4, 8], schedules=["gpipe", "1f1b"], validation_method=None,
+    config = PlanConfig(num_ranks=2, micro_batches=[4, 8], schedules=["gpipe", "1f1b"], validation_method=None,
                         link_latency_s=0, grad_accum_steps=2)
     assert config.micro_batches == (4, 8) and config.schedules == ("gpipe", "1f1b")  # lists become tuples
     assert config.link().latency_s == 0 and config.grid().grad_accum_steps == 2
@@ -117,7 +117,7 @@ def test_a_valid_config_plans() -> None:
     assert len(report.predictions) == 4 and report.best is not None
     assert {p.point.global_batch for p in report.predictions} == {4 * 4 * 2, 8 * 4 * 2}
     with pytest.raises(FrozenInstanceError):
-        config.num_stages = 4  # type: ignore[misc]
+        config.num_ranks = 4  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("options", [

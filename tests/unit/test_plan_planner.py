@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from mbtune.pipeline.point import SweepPoint
 from mbtune.planning.planner import (
     Link,
     PlanGrid,
@@ -16,7 +17,6 @@ from mbtune.planning.planner import (
     with_scatter,
 )
 from mbtune.planning.records import SCATTER_MEASURED, SCATTER_NONE, BlockCost, BlockFacts, CostModel, LinearCost, Spread
-from mbtune.sweeping.point import SweepPoint
 
 FORWARD_PER_SAMPLE_S = 1e-3  # per block
 PARAMETERS = 1000  # per block
@@ -34,8 +34,8 @@ def model(num_blocks: int = 8, **changes) -> CostModel:
 
 
 def point(schedule: str = "gpipe", p: int = 4, m: int = 8, mbs: int = 2, v: int = 1, dp: int = 1) -> SweepPoint:
-    return SweepPoint(schedule=schedule, num_stages=p, num_microbatches=m, grad_accum_steps=1, micro_batch_size=mbs,
-                      virtual_stages=v, data_parallel_size=dp)
+    return SweepPoint(schedule=schedule, num_ranks=p, num_microbatches=m, grad_accum_steps=1, micro_batch_size=mbs,
+                      stages_per_rank=v, data_parallel_size=dp)
 
 
 def test_stage_cost_is_the_sum_of_its_blocks() -> None:
@@ -81,7 +81,7 @@ def test_update_charges_the_busiest_rank_parameters() -> None:
 
 
 def test_plan_ranks_fitting_points_first_and_recommends_the_fastest_that_fits() -> None:
-    grid = PlanGrid(num_stages=4, micro_batches=(4, 8, 16), schedules=("gpipe", "1f1b"), micro_batch_size=2)
+    grid = PlanGrid(num_ranks=4, micro_batches=(4, 8, 16), schedules=("gpipe", "1f1b"), micro_batch_size=2)
     unlimited = plan(model(), grid)
     assert unlimited.recommended == 0 and all(p.fits is None for p in unlimited.predictions)
     rates = [p.samples_per_s for p in unlimited.predictions]
@@ -99,13 +99,13 @@ def test_plan_ranks_fitting_points_first_and_recommends_the_fastest_that_fits() 
 
 
 def test_nothing_fits_means_no_recommendation() -> None:
-    grid = PlanGrid(num_stages=2, micro_batches=(4,), schedules=("gpipe",), micro_batch_size=2)
+    grid = PlanGrid(num_ranks=2, micro_batches=(4,), schedules=("gpipe",), micro_batch_size=2)
     report = plan(model(), grid, memory_limit_bytes=10.0)
     assert report.recommended is None and report.best is None and report.predictions[0].fits is False
 
 
 def test_points_that_cannot_run_are_skipped_with_the_reason() -> None:
-    grid = PlanGrid(num_stages=16, micro_batches=(8, 16), schedules=("1f1b", "interleaved-1f1b"), global_batch=40)
+    grid = PlanGrid(num_ranks=16, micro_batches=(8, 16), schedules=("1f1b", "interleaved-1f1b"), global_batch=40)
     points, skipped = grid_points(grid, num_blocks=20)
     assert points == []
     reasons = [s.reason for s in skipped]
@@ -123,7 +123,7 @@ def test_a_deeper_model_repeats_the_interior_blocks() -> None:
     assert deep.facts.num_blocks == 10 and len(deep.blocks) == 10
     assert deep.blocks[0] == edge and deep.blocks[-1] == edge and deep.blocks[5] == shallow.blocks[1]
     assert deep.facts.parameters == (PARAMETERS,) * 10
-    report = plan(shallow, PlanGrid(num_stages=8, micro_batches=(8,), schedules=("1f1b",), micro_batch_size=1,
+    report = plan(shallow, PlanGrid(num_ranks=8, micro_batches=(8,), schedules=("1f1b",), micro_batch_size=1,
                                     num_blocks=10))
     assert report.num_blocks == 10 and report.predictions[0].blocks_per_stage == (2, 2, 1, 1, 1, 1, 1, 1)
     with pytest.raises(ValueError, match="need at least 3"):
@@ -131,7 +131,7 @@ def test_a_deeper_model_repeats_the_interior_blocks() -> None:
 
 
 def test_warnings_say_what_was_not_charged_or_checked() -> None:
-    grid = PlanGrid(num_stages=2, micro_batches=(4,), schedules=("gpipe",), micro_batch_size=2, data_parallel=4)
+    grid = PlanGrid(num_ranks=2, micro_batches=(4,), schedules=("gpipe",), micro_batch_size=2, data_parallel_size=4)
     warnings = plan(model(), grid).warnings
     assert any("all-reduce taken as free" in w for w in warnings)
     assert any("not checked" in w for w in warnings)
@@ -141,8 +141,8 @@ def test_a_point_is_predicted_the_same_whatever_else_is_listed() -> None:
     """The model a point is predicted with depends only on that point: gpipe at 8 ranks gets 8 blocks whether
     or not an interleaved schedule (which needs 16) is listed beside it. Same model, same seeds: equal."""
     scattered = model(4, spread=Spread(compute=(0.5, 1.0, 2.5), gap=(1.0,), transfer=(1.0,)))
-    alone = plan(scattered, PlanGrid(num_stages=8, micro_batches=(16,), schedules=("gpipe",), micro_batch_size=2))
-    listed = plan(scattered, PlanGrid(num_stages=8, micro_batches=(16,), schedules=("gpipe", "interleaved-1f1b"),
+    alone = plan(scattered, PlanGrid(num_ranks=8, micro_batches=(16,), schedules=("gpipe",), micro_batch_size=2))
+    listed = plan(scattered, PlanGrid(num_ranks=8, micro_batches=(16,), schedules=("gpipe", "interleaved-1f1b"),
                                       micro_batch_size=2))
     gpipe = [p for p in listed.predictions if p.point.schedule == "gpipe"]
     assert gpipe == list(alone.predictions) and gpipe[0].num_blocks == 8
@@ -150,7 +150,7 @@ def test_a_point_is_predicted_the_same_whatever_else_is_listed() -> None:
     assert interleaved.num_blocks == 16
     assert alone.num_blocks == listed.num_blocks == 4  # the model's own depth; rows say theirs
     assert any("interleaved-1f1b as 16 blocks" in w and "--blocks" in w for w in listed.warnings)
-    chosen = plan(scattered, PlanGrid(num_stages=8, micro_batches=(16,), schedules=("gpipe", "interleaved-1f1b"),
+    chosen = plan(scattered, PlanGrid(num_ranks=8, micro_batches=(16,), schedules=("gpipe", "interleaved-1f1b"),
                                       micro_batch_size=2, num_blocks=16))
     assert {p.num_blocks for p in chosen.predictions} == {16}  # --blocks: one depth for every point
 
@@ -158,7 +158,7 @@ def test_a_point_is_predicted_the_same_whatever_else_is_listed() -> None:
 def test_without_scatter_predictions_use_the_average_costs() -> None:
     p, m, mbs = 4, 8, 2
     scattered = model(spread=Spread(compute=(0.5, 1.0, 3.0)))
-    grid = PlanGrid(num_stages=p, micro_batches=(m,), schedules=("gpipe",), micro_batch_size=mbs)
+    grid = PlanGrid(num_ranks=p, micro_batches=(m,), schedules=("gpipe",), micro_batch_size=mbs)
     average = plan(scattered, grid, scatter=SCATTER_NONE)
     [prediction] = average.predictions
     stage_f = 2 * FORWARD_PER_SAMPLE_S * mbs
@@ -174,7 +174,7 @@ def test_without_scatter_predictions_use_the_average_costs() -> None:
 
 
 def test_without_per_sample_memory_a_rank_holds_its_base_and_parameter_state() -> None:
-    grid = PlanGrid(num_stages=4, micro_batches=(8,), schedules=("gpipe",), micro_batch_size=2)
+    grid = PlanGrid(num_ranks=4, micro_batches=(8,), schedules=("gpipe",), micro_batch_size=2)
     report = plan(model(), grid, per_sample_memory=False)
     assert not report.per_sample_memory and report.model.facts.saved_bytes_per_sample == ()
     assert report.predictions[0].memory_bytes == pytest.approx((1000 + 16 * 2 * PARAMETERS,) * 4)

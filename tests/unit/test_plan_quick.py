@@ -6,29 +6,29 @@ import math
 
 import pytest
 
+from mbtune.pipeline.point import SweepPoint
 from mbtune.planning.quick import calibration_points, neighbours, quick_search
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 
 SCHEDULES = {"gpipe": 0.80, "1f1b": 0.85, "interleaved-1f1b": 1.0, "zero-bubble": 0.95}
-GRID = [SweepPoint(schedule=s, num_stages=4, num_microbatches=m, grad_accum_steps=a, micro_batch_size=b,
-                   virtual_stages=1 if s in ("gpipe", "1f1b") else 2)
+GRID = [SweepPoint(schedule=s, num_ranks=4, num_microbatches=m, grad_accum_steps=a, micro_batch_size=b,
+                   stages_per_rank=1 if s in ("gpipe", "1f1b") else 2)
         for s in SCHEDULES for m in (4, 8, 16, 32, 64) for b in (4, 8, 16, 32) for a in (1, 2)]
 MEMORY_LIMIT = 16 * 32  # samples in flight: above it the point runs out of memory
 
 
 def true_rate(point: SweepPoint) -> float:
     """Bubble shrinks with m, efficiency grows with size, accumulation costs a little."""
-    pipe = point.num_microbatches / (point.num_microbatches + 3 / point.virtual_stages)
+    pipe = point.num_microbatches / (point.num_microbatches + 3 / point.stages_per_rank)
     size = point.micro_batch_size / (point.micro_batch_size + 6)
     return 1000 * SCHEDULES[point.schedule] * pipe * size * (1 - 0.03 * (point.grad_accum_steps - 1))
 
 
-def run_point(point: SweepPoint) -> TrialResult:
+def run_point(point: SweepPoint) -> PointResult:
     if point.num_microbatches * point.micro_batch_size > MEMORY_LIMIT:
-        return TrialResult(point=point, status="oom")
+        return PointResult(point=point, status="oom")
     rate = true_rate(point)
-    return TrialResult(point=point, status="ok", samples_per_s=rate, step_time_median_s=point.global_batch / rate)
+    return PointResult(point=point, status="ok", samples_per_s=rate, step_time_median_s=point.global_batch / rate)
 
 
 def best_possible() -> float:
@@ -55,7 +55,7 @@ class Counter:
     def __init__(self) -> None:
         self.ran: list[SweepPoint] = []
 
-    def __call__(self, point: SweepPoint) -> TrialResult:
+    def __call__(self, point: SweepPoint) -> PointResult:
         assert point not in self.ran, "a point ran twice"
         self.ran.append(point)
         return run_point(point)
@@ -115,6 +115,6 @@ def test_calibration_points_spread_over_sizes_depths_and_schedules() -> None:
 
 
 def test_neighbours_are_one_step_away_in_one_dimension() -> None:
-    centre = SweepPoint(schedule="1f1b", num_stages=4, num_microbatches=16, grad_accum_steps=1, micro_batch_size=8)
+    centre = SweepPoint(schedule="1f1b", num_ranks=4, num_microbatches=16, grad_accum_steps=1, micro_batch_size=8)
     found = {(p.num_microbatches, p.micro_batch_size, p.grad_accum_steps) for p in neighbours(centre, GRID)}
     assert found == {(8, 8, 1), (32, 8, 1), (16, 4, 1), (16, 16, 1), (16, 8, 2)}

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from mbtune.errors import ConfigError
+from mbtune.pipeline.point import SweepPoint
 from mbtune.planning.planner import PlanGrid, plan
 from mbtune.planning.records import PlanReport
 from mbtune.planning.validate import IN_SAMPLE, summarize
@@ -24,7 +25,6 @@ from mbtune.report.plots import rank_idle_spans, write_plan_plots, write_plots
 from mbtune.report.timeline import timeline_renderable, timeline_rows
 from mbtune.report.trace import trace_events, write_trace
 from mbtune.sweeping.grid import rank_results
-from mbtune.sweeping.point import SweepPoint
 from mbtune.sweeping.records import SweepReport
 from tests.unit.test_plan_calibrate import FACTS, TRUTH, measured
 from tests.unit.test_plan_planner import model
@@ -49,7 +49,7 @@ TINY = (action(0, 0, "forward", 0, 0.0, 2.0), action(1, 1, "forward", 0, 2.0, 4.
 
 
 def sweep_report() -> SweepReport:
-    points = [SweepPoint(schedule=s, num_stages=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+    points = [SweepPoint(schedule=s, num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
               for s in ("gpipe", "1f1b") for m in (2, 4)]
     results = tuple(measured(p) for p in points)
     results = tuple(r.__class__(**{**r.__dict__, "bubble_theoretical": 1 / (r.point.num_microbatches + 1)})
@@ -86,7 +86,7 @@ def test_trace_has_one_track_per_stage_and_microsecond_events(tmp_path) -> None:
 
 
 def test_trace_of_a_trial_result(tmp_path) -> None:
-    result = measured(SweepPoint(schedule="1f1b", num_stages=2, num_microbatches=4, grad_accum_steps=1,
+    result = measured(SweepPoint(schedule="1f1b", num_ranks=2, num_microbatches=4, grad_accum_steps=1,
                                  micro_batch_size=4))
     document = json.loads(write_trace(result, tmp_path / "t.json").read_text())
     assert document["otherData"]["label"] == result.point.label
@@ -105,7 +105,7 @@ def test_sweep_plots_are_png_files(tmp_path) -> None:
 
 
 def test_plan_plots_are_png_files(tmp_path) -> None:
-    report = plan(model(), PlanGrid(num_stages=4, micro_batches=(4, 8), schedules=("gpipe", "1f1b"), micro_batch_size=2),
+    report = plan(model(), PlanGrid(num_ranks=4, micro_batches=(4, 8), schedules=("gpipe", "1f1b"), micro_batch_size=2),
                   memory_limit_bytes=1e6, validation=summarize([], IN_SAMPLE))
     from mbtune.planning.planner import predict
 
@@ -124,7 +124,7 @@ def test_pictures_without_matplotlib_say_how_to_get_it(tmp_path, monkeypatch) ->
 
 
 def test_plan_tables_and_json() -> None:
-    results = [measured(SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=m, grad_accum_steps=1,
+    results = [measured(SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=m, grad_accum_steps=1,
                                    micro_batch_size=4)) for m in (2, 4)]
     from mbtune.planning.calibrate import calibrate
     from mbtune.planning.validate import validate
@@ -132,7 +132,7 @@ def test_plan_tables_and_json() -> None:
     validation = validate(results, lambda runs: calibrate(runs, FACTS, workload="synthetic"), method=IN_SAMPLE)
     text = render(validation_table(validation), 140)
     assert "gpipe p=2 m=2 accum=1 mbs=4" in text and "+0.0%" in text and "median 0.0%" in text
-    report = plan(model(), PlanGrid(num_stages=4, micro_batches=(4, 8), schedules=("gpipe", "1f1b"), micro_batch_size=2),
+    report = plan(model(), PlanGrid(num_ranks=4, micro_batches=(4, 8), schedules=("gpipe", "1f1b"), micro_batch_size=2),
                   validation=validation)
     table = render(predictions_table(report), 140)
     lines = [line for line in table.splitlines() if line.strip()[:1].isdigit()]
@@ -155,7 +155,7 @@ def test_the_validation_shows_the_noise_floor_and_the_verdict() -> None:
     from mbtune.planning.calibrate import calibrate
     from mbtune.planning.validate import validate
 
-    results = [replace(measured(SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=m, grad_accum_steps=1,
+    results = [replace(measured(SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=m, grad_accum_steps=1,
                                            micro_batch_size=4)), num_repeats=2, repeat_step_time_medians_s=(1.0, 1.1))
                for m in (2, 4)]
     validation = validate(results, lambda runs: calibrate(runs, FACTS, workload="synthetic"), method=IN_SAMPLE,
@@ -169,7 +169,7 @@ def test_the_validation_shows_the_noise_floor_and_the_verdict() -> None:
     text = " ".join(render(validation_table(within_run), 140).split())  # the caption wraps at the table's width
     assert "within one run; sweep with --repeats 2 for the between-run floor" in text
     assert "median error 20.0% is above the noise floor 5.0% (within one run)" in text
-    report = plan(model(4), PlanGrid(num_stages=4, micro_batches=(8,), schedules=("gpipe", "interleaved-1f1b"),
+    report = plan(model(4), PlanGrid(num_ranks=4, micro_batches=(8,), schedules=("gpipe", "interleaved-1f1b"),
                                      micro_batch_size=2), validation=validation, scatter="none")
     summary = json.loads(json.dumps(plan_dict(report)))["summary"]
     assert summary["scatter"] == "none" and summary["noise_floor_kind"] == "between-run"
@@ -188,7 +188,7 @@ def test_plan_artifacts_print_the_kept_timeline_and_simulate_nothing(tmp_path, m
     from mbtune.planning.planner import predict
     from mbtune.report.plan import write_plan_artifacts
 
-    report = plan(model(), PlanGrid(num_stages=4, micro_batches=(4, 8), schedules=("gpipe",), micro_batch_size=2))
+    report = plan(model(), PlanGrid(num_ranks=4, micro_batches=(4, 8), schedules=("gpipe",), micro_batch_size=2))
     kept = replace(report, recommended_timeline=predict(report.model, report.best.point, keep_timeline=True).timeline)
 
     def no_simulation(*args, **kwargs):

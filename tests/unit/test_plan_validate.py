@@ -11,11 +11,11 @@ from mbtune.planning.calibrate import calibrate
 from mbtune.planning.planner import predict
 from mbtune.planning.records import BETWEEN_RUN, SCATTER_NONE, WITHIN_RUN, Spread
 from mbtune.planning.validate import IN_SAMPLE, LEAVE_ONE_OUT, noise_floor, validate
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 from tests.unit.test_plan_calibrate import FACTS, TRUTH, measured, points
 
 
-def with_repeats(result: TrialResult, *medians_s: float) -> TrialResult:
+def with_repeats(result: PointResult, *medians_s: float) -> PointResult:
     return replace(result, num_repeats=len(medians_s), repeat_step_time_medians_s=medians_s)
 
 

@@ -73,3 +73,26 @@ def test_older_schemas_are_migrated_or_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(profiles, "OLDEST_READABLE_SCHEMA", SCHEMA_VERSION + 1)
     with pytest.raises(ProfileError, match="older than this mbtune reads"):
         load_profile(path)
+
+
+def test_a_version_2_profile_is_migrated_to_ranks_stages_per_rank_and_the_probes_training_settings(tmp_path):
+    import json
+    from dataclasses import replace
+
+    from tests.unit.test_plan_api import profile as planned_profile
+    from tests.unit.test_serve_records import sample_probe
+
+    now = replace(planned_profile(), schema_version=SCHEMA_VERSION, probe=replace(sample_probe(), optimizer="sgd"))
+    assert now.sweep is not None
+    data = now.to_dict()
+    data["schema_version"] = 2
+    for row in data["sweep"]["results"]:
+        point = row["point"]
+        point["num_stages"], point["virtual_stages"] = point.pop("num_ranks"), point.pop("stages_per_rank")
+    for name in ("precision", "optimizer", "lr"):
+        del data["sweep"][name]
+    (tmp_path / "v2.json").write_text(json.dumps(data))
+    loaded = load_profile(tmp_path / "v2.json")
+    assert loaded.schema_version == SCHEMA_VERSION
+    assert [r.point for r in loaded.sweep.results] == [r.point for r in now.sweep.results]
+    assert (loaded.sweep.optimizer, loaded.sweep.precision, loaded.sweep.lr) == ("sgd", "fp32", None)

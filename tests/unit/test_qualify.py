@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from mbtune.errors import ConfigError
+from mbtune.pipeline.point import SweepPoint
 from mbtune.profiles import Metadata, Profile
 from mbtune.qualifying.compare import check_same_device, compare_profiles
 from mbtune.qualifying.judge import (
@@ -27,8 +28,7 @@ from mbtune.records import DeviceInfo
 from mbtune.report.qualify import PER_POINT_TITLE, junit_xml, per_point_table, verdict_table
 from mbtune.specfile import load_spec, read_spec
 from mbtune.sweeping.grid import rank_results
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import SweepReport, TrialResult
+from mbtune.sweeping.records import PointResult, SweepReport
 from tests.unit.test_records import sample_probe
 from tests.unit.test_report import render, sweep_report
 
@@ -41,8 +41,8 @@ def grid(rates, *, spread=0.0, repeats=3) -> SweepReport:
     """A sweep of one point per rate (gpipe, m = 1, 2, ...), each with samples/s min-max of +-spread/2."""
     results = []
     for m, rate in enumerate(rates, start=1):
-        point = SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
-        results.append(TrialResult(point=point, status="ok", samples_per_s=rate, num_repeats=repeats,
+        point = SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+        results.append(PointResult(point=point, status="ok", samples_per_s=rate, num_repeats=repeats,
                                    samples_per_s_min=rate * (1 - spread / 2), samples_per_s_max=rate * (1 + spread / 2)))
     ranking, pareto = rank_results(results, "throughput")
     return SweepReport(workload="mlp", device=DeviceInfo(backend="cpu", name="Test CPU"), objective="throughput",
@@ -248,7 +248,7 @@ def test_spec_from_toml(tmp_path):
     assert spec.baseline == str((tmp_path / "profiles" / "base.json").resolve())
     assert spec.probe.memory_budget_bytes == 512 * 2**20 and spec.probe.granularity == 8
     assert spec.probe.workload_options == (("layers", 2),)
-    assert spec.sweep.num_stages == 2 and spec.sweep.micro_batches == (2, 4) and spec.sweep.accum_steps == (1,)
+    assert spec.sweep.num_ranks == 2 and spec.sweep.micro_batches == (2, 4) and spec.sweep.grad_accum_steps == (1,)
     assert load_spec(spec_path, tolerance=0.2).tolerance == 0.2  # the flag wins
 
 
@@ -298,4 +298,4 @@ def test_compare_profiles_and_device_refusal():
     with pytest.raises(ConfigError, match="different devices"):
         check_same_device("cuda: NVIDIA H200", "cuda: NVIDIA A100", allow=False, what="the profiles")
     check_same_device("cuda: NVIDIA H200", "cuda: NVIDIA A100", allow=True, what="the profiles")
-    assert isinstance(sweep_report().results[0], TrialResult)
+    assert isinstance(sweep_report().results[0], PointResult)

@@ -6,12 +6,12 @@ import io
 
 from rich.console import Console
 
+from mbtune.pipeline.point import SweepPoint
 from mbtune.records import DeviceInfo
 from mbtune.report.probe import summary_panel, trials_table
 from mbtune.report.sweep import best_panel, results_frame, results_table, skipped_table
 from mbtune.sweeping.grid import rank_results
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import SkippedPoint, SweepReport, TrialResult
+from mbtune.sweeping.records import PointResult, SkippedPoint, SweepReport
 from tests.unit.test_records import sample_probe
 
 
@@ -23,16 +23,16 @@ def render(renderable, width: int) -> str:
 
 def sweep_report() -> SweepReport:
     def result(schedule, m, rate, memory, status="ok"):
-        point = SweepPoint(schedule=schedule, num_stages=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+        point = SweepPoint(schedule=schedule, num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
         if status != "ok":
-            return TrialResult(point=point, status=status, error="rank 1: still running after 8 s")
-        return TrialResult(point=point, status="ok", samples_per_s=rate, tokens_per_s=rate * 64,
+            return PointResult(point=point, status=status, error="rank 1: still running after 8 s")
+        return PointResult(point=point, status="ok", samples_per_s=rate, tokens_per_s=rate * 64,
                            step_time_median_s=point.global_batch / rate, step_time_cv_pct=3.0,
                            bubble_measured=0.3, bubble_theoretical=1 / (m + 1), peak_memory_bytes=(memory, memory))
     results = (result("gpipe", 2, 100.0, 300 * 2**20), result("1f1b", 4, 150.0, 250 * 2**20),
                result("gpipe", 8, 0, 0, status="timeout"))
     ranking, pareto = rank_results(results, "throughput")
-    skipped = (SkippedPoint(point=SweepPoint(schedule="1f1b", num_stages=2, num_microbatches=1, grad_accum_steps=1,
+    skipped = (SkippedPoint(point=SweepPoint(schedule="1f1b", num_ranks=2, num_microbatches=1, grad_accum_steps=1,
                                              micro_batch_size=4), reason="1f1b needs at least as many micro-batches"),)
     return SweepReport(workload="gpt", device=DeviceInfo(backend="cpu", name="Test CPU"), objective="throughput",
                        results=results, skipped=skipped, ranking=ranking, pareto=pareto, ceiling=40, safe_batch=34,

@@ -101,7 +101,7 @@ def test_the_profile_keeps_serve_beside_probe_and_sweep(tmp_path):
     save_results(tmp_path, device, "mlp", "mbtune serve", serve=report())
     loaded = load_profile(path)
     assert loaded.probe == sample_probe() and loaded.serve == report()
-    assert loaded.schema_version == SCHEMA_VERSION == 2
+    assert loaded.schema_version == SCHEMA_VERSION == 3
 
 
 def test_a_version_1_profile_is_migrated_with_no_serve_section(tmp_path):
@@ -111,7 +111,7 @@ def test_a_version_1_profile_is_migrated_with_no_serve_section(tmp_path):
     del old["serve"]
     (tmp_path / "old.json").write_text(json.dumps(old))
     loaded = load_profile(tmp_path / "old.json")
-    assert loaded.schema_version == 2 and loaded.serve is None and loaded.probe == sample_probe()
+    assert loaded.schema_version == SCHEMA_VERSION and loaded.serve is None and loaded.probe == sample_probe()
 
 
 def test_serve_config_defaults_follow_the_budget():

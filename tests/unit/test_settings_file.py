@@ -21,9 +21,9 @@ layers = 2
 [probe]
 margin = 0.2
 steps = 3
-trial_timeout = 60         # a flag's name ...
+trial-timeout = 60         # a flag's name, with dashes or underscores
 [sweep]
-num_stages = 2             # ... or a field's
+stages = 2
 accum = [1, 4]
 schedules = ["gpipe", "1f1b"]
 steps = 2
@@ -74,7 +74,7 @@ def test_settings_are_named_by_field_or_by_flag():
     assert field_for("steps", SweepConfig.__dataclass_fields__) == "measured_steps"
     assert field_for("steps", fields) == "steps"
     assert field_for("nonsense", fields) == "nonsense"
-    assert param_for("accum_steps") == "accum" and param_for("margin") == "margin"
+    assert param_for("grad_accum_steps") == "accum" and param_for("margin") == "margin"
 
 
 def test_a_spec_sets_replicas_recompute_and_balance_one_value_or_a_list(tmp_path):
@@ -87,5 +87,5 @@ def test_a_spec_sets_replicas_recompute_and_balance_one_value_or_a_list(tmp_path
                     'balance = "time"\nmicro_batch_size = [2, 4]\n')
     sweep = read_spec(path).spec.sweep
     assert sweep is not None
-    assert (sweep.data_parallel, sweep.recompute, sweep.balance, sweep.micro_batch_size) == ((2,), ("full",), "time",
+    assert (sweep.data_parallel_size, sweep.recompute, sweep.balance, sweep.micro_batch_size) == ((2,), ("full",), "time",
                                                                                             (2, 4))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from mbtune.errors import ConfigError
+from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.timeline import ActionRecord, PipelineOutcome, StageReport
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.grid import default_micro_batch_size, median_step, plan_grid, rank_results, summarize_point
-from mbtune.sweeping.point import SweepPoint
-from mbtune.sweeping.records import TrialResult
+from mbtune.sweeping.records import PointResult
 
 
 def reasons(grid) -> dict[str, str]:
@@ -17,8 +17,8 @@ def reasons(grid) -> dict[str, str]:
 
 
 def test_grid_keeps_runnable_points_and_explains_the_rest():
-    config = SweepConfig(workload="mlp", num_stages=4, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zbv"),
-                         micro_batches=(2, 4, 9), accum_steps=(1,), micro_batch_size=8)
+    config = SweepConfig(workload="mlp", num_ranks=4, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zbv"),
+                         micro_batches=(2, 4, 9), grad_accum_steps=(1,), micro_batch_size=8)
     grid = plan_grid(config, num_blocks=16)
     ran = {(p.schedule, p.num_microbatches) for p in grid.points}
     assert ("gpipe", 2) in ran and ("1f1b", 4) in ran and ("zbv", 2) in ran
@@ -29,23 +29,23 @@ def test_grid_keeps_runnable_points_and_explains_the_rest():
 
 
 def test_more_stages_than_blocks_is_skipped():
-    config = SweepConfig(workload="mlp", num_stages=4, schedules=("interleaved-1f1b",), micro_batches=(4,),
-                         accum_steps=(1,), micro_batch_size=1)
+    config = SweepConfig(workload="mlp", num_ranks=4, schedules=("interleaved-1f1b",), micro_batches=(4,),
+                         grad_accum_steps=(1,), micro_batch_size=1)
     grid = plan_grid(config, num_blocks=6)
     assert not grid.points
     assert "too few for 8 stages" in grid.skipped[0].reason
 
 
 def test_micro_batch_size_above_safe_batch_is_skipped():
-    config = SweepConfig(workload="mlp", num_stages=2, schedules=("gpipe",), micro_batches=(2,), accum_steps=(1,),
+    config = SweepConfig(workload="mlp", num_ranks=2, schedules=("gpipe",), micro_batches=(2,), grad_accum_steps=(1,),
                          micro_batch_size=64, safe_batch=32)
     grid = plan_grid(config, num_blocks=6)
     assert grid.skipped[0].reason == "micro-batch size 64 is above the probed safe batch 32"
 
 
 def test_global_batch_sets_micro_batch_size_or_skips():
-    config = SweepConfig(workload="mlp", num_stages=2, schedules=("gpipe",), micro_batches=(2, 3, 4),
-                         accum_steps=(1, 2), global_batch=16)
+    config = SweepConfig(workload="mlp", num_ranks=2, schedules=("gpipe",), micro_batches=(2, 3, 4),
+                         grad_accum_steps=(1, 2), global_batch=16)
     grid = plan_grid(config, num_blocks=6)
     assert {(p.num_microbatches, p.grad_accum_steps, p.micro_batch_size) for p in grid.points} == {
         (2, 1, 8), (2, 2, 4), (4, 1, 4), (4, 2, 2)}
@@ -54,7 +54,7 @@ def test_global_batch_sets_micro_batch_size_or_skips():
 
 
 def test_defaults_derive_from_stages_and_safe_batch():
-    config = SweepConfig(workload="mlp", num_stages=2, safe_batch=100)
+    config = SweepConfig(workload="mlp", num_ranks=2, safe_batch=100)
     assert config.micro_batch_counts == (2, 4, 8)
     assert default_micro_batch_size(config) == 12
     assert default_micro_batch_size(SweepConfig(workload="mlp")) == 4
@@ -63,8 +63,8 @@ def test_defaults_derive_from_stages_and_safe_batch():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"schedules": ("pipedream",)}, "schedules=.pipedream. is out of range"),
     ({"micro_batch_size": 4, "global_batch": 16}, "both given"),
-    ({"accum_steps": (0,)}, "accum"),
-    ({"num_stages": 0}, "stages"),
+    ({"grad_accum_steps": (0,)}, "accum"),
+    ({"num_ranks": 0}, "num_ranks"),
     ({"objective": "speed"}, "objective"),
 ])
 def test_sweep_config_validation(kwargs, message):
@@ -72,9 +72,9 @@ def test_sweep_config_validation(kwargs, message):
         SweepConfig(workload="mlp", **kwargs)
 
 
-def result(rate, memory, bubble=0.2, status="ok") -> TrialResult:
-    point = SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=1)
-    return TrialResult(point=point, status=status, samples_per_s=rate if status == "ok" else None,
+def result(rate, memory, bubble=0.2, status="ok") -> PointResult:
+    point = SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=1)
+    return PointResult(point=point, status=status, samples_per_s=rate if status == "ok" else None,
                        peak_memory_bytes=(memory, memory // 2), bubble_measured=bubble)
 
 
@@ -97,7 +97,7 @@ def test_the_timeline_kept_is_the_median_measured_step():
         return StageReport(rank=rank, num_ranks=2, device="cpu", stage_indices=(rank,), block_indices=((rank,),),
                            num_parameters=1, step_times_s=steps, pipeline_times_s=steps, actions=actions)
 
-    point = SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=1, grad_accum_steps=1, micro_batch_size=4)
+    point = SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=1, grad_accum_steps=1, micro_batch_size=4)
     outcome = PipelineOutcome(status="ok", reports=(report(0), report(1)))
     result = summarize_point(point, outcome, tokens_per_sample=None, flops_per_sample=None, peak_flops_total=None)
     assert result.timeline_step == 2 and result.step_time_median_s == pytest.approx(0.20)
@@ -105,17 +105,17 @@ def test_the_timeline_kept_is_the_median_measured_step():
     assert median_step((4.0, 1.0, 3.0, 2.0)) == 3 and median_step(()) == 0
 
 
-def _measured(steps: tuple[float, ...], *, bubble: float = 0.25) -> TrialResult:
-    point = SweepPoint(schedule="gpipe", num_stages=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=2)
+def _measured(steps: tuple[float, ...], *, bubble: float = 0.25) -> PointResult:
+    point = SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=2)
     median = sorted(steps)[len(steps) // 2]
-    return TrialResult(point=point, status="ok", step_times_s=steps, step_time_median_s=median,
+    return PointResult(point=point, status="ok", step_times_s=steps, step_time_median_s=median,
                        samples_per_s=point.global_batch / median, bubble_measured=bubble, bubble_theoretical=0.2,
                        repeat_step_time_medians_s=(median,), peak_memory_bytes=(100, 50), timeline_step=1)
 
 
 def test_a_single_run_states_its_spread_over_its_measured_steps():
     steps = (0.30, 0.10, 0.20)
-    point = SweepPoint(schedule="gpipe", num_stages=1, num_microbatches=1, grad_accum_steps=1, micro_batch_size=4)
+    point = SweepPoint(schedule="gpipe", num_ranks=1, num_microbatches=1, grad_accum_steps=1, micro_batch_size=4)
     report = StageReport(rank=0, num_ranks=1, device="cpu", stage_indices=(0,), block_indices=((0,),),
                          num_parameters=1, step_times_s=steps, pipeline_times_s=steps,
                          actions=tuple(ActionRecord(step=s, accum=0, stage=0, kind="forward", microbatch=0,
@@ -140,7 +140,7 @@ def test_repeats_merge_into_a_median_with_the_range_over_the_repeats():
     assert (merged.bubble_measured_min, merged.bubble_measured, merged.bubble_measured_max) == pytest.approx((0.1, 0.2, 0.3))
     assert merged.timeline_step == 1  # the typical (median) repeat is the first one: its own step 1
     assert any("across 3 repeats" in w for w in merged.warnings)
-    failed = merge_repeats([runs[0], TrialResult(point=runs[0].point, status="timeout", error="rank 1 hung")])
+    failed = merge_repeats([runs[0], PointResult(point=runs[0].point, status="timeout", error="rank 1 hung")])
     assert failed.status == "timeout" and failed.num_repeats == 2
 
 

@@ -14,11 +14,11 @@ class SweepPoint(Record):
     """One configuration of the sweep grid."""
 
     schedule: str
-    num_stages: int  # pipeline ranks (one process each; one GPU each on CUDA)
+    num_ranks: int  # pipeline ranks (one process each; one GPU each on CUDA)
     num_microbatches: int
     grad_accum_steps: int
     micro_batch_size: int
-    virtual_stages: int = 1  # stages per rank (looped and V schedules hold several)
+    stages_per_rank: int = 1  # model stages each rank holds (looped and V schedules hold several)
     data_parallel_size: int = 1
     recompute: str = "none"  # one of RECOMPUTE_MODES
 
@@ -30,13 +30,13 @@ class SweepPoint(Record):
     def label(self) -> str:
         replicas = f" dp={self.data_parallel_size}" if self.data_parallel_size > 1 else ""
         recompute = f" recompute={self.recompute}" if self.recompute != "none" else ""
-        return (f"{self.schedule} p={self.num_stages} m={self.num_microbatches} "
+        return (f"{self.schedule} p={self.num_ranks} m={self.num_microbatches} "
                 f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}{replicas}{recompute}")
 
     @property
     def num_processes(self) -> int:
         """One process per pipeline rank of every replica."""
-        return self.num_stages * self.data_parallel_size
+        return self.num_ranks * self.data_parallel_size
 
 
 def micro_batch_size_for(global_batch: int, *, num_microbatches: int, grad_accum_steps: int,
