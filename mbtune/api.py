@@ -45,10 +45,14 @@ def probe(*, save_to: str | Path | None = None, resume: bool = False, progress: 
 
 def sweep(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
           **settings: Any) -> SweepReport:
-    """Run real pipelined training steps over the grid and rank them (see `mbtune sweep --help`)."""
+    """Run real pipelined training steps over the grid and rank them (see `mbtune sweep --help`). The
+    micro-batch size is bounded by the probe in `from_profile=` (a saved profile), else by this device's
+    saved probe of the workload in `save_to`, if there is one."""
+    from mbtune.sweeping.limits import with_saved_limits
     from mbtune.sweeping.run import run_sweep
 
-    config = _config(SweepConfig, settings)
+    from_profile = settings.pop("from_profile", None)
+    config = with_saved_limits(_config(SweepConfig, settings), from_profile=from_profile, profiles_dir=_folder(save_to))
     report = run_sweep(config, progress, profiles_dir=_folder(save_to), resume=resume).sweep
     assert report is not None, "a sweep run that returns holds its sweep"
     return report

@@ -27,7 +27,7 @@ REPLAYED = "replayed from the journal"
 # Fields that say where and how to write, not what to measure: a resumed run may change them.
 # Settings that change where or how patiently a run happens, not what it measures: a resumed run may change
 # them (a rescheduled multi-node job gets a new endpoint and node numbers).
-_NOT_MEASUREMENT = {"command_line", "profiles_dir", "extra_warnings", "trial_timeout_s", "point_timeout_s", "reference_batch",
+_NOT_MEASUREMENT = {"command_line", "extra_warnings", "trial_timeout_s", "point_timeout_s", "reference_batch",
                     "load_timeout_s", "rdzv_endpoint", "node_rank", "join_timeout_s"}
 
 

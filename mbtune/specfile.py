@@ -67,7 +67,7 @@ _OPTION = int | float | str | bool  # a workload option's value
 # Longer text is no name, size, device or schedule (nor path): refused before any message could echo it.
 _TEXT_LIMIT = 256
 _PATH_LIMIT = 4096
-_PATHS = {"baseline", "[sweep] profiles_dir"}
+_PATHS = {"baseline"}
 
 
 class LoadedSpec(NamedTuple):

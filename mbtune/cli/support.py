@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,48 +24,45 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 quiet: list[bool] = [False]  # -q: no per-trial progress lines
 
-def probe_config_from(*, option: list[str] | None, memory_budget: str | None, recompute: str = "none",
-                  **fields: Any) -> ProbeConfig:
+def probe_config_from(options: Mapping[str, Any], *, steps: str = "steps") -> ProbeConfig:
+    """The probe's config from a training command's options (`steps`: the option that holds the probe's
+    trial steps; tune's is probe_steps)."""
     from mbtune.probing.config import ProbeConfig
     from mbtune.profiles import command_line
     from mbtune.units import parse_bytes, parse_list, parse_options
 
-    budget = parse_bytes(memory_budget, name="--memory-budget") if memory_budget is not None else None
-    return ProbeConfig(workload_options=parse_options(option or []), memory_budget_bytes=budget,
-                       recompute=parse_list(recompute, name="--recompute", convert=str), command_line=command_line(),
-                       **fields)
+    o = options
+    budget = parse_bytes(o["memory_budget"], name="--memory-budget") if o["memory_budget"] is not None else None
+    return ProbeConfig(
+        workload=o["workload"], workload_options=parse_options(o["option"] or []), device=o["device"],
+        memory_budget_bytes=budget, margin=o["margin"], granularity=o["granularity"], max_batch=o["max_batch"],
+        confirm=o["confirm"], resolution=o["resolution"], precision=o["precision"], optimizer=o["optimizer"],
+        steps=o[steps], threads=o["threads"], trial_timeout_s=o["trial_timeout"], load_timeout_s=o["load_timeout"],
+        lr=o["lr"], seed=o["seed"], recompute=parse_list(o["recompute"], name="--recompute", convert=str),
+        command_line=command_line())
 
 
-def sweep_config_from(*, workload: str, option: list[str] | None, device: str, stages: int, schedules: str | None,
-                  micro_batches: str | None, accum: str, objective: str, steps: int, optimizer: str,
-                  point_timeout: float, load_timeout: float, micro_batch_size: str | None = None,
-                  global_batch: str | None = None, data_parallel: str = "1", recompute: str = "none",
-                  balance: str = "parameters",
-                  from_profile: Path | None = None, warmup: int = 1,
-                  virtual_stages: int = 2, threads: int | None = None, profiles_dir: Path | None = None,
-                  precision: str = "fp32", strategy: str = "grid", repeats: int = 1, lr: float | None = None,
-                  reference_batch: int | None = None, seed: int = 0,
-                  launch: dict[str, Any] | None = None) -> SweepConfig:
+def sweep_config_from(options: Mapping[str, Any], launch: dict[str, Any]) -> SweepConfig:
+    """The sweep's config from a training command's options and its launcher settings."""
     from mbtune.profiles import command_line
     from mbtune.sweeping.config import DEFAULT_SCHEDULES, SweepConfig
     from mbtune.units import parse_list, parse_options
 
+    o = options
     return SweepConfig(
-        workload=workload, workload_options=parse_options(option or []), device=device, num_ranks=stages,
-        schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
-        micro_batches=parse_list(micro_batches, name="--micro-batches"), grad_accum_steps=parse_list(accum, name="--accum"),
-        micro_batch_size=parse_list(micro_batch_size, name="--micro-batch-size"),
-        global_batch=parse_list(global_batch, name="--global-batch"),
-        data_parallel_size=parse_list(data_parallel, name="--data-parallel"),
-        recompute=parse_list(recompute, name="--recompute", convert=str), balance=balance,
-        objective=objective, measured_steps=steps,
-        warmup_steps=warmup, virtual_stages=virtual_stages, optimizer=optimizer, precision=precision, threads=threads,
-        strategy=strategy, repeats=repeats, point_timeout_s=point_timeout, load_timeout_s=load_timeout, lr=lr,
-        reference_batch=reference_batch, seed=seed,
-        profiles_dir=str(profiles_dir) if profiles_dir else None,
-        from_profile=str(from_profile) if from_profile is not None else None, command_line=command_line(),
-        **(launch or {}),
-    )
+        workload=o["workload"], workload_options=parse_options(o["option"] or []), device=o["device"],
+        num_ranks=o["stages"], schedules=parse_list(o["schedules"], name="--schedules", convert=str) or DEFAULT_SCHEDULES,
+        micro_batches=parse_list(o["micro_batches"], name="--micro-batches"),
+        grad_accum_steps=parse_list(o["accum"], name="--accum"),
+        micro_batch_size=parse_list(o["micro_batch_size"], name="--micro-batch-size"),
+        global_batch=parse_list(o["global_batch"], name="--global-batch"),
+        data_parallel_size=parse_list(o["data_parallel"], name="--data-parallel"),
+        recompute=parse_list(o["recompute"], name="--recompute", convert=str), balance=o["balance"],
+        objective=o["objective"], measured_steps=o["steps"], warmup_steps=o["warmup"],
+        virtual_stages=o["virtual_stages"], optimizer=o["optimizer"], precision=o["precision"], threads=o["threads"],
+        strategy=o["strategy"], repeats=o["repeats"], point_timeout_s=o["point_timeout"],
+        load_timeout_s=o["load_timeout"], lr=o["lr"], reference_batch=o["reference_batch"], seed=o["seed"],
+        command_line=command_line(), **launch)
 
 
 def serve_config_from(*, p99: str, option: list[str] | None, memory_budget: str | None, rates: str | None,
@@ -154,6 +151,16 @@ def lead_or_follow(launch: dict[str, Any]) -> None:
     code = opened.follow(say=lambda line: console.print(f"node {nodes.node_rank}: {line}"))
     console.print(f"node {nodes.node_rank}: node 0 ended the run (exit code {code})")
     raise typer.Exit(code)
+
+
+def check_run(fmt: str, output: Path | None, *, resume: bool, save: bool, plot: Path | None = None,
+              trace: Path | None = None) -> str:
+    """A training command's output settings checked before anything runs: the format (as --output's name
+    says, where it says one), --resume with saving, and the picture and trace paths."""
+    fmt = check_output(check_format(fmt), output)
+    check_resume(resume, save)
+    check_outputs(plot_dir=plot, files=(trace,))
+    return fmt
 
 
 def check_resume(resume: bool, save: bool) -> None:

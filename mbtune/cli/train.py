@@ -63,10 +63,7 @@ from mbtune.cli.options import (
     WorkloadOption,
 )
 from mbtune.cli.support import (
-    check_format,
-    check_output,
-    check_outputs,
-    check_resume,
+    check_run,
     finish,
     launch_settings,
     lead_or_follow,
@@ -104,16 +101,11 @@ def probe(
     output: Output = None,
 ) -> None:
     """Find the per-device memory ceiling with real training steps, then leave a safety margin."""
+    options = dict(locals())
     from mbtune.probing.run import run_probe
 
-    fmt = check_output(check_format(format), output)
-    check_resume(resume, save)
-    config = probe_config_from(
-        workload=workload, option=option, device=device, memory_budget=memory_budget, margin=margin,
-        granularity=granularity, max_batch=max_batch, confirm=confirm, resolution=resolution, precision=precision,
-        optimizer=optimizer, steps=steps, threads=threads, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout,
-        lr=lr, seed=seed, recompute=recompute,
-    )
+    fmt = check_run(format, output, resume=resume, save=save)
+    config = probe_config_from(options)
     outcome = with_progress("probe", lambda p: run_probe(config, p, profiles_dir=target_folder(profiles_dir, save),
                                                            resume=resume))
     finish(fmt, outcome, output=output)
@@ -162,21 +154,14 @@ def sweep(
     output: Output = None,
 ) -> None:
     """Run real pipelined training steps across micro-batches, accumulation steps and schedules."""
+    options = dict(locals())
+    from mbtune.sweeping.limits import with_saved_limits
     from mbtune.sweeping.run import run_sweep
 
-    fmt = check_output(check_format(format), output)
-    check_resume(resume, save)
-    check_outputs(plot_dir=plot, files=(trace,))
+    fmt = check_run(format, output, resume=resume, save=save, plot=plot, trace=trace)
     launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
-    config = sweep_config_from(
-        workload=workload, option=option, device=device, stages=stages, schedules=schedules,
-        micro_batches=micro_batches, accum=accum, micro_batch_size=micro_batch_size, global_batch=global_batch,
-        data_parallel=data_parallel, recompute=recompute, balance=balance, from_profile=from_profile,
-        objective=objective, steps=steps, warmup=warmup, virtual_stages=virtual_stages,
-        optimizer=optimizer, precision=precision, threads=threads, point_timeout=point_timeout,
-        load_timeout=load_timeout, profiles_dir=profiles_dir, strategy=strategy, repeats=repeats, lr=lr,
-        reference_batch=reference_batch, seed=seed, launch=launch,
-    )
+    # The saved probe that bounds the micro-batch size is read here, before anything runs.
+    config = with_saved_limits(sweep_config_from(options, launch), from_profile=from_profile, profiles_dir=profiles_dir)
     lead_or_follow(launch)
     outcome = with_progress("sweep", lambda p: run_sweep(config, p, profiles_dir=target_folder(profiles_dir, save),
                                                            resume=resume))
@@ -233,28 +218,12 @@ def tune(
     format: Format = "table",
     output: Output = None,
 ) -> None:
-    """Probe the memory ceiling, then sweep pipeline configurations around the safe batch, then check the
-    best one's update against the plain model's."""
+    """Probe the memory ceiling, sweep pipeline configurations around the safe batch, check the best one's update."""
+    options = dict(locals())
     from mbtune.sweeping.tune import run_tune
-
-    fmt = check_output(check_format(format), output)
-    check_resume(resume, save)
-    check_outputs(plot_dir=plot, files=(trace,))
+    fmt = check_run(format, output, resume=resume, save=save, plot=plot, trace=trace)
     launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
-    probe_config = probe_config_from(workload=workload, option=option, device=device, memory_budget=memory_budget,
-                                 margin=margin, granularity=granularity, max_batch=max_batch, confirm=confirm,
-                                 resolution=resolution, steps=probe_steps, optimizer=optimizer, precision=precision,
-                                 threads=threads, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout,
-                                 lr=lr, seed=seed, recompute=recompute)
-    sweep_config = sweep_config_from(workload=workload, option=option, device=device, stages=stages,
-                                 schedules=schedules, micro_batches=micro_batches, accum=accum,
-                                 micro_batch_size=micro_batch_size, global_batch=global_batch,
-                                 data_parallel=data_parallel, recompute=recompute, balance=balance,
-                                 objective=objective,
-                                 strategy=strategy, steps=steps, warmup=warmup, repeats=repeats,
-                                 virtual_stages=virtual_stages, optimizer=optimizer, precision=precision,
-                                 threads=threads, point_timeout=point_timeout, load_timeout=load_timeout,
-                                 lr=lr, reference_batch=reference_batch, seed=seed, launch=launch)
+    probe_config, sweep_config = probe_config_from(options, steps="probe_steps"), sweep_config_from(options, launch)
     lead_or_follow(launch)
     outcome = with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p, check=check,
                                                          profiles_dir=target_folder(profiles_dir, save), resume=resume))

@@ -85,12 +85,7 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank
     dist.destroy_process_group()
     # This process's whole CPU time (a forked rank starts from zero), so the parent can tell the point's
     # own CPU use from other processes'.
-    report = replace(report, cpu_time_s=time.process_time())
-    if spec.count_flops and rank == 0:  # after the measured steps, on the meta device: nothing they timed
-        from mbtune.workloads.flops import count_flops_per_sample
-
-        report = replace(report, flops_counted=count_flops_per_sample(workload))
-    return report
+    return replace(report, cpu_time_s=time.process_time())
 
 
 def _groups(spec: PipelineSpec, rank: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:

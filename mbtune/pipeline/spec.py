@@ -50,7 +50,6 @@ class PipelineSpec:
     recompute: str = "none"  # "full": every block an activation checkpoint (workloads/recompute.py)
     pg_timeout_s: float = 60.0
     capture_grads: bool = False  # return the last step's gradients (for equivalence tests)
-    count_flops: bool = False  # process 0 counts the workload's FLOPs per sample after its steps (flops.py)
 
     def __post_init__(self) -> None:
         _require(self.num_ranks >= 1, "num_ranks", self.num_ranks, "an integer >= 1")

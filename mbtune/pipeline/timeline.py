@@ -64,7 +64,6 @@ class StageReport(Record):
     replica: int = 0  # which data-parallel replica of the pipeline
     # Data parallel only: per measured step, (start, end) of the gradient all-reduce from the step's origin.
     allreduce_spans_s: tuple[tuple[float, float], ...] = ()
-    flops_counted: float | None = None  # process 0 only, where the spec asks: training FLOPs per sample
     node: str = ""  # under torchrun, the node this rank ran on ("node 1 (hostname)")
 
     @property
@@ -104,11 +103,6 @@ class PipelineOutcome(Record):
         """The reports of one pipeline (replica 0), by pipeline rank: what the bubble, the idle shares and
         the timeline are read from (every replica runs the same schedule on its own samples)."""
         return tuple(sorted((r for r in self.reports if r.replica == 0), key=lambda r: r.rank))
-
-    @property
-    def flops_counted(self) -> float | None:
-        """The FLOPs per sample counted by the process asked to count them (None if none was, or none could)."""
-        return next((r.flops_counted for r in self.reports if r.flops_counted is not None), None)
 
     @property
     def peak_memory_bytes(self) -> tuple[int | None, ...]:

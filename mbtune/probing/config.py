@@ -46,7 +46,6 @@ class TrialConfig:
     seed: int = 0
     lr: float | None = None  # None: the optimizer's default (DEFAULT_LR)
     recompute: str = "none"  # one of RECOMPUTE_MODES
-    count_flops: bool = False  # after its steps, count the workload's FLOPs per sample (workloads/flops.py)
     mode: str = TRAIN  # train: full training steps; infer: forward passes only (`steps` of them)
 
     def __post_init__(self) -> None:
@@ -125,9 +124,9 @@ class ProbeConfig:
         return tuple(found)
 
     def trial(self, *, batch_size: int, device: str, recompute: str | None = None,
-              count_flops: bool = False) -> TrialConfig:
+              ) -> TrialConfig:
         """The trial config for one batch size on a resolved device (recompute: the main mode's by default)."""
-        return TrialConfig(count_flops=count_flops,
+        return TrialConfig(
             workload=self.workload, workload_options=self.workload_options, device=device,
             batch_size=batch_size, precision=self.precision, optimizer=self.optimizer, steps=self.steps,
             memory_budget_bytes=self.memory_budget_bytes, threads=self.threads, seed=self.seed, lr=self.lr,

@@ -35,7 +35,6 @@ class TrialOutcome(Record):
     device: DeviceInfo | None = None
     error_kind: str = ""  # workload | harness when the trial failed (see ERROR_KINDS)
     error_tail: str = ""  # the last lines of the failure's traceback and of the trial process's stderr
-    flops_counted: float | None = None  # training FLOPs per sample, where the trial was asked to count them
 
     @property
     def ok(self) -> bool:

@@ -19,7 +19,6 @@ from mbtune.probing.trial import run_classified_trial
 from mbtune.progress import TrialProgress
 from mbtune.records import DeviceInfo
 from mbtune.session import PROBE_TRIAL, REPLAYED, RunOutcome, saved_run
-from mbtune.settings import TRAIN
 
 if TYPE_CHECKING:
     from mbtune.probing.search import SearchResult
@@ -42,66 +41,19 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     replayed in order instead of run again (the search is deterministic given its outcomes). `on_trial`
     sees each outcome as it comes (and may end the probe by raising)."""
     from mbtune.device import resolve_device
-    from mbtune.probing.search import search_ceiling
     from mbtune.workloads.facts import workload_facts
 
-    # Bad names and options fail here, before any trial; user code runs in a child under a deadline.
+    # Bad names and options fail here, before any trial; user code runs in a child under a deadline (which
+    # also counts its FLOPs per sample).
     workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
     device = resolve_device(config.device)
     warnings = list(config.warnings())
     budget = _budget(config, device, warnings)
     search_budget = budget if budget is not None else describe(device, config.trial_timeout_s).total_memory_bytes
-    trial_config = replace(config, memory_budget_bytes=budget)
-
-    replay = deque(TrialOutcome.from_dict(r) for r in store.replayed(PROBE_TRIAL)) if store else deque()
-    recompute = config.recompute[0]
-
-    def run(batch_size: int) -> TrialOutcome:
-        if progress:
-            progress.start_trial(f"batch {batch_size}" + (f" (recompute {recompute})" if len(config.recompute) > 1
-                                                          else ""))
-        nonlocal workload
-        if replay:
-            outcome = replay.popleft()
-            if outcome.batch_size != batch_size:
-                raise ConfigError(f"the journal does not match this probe (it ran batch {outcome.batch_size} "
-                                  f"where this run asks for {batch_size})", hint="Run without --resume.")
-            workload = workload.with_counted_flops(outcome.flops_counted, tried=outcome.ok)
-            if progress:
-                progress.end_trial(outcome.status, REPLAYED)
-            if on_trial:
-                on_trial(outcome)
-            return outcome
-        log.debug("probe trial at batch %d on %s", batch_size, device)
-        outcome = run_classified_trial(trial_config.trial(batch_size=batch_size, device=device, recompute=recompute,
-                                                          count_flops=workload.needs_flops_count
-                                                          and config.mode == TRAIN),
-                                       config.trial_timeout_s)
-        log.info("batch %d: %s in %.1f s", batch_size, outcome.status, outcome.wall_s)
-        workload = workload.with_counted_flops(outcome.flops_counted, tried=outcome.ok)
-        if store:
-            store.record(PROBE_TRIAL, outcome.to_dict())
-        if progress:
-            progress.end_trial(outcome.status, _trial_detail(outcome))
-        if on_trial:
-            on_trial(outcome)
-        return outcome
-
-    def search() -> SearchResult:
-        return search_ceiling(run, granularity=config.granularity, max_batch=config.max_batch,
-                              budget_bytes=search_budget, margin=config.margin, confirm=config.confirm,
-                              resolution=config.resolution)
-
-    found = search()
-    others = []
-    for recompute in config.recompute[1:]:  # the run above reads it: one search per mode, in order
-        other = search()
-        others.append(RecomputeCeiling(
-            recompute=recompute, ceiling=other.ceiling, first_failing=other.first_failing,
-            safe_batch=other.safe_batch, safe_batch_verified=other.safe_batch_verified, trials=len(other.trials),
-            peak_memory_bytes=_peak_at(other.trials, other.ceiling)))
-        warnings += [f"recompute {recompute}: {w}" for w in other.warnings]
-    warnings += workload.warnings  # with the FLOPs count's, made in the first trial for a user's workload
+    trials = _Trials(replace(config, memory_budget_bytes=budget), device, progress, store, on_trial)
+    found, *others = [trials.search(mode, search_budget) for mode in config.recompute]  # one search per mode
+    for mode, other in zip(config.recompute[1:], others):
+        warnings += [f"recompute {mode}: {w}" for w in other.warnings]
     return ProbeResult(
         workload=config.workload, workload_options=dict(config.workload_options),
         device=_device_info(found.trials, device, config.trial_timeout_s), trials=found.trials,
@@ -111,9 +63,63 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         memory_model=found.memory_model, precision=config.precision, optimizer=config.optimizer,
         num_parameters=workload.num_parameters, flops_per_sample=workload.flops_per_sample,
         max_batch=config.max_batch, confirm=config.confirm, steps=config.steps, resolution=found.resolution,
-        safe_batch_first=found.safe_batch_first, warnings=tuple(warnings) + found.warnings,
-        recompute=config.recompute[0], recompute_ceilings=tuple(others), mode=config.mode,
+        safe_batch_first=found.safe_batch_first, warnings=(*warnings, *workload.warnings, *found.warnings),
+        recompute=config.recompute[0], mode=config.mode,
+        recompute_ceilings=tuple(_recompute_ceiling(mode, other) for mode, other in zip(config.recompute[1:], others)),
     )
+
+
+class _Trials:
+    """The probe's trials, each run for real in a fresh process (and journaled), or replayed in order from
+    an interrupted run's journal."""
+
+    def __init__(self, config: ProbeConfig, device: str, progress: TrialProgress | None, store: RunStore | None,
+                 on_trial: Callable[[TrialOutcome], None] | None) -> None:
+        self.config, self.device, self.progress, self.store, self.on_trial = config, device, progress, store, on_trial
+        self.replay = deque(TrialOutcome.from_dict(r) for r in store.replayed(PROBE_TRIAL)) if store else deque()
+
+    def search(self, recompute: str, budget_bytes: int | None) -> SearchResult:
+        """The ceiling search with this recompute mode."""
+        from mbtune.probing.search import search_ceiling
+
+        c = self.config
+        return search_ceiling(lambda size: self.run(size, recompute), granularity=c.granularity,
+                              max_batch=c.max_batch, budget_bytes=budget_bytes, margin=c.margin, confirm=c.confirm,
+                              resolution=c.resolution)
+
+    def run(self, batch_size: int, recompute: str) -> TrialOutcome:
+        if self.progress:
+            mode = f" (recompute {recompute})" if len(self.config.recompute) > 1 else ""
+            self.progress.start_trial(f"batch {batch_size}{mode}")
+        outcome, detail = self._replayed(batch_size), REPLAYED
+        if outcome is None:
+            log.debug("probe trial at batch %d on %s", batch_size, self.device)
+            trial = self.config.trial(batch_size=batch_size, device=self.device, recompute=recompute)
+            outcome = run_classified_trial(trial, self.config.trial_timeout_s)
+            log.info("batch %d: %s in %.1f s", batch_size, outcome.status, outcome.wall_s)
+            detail = _trial_detail(outcome)
+            if self.store:
+                self.store.record(PROBE_TRIAL, outcome.to_dict())
+        if self.progress:
+            self.progress.end_trial(outcome.status, detail)
+        if self.on_trial:
+            self.on_trial(outcome)
+        return outcome
+
+    def _replayed(self, batch_size: int) -> TrialOutcome | None:
+        if not self.replay:
+            return None
+        outcome = self.replay.popleft()
+        if outcome.batch_size != batch_size:
+            raise ConfigError(f"the journal does not match this probe (it ran batch {outcome.batch_size} "
+                              f"where this run asks for {batch_size})", hint="Run without --resume.")
+        return outcome
+
+
+def _recompute_ceiling(recompute: str, found: SearchResult) -> RecomputeCeiling:
+    return RecomputeCeiling(recompute=recompute, ceiling=found.ceiling, first_failing=found.first_failing,
+                            safe_batch=found.safe_batch, safe_batch_verified=found.safe_batch_verified,
+                            trials=len(found.trials), peak_memory_bytes=_peak_at(found.trials, found.ceiling))
 
 
 def _peak_at(trials: Sequence[TrialOutcome], batch_size: int) -> int | None:

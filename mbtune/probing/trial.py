@@ -38,7 +38,6 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
     step_times_s: list[float] = []
     loss_value: float | None = None
-    flops: float | None = None
     status, error, tail = OK, "", ""
     try:
         workload = load_workload(config.workload, config.workload_options)
@@ -49,10 +48,6 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
                 raise NonFiniteLossError(loss, step)
             step_times_s.append(step_s)
             loss_value = loss
-        if config.count_flops:  # after the steps: the count is not in what they measured
-            from mbtune.workloads.flops import count_flops_per_sample
-
-            flops = count_flops_per_sample(workload)
     except NonFiniteLossError as exc:
         status, error, tail = NONFINITE, str(exc), _traceback_tail()
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
@@ -65,7 +60,7 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
     return TrialOutcome(
         status=status, batch_size=config.batch_size, step_times_s=tuple(step_times_s), loss=loss_value,
         wall_s=time.perf_counter() - started, error=error, device=backend.info(),
-        error_kind=WORKLOAD_FAULT if status != OK else "", error_tail=tail, flops_counted=flops, **backend.peaks(),
+        error_kind=WORKLOAD_FAULT if status != OK else "", error_tail=tail, **backend.peaks(),
     )
 
 

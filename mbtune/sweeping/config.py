@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mbtune.errors import ConfigError
@@ -70,10 +70,9 @@ class SweepConfig:
     seed: int = 0
     lr: float | None = None  # trains with it (None: the optimizer's default); with reference_batch, the recipe's
     reference_batch: int | None = None  # the recipe's global batch: each row's advised lr is scaled from it
-    profiles_dir: str | None = None  # where to look for this device's probe when safe_batch is not given
-    from_profile: str | None = None  # a saved profile whose probe bounds the micro-batch size instead
     points: tuple[SweepPoint, ...] | None = None  # run exactly these (qualification re-runs a baseline's)
     command_line: str = ""
+    extra_warnings: tuple[str, ...] = field(default=(), compare=False)  # what reading a saved probe noted
     # Who starts each point's ranks: mbtune's own launcher on this host, or torch.distributed.run's elastic
     # agent (pipeline/torchrun.py), on this host or on nnodes hosts meeting at rdzv_endpoint.
     launcher: str = "local"

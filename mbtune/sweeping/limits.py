@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypedDict
+from pathlib import Path
+from typing import TypedDict
 
 from mbtune.probing.records import ProbeResult
-from mbtune.records import DeviceInfo
 from mbtune.sweeping.config import SweepConfig
-
-if TYPE_CHECKING:
-    pass
 
 
 class SweepLimits(TypedDict):
@@ -48,24 +45,29 @@ def limits_from_profile(path: str, config: SweepConfig) -> SweepLimits:
     return sweep_limits(probe)
 
 
-def _with_saved_limits(config: SweepConfig, info: DeviceInfo, warnings: list[str]) -> SweepConfig:
-    """Without a safe batch, take the one probed earlier for this device and workload, if saved."""
+def with_saved_limits(config: SweepConfig, *, from_profile: str | Path | None = None,
+                      profiles_dir: str | Path | None = None) -> SweepConfig:
+    """The sweep's config bounded by a saved probe, read here, where the command line or the Python API
+    names the file (the sweep itself reads no file): `from_profile`'s probe; else, without a safe batch,
+    this device's saved probe of the same workload and options under `profiles_dir`, if there is one.
+    A wrong `from_profile` is bad input; a damaged saved profile is skipped with a warning."""
+    from mbtune.device import resolve_device
+    from mbtune.device.describe import describe
     from mbtune.errors import ProfileError
     from mbtune.profiles import load_profile, profile_path
 
-    if config.from_profile is not None:
-        return replace(config, **limits_from_profile(config.from_profile, config))
-    if config.safe_batch is not None or config.profiles_dir is None:
+    if from_profile is not None:
+        return replace(config, **limits_from_profile(str(from_profile), config))
+    if config.safe_batch is not None or profiles_dir is None:
         return config
-    path = profile_path(config.profiles_dir, info, config.workload)
+    path = profile_path(profiles_dir, describe(resolve_device(config.device)), config.workload)
     if not path.exists():
         return config
     try:
         probe = load_profile(path).probe
     except ProfileError as exc:
-        warnings.append(f"ignored the saved probe: {exc.one_line()}")
-        return config
+        return replace(config, extra_warnings=(*config.extra_warnings, f"ignored the saved probe: {exc.one_line()}"))
     if probe is None or dict(config.workload_options) != probe.workload_options:
         return config
-    warnings.append(f"micro-batch sizes are bounded by the safe batch {probe.safe_batch} probed in {path}")
-    return replace(config, **sweep_limits(probe))
+    note = f"micro-batch sizes are bounded by the safe batch {probe.safe_batch} probed in {path}"
+    return replace(config, **sweep_limits(probe), extra_warnings=(*config.extra_warnings, note))

@@ -85,7 +85,6 @@ class PointResult(Record):
     failed_blocks: tuple[int, ...] = ()
     error_kind: str = ""
     error_tail: str = ""
-    flops_counted: float | None = None  # training FLOPs per sample, where this point was asked to count them
     # Under torchrun, per pipeline rank (replica 0), the node it ran on ("node 1 (hostname)"); () on one host.
     rank_nodes: tuple[str, ...] = ()
 

@@ -20,7 +20,6 @@ from mbtune.records import DeviceInfo
 from mbtune.session import BALANCE, REPLAYED, SWEEP_POINT, RunOutcome, saved_run
 from mbtune.settings import lr_for
 from mbtune.sweeping.config import SweepConfig
-from mbtune.sweeping.limits import _with_saved_limits, limits_from_profile
 from mbtune.sweeping.records import Balance, PointResult, SkippedPoint, SweepReport
 
 if TYPE_CHECKING:
@@ -38,7 +37,6 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     With a store, every finished point is journaled and points journaled earlier are not run again.
     """
     from mbtune.device import resolve_device
-    from mbtune.device.peak_flops import peak_flops
     from mbtune.sweeping.grid import plan_grid
     from mbtune.workloads.facts import workload_facts
 
@@ -47,49 +45,21 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     info = describe(device)
     log.info("sweep of %s (%d blocks) on %s", config.workload, workload.num_blocks, info.name)
     num_ranks, threads, max_processes, warnings = _placement(config, device)
-    warnings += workload.warnings
+    warnings += [*config.extra_warnings, *workload.warnings]
     if config.measured_steps * config.repeats < 2:
         warnings.append("one measured step per point (--steps 1, --repeats 1) states no spread: each range is "
                         "that one step; measure --steps 2 or more")
-    config = _with_saved_limits(config, info, warnings)
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_ranks=num_ranks, max_processes=max_processes,
                      nnodes=config.nnodes)
-    # A resumed sweep keeps the split its journaled points ran with.
-    replayed = [Balance.from_dict(b) for b in store.replayed(BALANCE)] if store else []
-    balance = replayed[0] if replayed else _balance(config, grid.points, device, threads)
-    if store and not replayed:
-        store.record(BALANCE, balance.to_dict())
-    peak = peak_flops(info.name, config.precision)
-    results: list[PointResult] = []
-    done = {r.point: r for r in map(PointResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
-    if progress:
-        progress.set_total(len(grid.points))
-
-    def run_one(point: SweepPoint) -> PointResult:
-        nonlocal workload
-        if progress:
-            progress.start_trial(point.label)
-        result, detail = done.get(point), REPLAYED
-        if result is None:
-            result = _run_repeats(point, config, device, threads, workload, peak * point.num_processes if peak else None,
-                                  balance.block_times_s or None)
-            detail = _result_detail(result)
-            if store:
-                store.record(SWEEP_POINT, result.to_dict())
-        workload = workload.with_counted_flops(result.flops_counted, tried=result.ok)  # counted in its first point
-        results.append(result)
-        if progress:
-            progress.end_trial(result.status, detail)
-        return result
-
+    points = _Points(config, device, threads, workload, info, progress, store, grid.points)
     interrupted, note = False, ""
     not_run: tuple[SkippedPoint, ...] = ()
     try:
         if config.strategy == "quick":
-            not_run, note = _quick(grid.points, run_one, config, balance.block_times_s)
+            not_run, note = _quick(grid.points, points.run, config, points.balance.block_times_s)
         else:
             for point in grid.points:
-                run_one(point)
+                points.run(point)
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C on the command line, or in a notebook
         interrupted = True
     finally:
@@ -97,10 +67,48 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
             from mbtune.pipeline.torchrun import close_session
 
             close_session(config.nodes, 0)
-    warnings += [w for w in workload.warnings if w not in warnings]  # the FLOPs count's, from the first point
-    report = _sweep_report(config, info, results, grid.skipped + not_run, len(grid.points), interrupted,
+    report = _sweep_report(config, info, points.results, grid.skipped + not_run, len(grid.points), interrupted,
                            warnings, (note,) if note else ())
-    return replace(report, balance=balance)
+    return replace(report, balance=points.balance)
+
+
+class _Points:
+    """The sweep's points, each run for real (its repeats in fresh processes, journaled), or taken from an
+    interrupted run's journal; and the split of blocks over stages every point runs with."""
+
+    def __init__(self, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
+                 info: DeviceInfo, progress: TrialProgress | None, store: RunStore | None,
+                 points: Sequence[SweepPoint]) -> None:
+        from mbtune.device.peak_flops import peak_flops
+
+        self.config, self.device, self.threads, self.workload = config, device, threads, workload
+        self.progress, self.store = progress, store
+        self.peak_flops = peak_flops(info.name, config.precision)
+        self.results: list[PointResult] = []
+        self.done = {r.point: r for r in map(PointResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
+        # A resumed sweep keeps the split its journaled points ran with.
+        replayed = [Balance.from_dict(b) for b in store.replayed(BALANCE)] if store else []
+        self.balance = replayed[0] if replayed else _balance(config, points, device, threads)
+        if store and not replayed:
+            store.record(BALANCE, self.balance.to_dict())
+        if progress:
+            progress.set_total(len(points))
+
+    def run(self, point: SweepPoint) -> PointResult:
+        if self.progress:
+            self.progress.start_trial(point.label)
+        result, detail = self.done.get(point), REPLAYED
+        if result is None:
+            peak = self.peak_flops * point.num_processes if self.peak_flops else None
+            result = _run_repeats(point, self.config, self.device, self.threads, self.workload, peak,
+                                  self.balance.block_times_s or None)
+            detail = _result_detail(result)
+            if self.store:
+                self.store.record(SWEEP_POINT, result.to_dict())
+        self.results.append(result)
+        if self.progress:
+            self.progress.end_trial(result.status, detail)
+        return result
 
 
 def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[PointResult],
@@ -196,8 +204,7 @@ def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: i
     runs: list[PointResult] = []
     while len(runs) < config.repeats and (not runs or runs[-1].ok):
         runs.append(_run_point(point, config, device, threads, workload, peak_total, block_times_s))
-        workload = workload.with_counted_flops(runs[-1].flops_counted, tried=runs[-1].ok)
-    return replace(merge_repeats(runs), flops_counted=next((r.flops_counted for r in runs if r.flops_counted), None))
+    return merge_repeats(runs)
 
 
 def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
@@ -212,8 +219,7 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
         point, workload=config.workload, workload_options=config.workload_options, device=device,
         warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, seed=config.seed,
         optimizer=config.optimizer, lr=lr_for(config.optimizer, config.lr), precision=config.precision,
-        threads=threads, balance="time" if block_times_s else "parameters", block_weights=block_times_s,
-        count_flops=workload.needs_flops_count)
+        threads=threads, balance="time" if block_times_s else "parameters", block_weights=block_times_s)
     # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
     # are summarised (the ranks report when those ran).
     gpus = range(spec.world_size) if spec.device == "cuda" else ()
@@ -224,7 +230,6 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
             outcome = session(config.nodes, config.command_line).run_point(spec, timeout_s=config.point_timeout_s)
         else:
             outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
-    workload = workload.with_counted_flops(outcome.flops_counted, tried=outcome.ok)
     result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
                              flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
     window, uuids = outcome.measured_window_unix_s, outcome.device_uuids
@@ -238,7 +243,7 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     if spec.data_parallel_size > 1:
         ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel_size} replicas, gradients all-reduced)"
     return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
-                   warnings=result.warnings + ((warning,) if warning else ()), flops_counted=outcome.flops_counted)
+                   warnings=result.warnings + ((warning,) if warning else ()))
 
 
 def _result_detail(result: PointResult) -> str:
@@ -250,7 +255,5 @@ def _result_detail(result: PointResult) -> str:
 def run_sweep(config: SweepConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,
               resume: bool = False) -> RunOutcome:
     """sweep_workload, journaled and saved to its profile (next to the probe already there)."""
-    if config.from_profile is not None:
-        limits_from_profile(config.from_profile, config)  # a wrong profile is bad input, before any file
     return saved_run("sweep", {"sweep": config}, config.workload, config.device, profiles_dir, resume,
                       config.command_line, lambda store: (None, sweep_workload(config, progress, store)))

@@ -2,7 +2,8 @@
 
 Importing a user's module and calling its factory runs user code: it may hang, exit, or crash the
 interpreter. mbtune's own process never runs it; a child does, under `load_timeout_s`, and hands back
-the facts (block count, parameters, FLOPs and tokens per sample) or the reason there are none. The
+the facts (block count, parameters, FLOPs per sample, typed and counted, and tokens per sample) or the
+reason there are none. The
 built-in workloads are mbtune's own code and load here.
 """
 
@@ -28,31 +29,8 @@ class WorkloadFacts(Record):
     num_parameters: int  # a tied tensor once
     flops_per_sample: float | None = None  # the workload's own figure, else the counted one
     tokens_per_sample: int | None = None
-    # FlopCounterMode's (flops.py): here for mbtune's own workloads; a user's is counted in its first trial
-    # (trial.py, pipeline/runner.py), where its code runs anyway, and added by with_counted_flops.
-    flops_counted: float | None = None
+    flops_counted: float | None = None  # FlopCounterMode's count (flops.py), None where the meta device cannot run it
     warnings: tuple[str, ...] = ()
-    flops_uncountable: bool = False  # a trial that ran tried to count them and could not: not tried again
-
-    @property
-    def needs_flops_count(self) -> bool:
-        return self.flops_counted is None and not self.flops_uncountable
-
-    def with_counted_flops(self, counted: float | None, *, tried: bool = True) -> WorkloadFacts:
-        """These facts with a count made in a trial: the figure MFU uses where the workload gave none, and a
-        warning where the workload's own figure is more than 10% from it. `tried`: the trial ran (and so
-        counted, if it was asked to); where it could not count, no later trial is asked."""
-        from dataclasses import replace
-
-        from mbtune.workloads.flops import flops_warning
-
-        if not self.needs_flops_count:
-            return self
-        if counted is None:
-            return replace(self, flops_uncountable=True) if tried else self
-        warning = flops_warning(self.name, self.flops_per_sample, counted)
-        return replace(self, flops_per_sample=self.flops_per_sample or counted, flops_counted=counted,
-                       warnings=self.warnings + ((warning,) if warning else ()))
 
 
 def workload_facts(name: str, options: Sequence[tuple[str, Any]] = (), *,
@@ -111,9 +89,9 @@ def _facts(name: str, options: tuple[tuple[str, Any], ...]) -> WorkloadFacts:
     from mbtune.workloads.flops import count_flops_per_sample, flops_warning
 
     workload = load_workload(name, options)
-    # Counting runs the blocks' forward (on the meta device): mbtune's own workloads only, since a user's
-    # forward may do anything, and doing it here, outside any trial, is not the user's to expect.
-    counted = count_flops_per_sample(workload) if ":" not in name or name.startswith("hf:") else None
+    # One forward and backward on the meta device (no memory, no arithmetic), here in the facts child: for a
+    # user's workload, under the same deadline as its import and factory.
+    counted = count_flops_per_sample(workload)
     warning = flops_warning(name, workload.flops_per_sample, counted)
     return WorkloadFacts(name=name, num_blocks=workload.num_blocks, num_parameters=workload.num_parameters(),
                          flops_per_sample=workload.flops_per_sample or counted, flops_counted=counted,

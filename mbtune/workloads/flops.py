@@ -21,7 +21,7 @@ def count_flops_per_sample(workload: Workload) -> float | None:
     cannot run it (or counts nothing)."""
     try:
         counts = [_count(workload, batch) for batch in (1, 2)]
-    except Exception:  # noqa: BLE001 - user code the meta device cannot run: no count, not an error
+    except (Exception, SystemExit):  # noqa: BLE001 - user code the meta device cannot run: no count, not an error
         return None
     per_sample = counts[1] - counts[0]
     return float(per_sample) if per_sample > 0 else None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.pipeline import PipelineSpec, run_pipeline_point
+from mbtune.pipeline.launch import run_pipeline_point
+from mbtune.pipeline.spec import PipelineSpec
 from mbtune.records import OK
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.run import sweep_workload
@@ -45,8 +46,8 @@ def test_event_timed_actions_do_not_overlap_and_stay_inside_their_step(schedule:
 
 
 def test_cuda_sweep_point_reports_event_step_times_nvml_of_its_gpu_and_load() -> None:
-    config = SweepConfig(workload="gpt", workload_options=GPT, device="cuda", num_stages=1, schedules=("gpipe",),
-                         micro_batches=(4,), accum_steps=(1,), micro_batch_size=8, measured_steps=10,
+    config = SweepConfig(workload="gpt", workload_options=GPT, device="cuda", num_ranks=1, schedules=("gpipe",),
+                         micro_batches=(4,), grad_accum_steps=(1,), micro_batch_size=8, measured_steps=10,
                          precision="bf16")
     report = sweep_workload(config)
     [result] = report.results

@@ -1,5 +1,6 @@
-"""FLOPs counted for a user's workload in its first trial, where its code runs anyway (never in the parent
-or the facts child): a probe's and a sweep's, each checked against the count made here on the meta device."""
+"""FLOPs counted for a user's workload in the facts child, where its import and factory already run under a
+deadline (never in mbtune's own process, never inside a timed trial): a probe's and a sweep's, each checked
+against the count made here on the meta device."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from mbtune.probing.run import probe_workload
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.run import sweep_workload
 from mbtune.workloads import load_workload
+from mbtune.workloads.facts import workload_facts
 from mbtune.workloads.flops import count_flops_per_sample
 
 pytestmark = pytest.mark.integration
@@ -28,11 +30,15 @@ def probe(options: tuple = ()):
                                       threads=1))
 
 
-def test_a_probe_counts_a_user_workloads_flops_in_its_first_trial():
+def test_the_facts_child_counts_a_user_workloads_flops():
+    options = (("flops_scale", 0.0),)  # options of its own: an answer no other test asked for
+    facts = workload_facts(USER, options)
+    assert facts.flops_counted == facts.flops_per_sample == counted(options)
+
+
+def test_a_probe_reports_the_count_made_in_the_facts_child():
     result = probe()
     assert result.flops_per_sample == counted()
-    # Only until one trial has counted them: the first, which ran.
-    assert [t.flops_counted is not None for t in result.trials] == [True] + [False] * (len(result.trials) - 1)
     assert not any("GFLOP per sample" in w for w in result.warnings)
 
 
@@ -45,9 +51,14 @@ def test_a_typed_figure_far_from_the_count_is_kept_with_a_warning():
     assert f"{typed / counted(options) - 1:+.0%}" in warning
 
 
-def test_a_sweep_counts_them_in_its_first_point_that_ran():
-    config = SweepConfig(workload=USER, device="cpu", num_ranks=2, schedules=("gpipe",), micro_batches=(2, 4),
+def test_a_sweep_computes_mfu_from_the_count(monkeypatch):
+    import mbtune.device.peak_flops
+
+    peak = 1e12  # a device this CPU is not: MFU is then a number to check
+    monkeypatch.setattr(mbtune.device.peak_flops, "peak_flops", lambda name, precision: peak)
+    config = SweepConfig(workload=USER, device="cpu", num_ranks=2, schedules=("gpipe",), micro_batches=(2,),
                          grad_accum_steps=(1,), micro_batch_size=1, measured_steps=1, threads=1)
     report = sweep_workload(config)
-    assert [r.status for r in report.results] == ["ok", "ok"]
-    assert [r.flops_counted for r in report.results] == [counted(), None]
+    [result] = report.results
+    assert result.ok, result.error
+    assert result.mfu_pct == pytest.approx(100 * counted() * result.samples_per_s / (peak * 2))

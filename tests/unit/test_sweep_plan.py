@@ -155,3 +155,25 @@ def test_rows_whose_range_overlaps_the_best_are_tied_with_it():
     ranking, _ = rank_results(results, "throughput")
     assert tied_with_best(results, ranking, "throughput") == (1,)
     assert tied_with_best(results, ranking, "memory") == ()
+
+
+def test_saved_limits_are_read_where_the_file_is_named_and_enter_the_config(tmp_path):
+    from dataclasses import replace
+
+    from mbtune.device.describe import describe
+    from mbtune.errors import ProfileError
+    from mbtune.profiles import save_probe
+    from mbtune.sweeping.limits import with_saved_limits
+    from tests.unit.test_records import sample_probe
+
+    probe = replace(sample_probe(), device=describe("cpu"))
+    path = save_probe(tmp_path, probe, "mbtune probe")
+    config = SweepConfig(workload=probe.workload, workload_options=tuple(probe.workload_options.items()), device="cpu")
+    assert with_saved_limits(config) == config  # no folder named, no file read
+    bounded = with_saved_limits(config, profiles_dir=tmp_path)
+    assert (bounded.safe_batch, bounded.ceiling) == (probe.safe_batch, probe.ceiling)
+    assert bounded.extra_warnings == (f"micro-batch sizes are bounded by the safe batch {probe.safe_batch} "
+                                      f"probed in {path}",)
+    assert with_saved_limits(config, from_profile=path).safe_batch == probe.safe_batch
+    with pytest.raises(ProfileError, match="probed precision 'fp32', this sweep runs 'bf16'"):
+        with_saved_limits(replace(config, precision="bf16"), from_profile=path)

@@ -66,18 +66,10 @@ def test_user_factory_contract():
     assert isinstance(workload, Workload) and workload.num_blocks == 1
 
 
-def test_counted_flops_fill_a_missing_figure_and_check_a_typed_one():
-    from mbtune.workloads.facts import WorkloadFacts
+def test_a_typed_flops_figure_far_from_the_count_is_kept_with_a_warning():
+    from mbtune.workloads.flops import flops_warning
 
-    bare = WorkloadFacts(name="w", num_blocks=2, num_parameters=10)
-    filled = bare.with_counted_flops(1e9)
-    assert (filled.flops_per_sample, filled.flops_counted, filled.warnings) == (1e9, 1e9, ())
-    assert filled.with_counted_flops(5e9) == filled and bare.with_counted_flops(None, tried=False) == bare
-    # A trial that ran and could not count: no later trial is asked to, and MFU stays unknown.
-    uncountable = bare.with_counted_flops(None)
-    assert not uncountable.needs_flops_count and uncountable.flops_per_sample is None
-    near = WorkloadFacts(name="w", num_blocks=2, num_parameters=10, flops_per_sample=1.05e9)
-    assert near.with_counted_flops(1e9).warnings == () and near.with_counted_flops(1e9).flops_per_sample == 1.05e9
-    far = WorkloadFacts(name="w", num_blocks=2, num_parameters=10, flops_per_sample=1.2e9).with_counted_flops(1e9)
-    assert far.flops_per_sample == 1.2e9 and far.warnings == (
-        "workload 'w' says 1.2 GFLOP per sample, the counter 1 (+20%): MFU uses the workload's figure",)
+    assert flops_warning("w", None, 1e9) is None and flops_warning("w", 1.2e9, None) is None
+    assert flops_warning("w", 1.05e9, 1e9) is None
+    assert flops_warning("w", 1.2e9, 1e9) == (
+        "workload 'w' says 1.2 GFLOP per sample, the counter 1 (+20%): MFU uses the workload's figure")
