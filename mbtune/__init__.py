@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__version__ = "0.1.0"
+from mbtune.version import __version__
+
 logging.getLogger("mbtune").addHandler(logging.NullHandler())  # the application (the CLI's -v) decides
 __all__ = ["__version__", "load_profile", "plan", "probe", "serve", "sweep", "tune"]
 _API = {"probe", "sweep", "tune", "plan", "serve", "load_profile"}

@@ -2,8 +2,8 @@
 `mbtune.load_profile`.
 
 Each takes the same settings as its command, by keyword, under the flag's name with underscores
-(`trial_timeout=60`, `accum=(1, 2)`, `stages=2`) or the config field's (`trial_timeout_s=60`), and
-returns the typed record. Saving is an argument: `save_to="profiles"` journals every finished trial
+(`trial_timeout=60`, `accum=(1, 2)`, `stages=2`), the one name each setting has, and returns the typed
+record. Saving is an argument: `save_to="profiles"` journals every finished trial
 and writes the profile there, as the command does; without it nothing is written. Ctrl-C
 (KeyboardInterrupt) starts nothing new and keeps what finished, as on the command line.
 
@@ -35,7 +35,7 @@ from mbtune.units import parse_bytes
 def probe(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
           **settings: Any) -> ProbeResult:
     """Find the memory ceiling and the verified safe batch (see `mbtune probe --help` for the settings)."""
-    from mbtune.probing.run import run_probe
+    from mbtune.session import run_probe
 
     config = _config(ProbeConfig, settings)
     found = run_probe(config, progress, profiles_dir=_folder(save_to), resume=resume).probe
@@ -48,8 +48,7 @@ def sweep(*, save_to: str | Path | None = None, resume: bool = False, progress: 
     """Run real pipelined training steps over the grid and rank them (see `mbtune sweep --help`). The
     micro-batch size is bounded by the probe in `from_profile=` (a saved profile), else by this device's
     saved probe of the workload in `save_to`, if there is one."""
-    from mbtune.sweeping.limits import with_saved_limits
-    from mbtune.sweeping.run import run_sweep
+    from mbtune.session import run_sweep, with_saved_limits
 
     from_profile = settings.pop("from_profile", None)
     config = with_saved_limits(_config(SweepConfig, settings), from_profile=from_profile, profiles_dir=_folder(save_to))
@@ -63,7 +62,7 @@ def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: A
     """Probe, then sweep around the probed safe batch, then (with `check`) check the best row's update
     against the plain model's (the report's `check`). Settings of both, by name; the probe's own trial
     steps are `probe_steps` (`steps` are the sweep's measured steps)."""
-    from mbtune.sweeping.tune import run_tune
+    from mbtune.session import run_tune
 
     probe_fields = {f.name for f in dataclasses.fields(ProbeConfig)}
     sweep_fields = {f.name for f in dataclasses.fields(SweepConfig)}
@@ -84,7 +83,7 @@ def serve(*, save_to: str | Path | None = None, resume: bool = False, progress: 
     """Find the dynamic-batching configuration that sustains the highest Poisson rate with its p99 within
     the budget (`p99="50ms"`, or seconds: `p99=0.05`; see `mbtune serve --help` for the settings)."""
     from mbtune.serving.config import DURATIONS, ServeConfig, with_durations
-    from mbtune.serving.run import run_serve
+    from mbtune.session import run_serve
 
     fields = {f.name for f in dataclasses.fields(ServeConfig)} - set(DURATIONS.values())
     durations = with_durations({k: v for k, v in settings.items() if k in DURATIONS})

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mbtune import __version__
 from mbtune.atomic import write_atomic
 from mbtune.errors import EXIT_COULD_NOT_RUN, ProfileError
 from mbtune.probing.records import ProbeResult
@@ -28,6 +27,7 @@ from mbtune.recordio import (
 from mbtune.records import DeviceInfo
 from mbtune.serving.records import ServeReport
 from mbtune.sweeping.records import SweepReport
+from mbtune.version import __version__
 
 # Schema versions this mbtune reads, and the step that upgrades each older one. A field added with a
 # default needs no more than the version bump; a renamed or restructured one needs a real step.

@@ -1,30 +1,33 @@
-"""A saved run: the RunStore's lock and journal around a command's body, resume, and the profile written
-at the end (without a profiles folder, nothing is written)."""
+"""A saved run: the RunStore's lock and journal around a wing's run, resume, and the profile written at the
+end (without a profiles folder, nothing is written): run_probe, run_sweep, run_tune and run_serve, each
+command's one library call. And what a command takes from a saved profile, read here where the command
+names the file: a sweep's limits (with_saved_limits) and a check's row (check_config_from_profile)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from mbtune.checking.config import CheckConfig
 from mbtune.device.describe import describe
+from mbtune.errors import ConfigError, ProfileError
+from mbtune.probing.config import ProbeConfig
 from mbtune.probing.records import ProbeResult
+from mbtune.probing.run import probe_workload
+from mbtune.profiles import load_profile, profile_path
+from mbtune.progress import TrialProgress
+from mbtune.serving.config import ServeConfig
 from mbtune.serving.records import ServeReport
+from mbtune.serving.run import serve_workload
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.limits import SweepLimits, sweep_limits
 from mbtune.sweeping.records import SweepReport
+from mbtune.sweeping.run import sweep_workload
+from mbtune.sweeping.tune import tune_workload
 
-if TYPE_CHECKING:
-    pass
-
-
-PROBE_TRIAL, SWEEP_POINT, BALANCE = "probe_trial", "sweep_point", "balance"
-
-
-REPLAYED = "replayed from the journal"
-
-
-# Fields that say where and how to write, not what to measure: a resumed run may change them.
 # Settings that change where or how patiently a run happens, not what it measures: a resumed run may change
 # them (a rescheduled multi-node job gets a new endpoint and node numbers).
 _NOT_MEASUREMENT = {"command_line", "extra_warnings", "trial_timeout_s", "point_timeout_s", "reference_batch",
@@ -80,3 +83,98 @@ def _comparable(configs: dict[str, Any]) -> dict[str, Any]:
     plain = {name: {k: v for k, v in dataclasses.asdict(c).items() if k not in _NOT_MEASUREMENT}
              for name, c in configs.items()}
     return json.loads(json.dumps(plain))
+
+
+def run_probe(config: ProbeConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,
+              resume: bool = False) -> RunOutcome:
+    """probe_workload, journaled and saved to its profile."""
+    return saved_run("probe", {"probe": config}, config.workload, config.device, profiles_dir, resume,
+                     config.command_line, lambda store: (probe_workload(config, progress, store), None))
+
+
+def run_sweep(config: SweepConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,
+              resume: bool = False) -> RunOutcome:
+    """sweep_workload (its quick strategy led by the planner's simulator), journaled and saved to its
+    profile (next to the probe already there)."""
+    from mbtune.planning.api import quick_sweep
+
+    return saved_run("sweep", {"sweep": config}, config.workload, config.device, profiles_dir, resume,
+                     config.command_line, lambda store: (None, sweep_workload(config, progress, store, quick=quick_sweep)))
+
+
+def run_tune(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None, *,
+             profiles_dir: Path | None, resume: bool = False, check: bool = True) -> RunOutcome:
+    """tune_workload, journaled and saved: the probe and the sweep into one profile."""
+    from mbtune.planning.api import quick_sweep
+
+    return saved_run("tune", {"probe": probe_config, "sweep": sweep_config}, probe_config.workload,
+                     probe_config.device, profiles_dir, resume, probe_config.command_line,
+                     lambda store: tune_workload(probe_config, sweep_config, progress, store, check=check,
+                                                quick=quick_sweep))
+
+
+def run_serve(config: ServeConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,
+              resume: bool = False) -> RunOutcome:
+    """serve_workload, journaled and saved into the workload's profile (its `serve` section, beside the
+    training probe and sweep)."""
+    return saved_run("serve", {"serve": config}, config.workload, config.device, profiles_dir, resume,
+                     config.command_line, lambda store: (None, None, serve_workload(config, progress, store)))
+
+
+def limits_from_profile(path: str, config: SweepConfig) -> SweepLimits:
+    """sweep_limits of the probe saved in a profile: an error when it holds no probe, or a probe of another
+    workload, other workload options or another precision than this sweep's."""
+    probe = load_profile(path).probe
+    if probe is None:
+        raise ProfileError(f"profile {path} holds no probe", hint="Run mbtune probe first, or use mbtune tune.")
+    ours = (config.workload, dict(config.workload_options), config.precision)
+    theirs = (probe.workload, dict(probe.workload_options), probe.precision)
+    for what, mine, saved in zip(("workload", "workload options", "precision"), ours, theirs):
+        if mine != saved:
+            raise ProfileError(f"--from-profile {path} probed {what} {saved!r}, this sweep runs {mine!r}",
+                              hint="Give the profile of the same workload, options and precision.")
+    return sweep_limits(probe)
+
+
+def with_saved_limits(config: SweepConfig, *, from_profile: str | Path | None = None,
+                     profiles_dir: str | Path | None = None) -> SweepConfig:
+    """The sweep's config bounded by a saved probe, read here, where the command line or the Python API
+    names the file (the sweep itself reads no file): `from_profile`'s probe; else, without a safe batch,
+    this device's saved probe of the same workload and options under `profiles_dir`, if there is one.
+    A wrong `from_profile` is bad input; a damaged saved profile is skipped with a warning."""
+    from mbtune.device import resolve_device
+
+    if from_profile is not None:
+        return replace(config, **limits_from_profile(str(from_profile), config))
+    if config.safe_batch is not None or profiles_dir is None:
+        return config
+    path = profile_path(profiles_dir, describe(resolve_device(config.device)), config.workload)
+    if not path.exists():
+        return config
+    try:
+        probe = load_profile(path).probe
+    except ProfileError as exc:
+        return replace(config, extra_warnings=(*config.extra_warnings, f"ignored the saved probe: {exc.one_line()}"))
+    if probe is None or dict(config.workload_options) != probe.workload_options:
+        return config
+    note = f"micro-batch sizes are bounded by the safe batch {probe.safe_batch} probed in {path}"
+    return replace(config, **sweep_limits(probe), extra_warnings=(*config.extra_warnings, note))
+
+
+def check_config_from_profile(path: Path, rank: int, **settings: Any) -> CheckConfig:
+    """The CheckConfig of the rank-th row (1: the best) of a saved profile's sweep, on its workload, options,
+    precision, optimizer and learning rate (unless `settings` give one); `settings` give the rest."""
+    profile = load_profile(path)
+    sweep = profile.sweep
+    if sweep is None or not sweep.ranking:
+        raise ConfigError(f"{path} holds no ranked sweep rows to check",
+                         hint="Run mbtune sweep or tune first, or pass the configuration's flags instead of --from.")
+    if not 1 <= rank <= len(sweep.ranking):
+        raise ConfigError(f"--rank {rank} is out of range: {path} ranks {len(sweep.ranking)} row(s)",
+                         hint=f"Use --rank 1 to {len(sweep.ranking)}.")
+    point = sweep.results[sweep.ranking[rank - 1]].point
+    lr = settings.pop("lr", None)
+    return CheckConfig.for_point(point, workload=sweep.workload,
+                                workload_options=tuple(sorted(sweep.workload_options.items())),
+                                precision=sweep.precision, optimizer=sweep.optimizer,
+                                lr=lr if lr is not None else sweep.lr, **settings)

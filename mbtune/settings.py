@@ -3,12 +3,18 @@ config field is set by, and the checks the configs run on the fields they have i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from mbtune.validation import require as _require
+
+if TYPE_CHECKING:
+    pass
+
 import math
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from mbtune.records import RECOMPUTE_MODES
-from mbtune.validation import require as _require
 
 if TYPE_CHECKING:
     pass
@@ -101,3 +107,6 @@ def as_tuple(config: Any, name: str) -> None:
 def check_recompute_modes(modes: tuple[str, ...]) -> None:
     unknown = [m for m in modes if m not in RECOMPUTE_MODES]
     _require(bool(modes) and not unknown, "recompute", ",".join(unknown) or modes, " | ".join(RECOMPUTE_MODES))
+
+
+STRATEGIES = ("grid", "quick")

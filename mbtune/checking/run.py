@@ -15,12 +15,10 @@ batch's mean, and no pipeline can fix that; the loss must.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mbtune.checking.config import CheckConfig
 from mbtune.errors import (
-    ConfigError,
     TrialFailedError,
 )
 from mbtune.records import OK
@@ -181,22 +179,3 @@ def _numpy_grads(model: Any) -> dict[str, Any]:
             if p.grad is not None}
 
 
-def check_config_from_profile(path: Path, rank: int, **settings: Any) -> CheckConfig:
-    """The CheckConfig of the rank-th row (1: the best) of a saved profile's sweep, on its workload, options,
-    precision, optimizer and learning rate (unless `settings` give one); `settings` give the rest."""
-    from mbtune.profiles import load_profile
-
-    profile = load_profile(path)
-    sweep = profile.sweep
-    if sweep is None or not sweep.ranking:
-        raise ConfigError(f"{path} holds no ranked sweep rows to check",
-                          hint="Run mbtune sweep or tune first, or pass the configuration's flags instead of --from.")
-    if not 1 <= rank <= len(sweep.ranking):
-        raise ConfigError(f"--rank {rank} is out of range: {path} ranks {len(sweep.ranking)} row(s)",
-                          hint=f"Use --rank 1 to {len(sweep.ranking)}.")
-    point = sweep.results[sweep.ranking[rank - 1]].point
-    lr = settings.pop("lr", None)
-    return CheckConfig.for_point(point, workload=sweep.workload,
-                                 workload_options=tuple(sorted(sweep.workload_options.items())),
-                                 precision=sweep.precision, optimizer=sweep.optimizer,
-                                 lr=lr if lr is not None else sweep.lr, **settings)

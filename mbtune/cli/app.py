@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from mbtune import __version__
 from mbtune.cli import ci, plan, serve, support, train
+from mbtune.version import __version__
 
 app = typer.Typer(
     name="mbtune", no_args_is_help=True, add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False,

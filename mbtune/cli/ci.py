@@ -150,9 +150,10 @@ def check(
 ) -> None:
     """Run one optimizer step through the real pipeline and through the plain model on the same global batch
     and seed, and compare the gradients per block: exit 0 PASS, 1 FAIL (with why), 3 could not run."""
-    from mbtune.checking.run import check_config_from_profile, check_update
+    from mbtune.checking.run import check_update
     from mbtune.report import make_console
     from mbtune.report.check import print_check
+    from mbtune.session import check_config_from_profile
     from mbtune.units import parse_options
 
     fmt = check_format(format, allowed=("table", "json"))

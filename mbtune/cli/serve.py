@@ -69,7 +69,7 @@ def serve(
     output: Output = None,
 ) -> None:
     """Tune dynamic batching for inference under a p99 latency budget, on a real server under real load."""
-    from mbtune.serving.run import run_serve
+    from mbtune.session import run_serve
 
     fmt = check_output(check_format(format), output)
     check_resume(resume, save)

@@ -1,4 +1,5 @@
-"""The probe run: the ceiling search wired to real, isolated trials, journaled and saved by a session."""
+"""The probe run: the ceiling search wired to real, isolated trials, each journaled where a journal is given
+(session.run_probe keeps one and saves the result)."""
 
 from __future__ import annotations
 
@@ -6,25 +7,25 @@ import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mbtune.device.describe import describe
 from mbtune.errors import (
     ConfigError,
 )
+from mbtune.journal import REPLAYED
 from mbtune.probing.config import ProbeConfig
 from mbtune.probing.records import ProbeResult, RecomputeCeiling, TrialOutcome
 from mbtune.probing.trial import run_classified_trial
 from mbtune.progress import TrialProgress
 from mbtune.records import DeviceInfo
-from mbtune.session import PROBE_TRIAL, REPLAYED, RunOutcome, saved_run
 
 if TYPE_CHECKING:
+    from mbtune.journal import Journal
     from mbtune.probing.search import SearchResult
-    from mbtune.store import RunStore
 
 log = logging.getLogger(__name__)
+PROBE_TRIAL = "probe_trial"  # the journal kind of a probe's trials
 
 
 # Without a budget on CPU the real ceiling would be the machine's RAM and the kernel's OOM killer; cap
@@ -33,7 +34,7 @@ DEFAULT_CPU_BUDGET_FRACTION = 0.8
 
 
 def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
-                   store: RunStore | None = None, *,
+                   store: Journal | None = None, *,
                    on_trial: Callable[[TrialOutcome], None] | None = None) -> ProbeResult:
     """Find the memory ceiling and safe batch of a workload on a device with real, isolated trials.
 
@@ -73,7 +74,7 @@ class _Trials:
     """The probe's trials, each run for real in a fresh process (and journaled), or replayed in order from
     an interrupted run's journal."""
 
-    def __init__(self, config: ProbeConfig, device: str, progress: TrialProgress | None, store: RunStore | None,
+    def __init__(self, config: ProbeConfig, device: str, progress: TrialProgress | None, store: Journal | None,
                  on_trial: Callable[[TrialOutcome], None] | None) -> None:
         self.config, self.device, self.progress, self.store, self.on_trial = config, device, progress, store, on_trial
         self.replay = deque(TrialOutcome.from_dict(r) for r in store.replayed(PROBE_TRIAL)) if store else deque()
@@ -153,8 +154,3 @@ def _device_info(trials: tuple[TrialOutcome, ...], device: str, timeout_s: float
     return describe(device, timeout_s)
 
 
-def run_probe(config: ProbeConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,
-              resume: bool = False) -> RunOutcome:
-    """probe_workload, journaled and saved to its profile."""
-    return saved_run("probe", {"probe": config}, config.workload, config.device, profiles_dir, resume,
-                      config.command_line, lambda store: (probe_workload(config, progress, store), None))

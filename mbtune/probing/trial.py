@@ -122,7 +122,7 @@ def _train(workload: Workload, config: TrialConfig, backend: Any):
 
 def _infer(workload: Workload, config: TrialConfig) -> list[float]:
     """Seconds of each of `config.steps` forward passes under torch.inference_mode, in eval mode."""
-    from mbtune.serving.infer import InferenceModel
+    from mbtune.inference import InferenceModel
 
     model = InferenceModel(workload, device=config.device, precision=config.precision, seed=config.seed)
     times = []

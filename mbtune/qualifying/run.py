@@ -16,14 +16,13 @@ from mbtune.errors import (
     WorkloadBrokenError,
 )
 from mbtune.probing.config import ProbeConfig
-from mbtune.probing.run import run_probe
 from mbtune.profiles import Profile
 from mbtune.progress import TrialProgress
 from mbtune.qualifying.records import Verdict
 from mbtune.qualifying.spec import QualifySpec
 from mbtune.serving.records import ServeReport
+from mbtune.session import run_probe, run_tune
 from mbtune.sweeping.config import SweepConfig
-from mbtune.sweeping.tune import run_tune
 
 if TYPE_CHECKING:
     pass
@@ -95,7 +94,7 @@ def _serve_device(spec: QualifySpec) -> str:
 def _qualify_serve(spec: QualifySpec, progress: TrialProgress | None,
                    profiles_dir: Path | None) -> tuple[ServeReport | None, str | None]:
     """The spec's serving run, or why it could not complete (an ERROR check, as a probe's would be)."""
-    from mbtune.serving.run import run_serve
+    from mbtune.session import run_serve
 
     assert spec.serve is not None
     try:

@@ -15,9 +15,9 @@ from mbtune.settings import (
     DEFAULT_TRIAL_TIMEOUT_S,
     INFER,
     PRECISIONS,
+    STRATEGIES,
     check_timeout,
 )
-from mbtune.sweeping.config import STRATEGIES
 from mbtune.units import parse_device
 from mbtune.validation import check_types, require_unique
 from mbtune.validation import require as _require

@@ -33,8 +33,8 @@ from mbtune.serving.records import (
 )
 
 if TYPE_CHECKING:
+    from mbtune.journal import Journal
     from mbtune.progress import TrialProgress
-    from mbtune.store import RunStore
 
 log = logging.getLogger(__name__)
 SERVICE_CURVE, SERVE_CONFIG = "service_curve", "serve_config"  # journal kinds
@@ -42,7 +42,7 @@ QUICK_CONFIGS = 2  # --strategy quick measures the configurations the simulator 
 
 
 def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
-                   store: RunStore | None = None) -> ServeReport:
+                   store: Journal | None = None) -> ServeReport:
     """Find the dynamic-batching configuration that sustains the highest Poisson rate within the p99
     budget, from real measurements (see the module docstring). Ctrl-C keeps what finished."""
     from mbtune.device import resolve_device
@@ -114,7 +114,7 @@ def _refuse_budget(config: ServeConfig, batch_size: int, fastest_s: float, over:
                           hint=f"Give a --p99 above {fastest_s * 1e3:.0f}ms, a faster device or a smaller model.")
 
 
-def _curve(config: ServeConfig, device: str, ceiling: ProbeResult, store: RunStore | None) -> ServiceCurve:
+def _curve(config: ServeConfig, device: str, ceiling: ProbeResult, store: Journal | None) -> ServiceCurve:
     """The service-time curve up to the safe batch, measured in a fresh process (or replayed)."""
     from mbtune.serving.infer import CurveSpec, measure_curve
     from mbtune.worker import run_isolated
@@ -201,11 +201,11 @@ def _rate_text(rate: float | None) -> str:
     return f"{rate:g}/s" if rate is not None else "no rate"
 
 
-def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float, ...], store: RunStore | None,
+def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float, ...], store: Journal | None,
          progress: TrialProgress | None) -> ConfigRun:
     """One configuration's server under its loads (or its journaled run)."""
+    from mbtune.journal import REPLAYED
     from mbtune.serving.server import LoadPlan, ServerSpec, run_config
-    from mbtune.session import REPLAYED
 
     if progress:
         progress.start_trial(rule.label)
@@ -343,11 +343,3 @@ def _validation(runs: Sequence[ConfigRun], curve: ServiceCurve, fit: Calibration
                           noise_pct=statistics.median(noise) if noise else None)
 
 
-def run_serve(config: ServeConfig, progress: TrialProgress | None = None, *, profiles_dir: Any,
-              resume: bool = False) -> Any:
-    """serve_workload, journaled and saved into the workload's profile (its `serve` section, beside the
-    training probe and sweep). Returns a runs.RunOutcome."""
-    from mbtune.session import saved_run
-
-    return saved_run("serve", {"serve": config}, config.workload, config.device, profiles_dir, resume,
-                      config.command_line, lambda store: (None, None, serve_workload(config, progress, store)))

@@ -11,6 +11,7 @@ from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
     OPTIMIZERS,
+    STRATEGIES,
     as_tuple,
     check_lr,
     check_recompute_modes,
@@ -33,7 +34,6 @@ OBJECTIVES = ("throughput", "memory", "bubble")
 BALANCES = ("parameters", "time")  # how a sweep splits blocks over stages (--balance params | time)
 
 
-STRATEGIES = ("grid", "quick")
 
 
 @dataclass(frozen=True, kw_only=True)

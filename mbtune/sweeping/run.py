@@ -1,5 +1,5 @@
 """The sweep run: placement of ranks on the machine, the timing pass, each point's repeats in fresh
-processes, and the report, journaled and saved by a session."""
+processes, and the report; each point journaled where a journal is given (session.run_sweep keeps one)."""
 
 from __future__ import annotations
 
@@ -7,34 +7,38 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mbtune.device.describe import describe
 from mbtune.errors import (
     Interrupted,
 )
+from mbtune.journal import REPLAYED
 from mbtune.pipeline.point import SweepPoint
 from mbtune.progress import TrialProgress
 from mbtune.records import DeviceInfo
-from mbtune.session import BALANCE, REPLAYED, SWEEP_POINT, RunOutcome, saved_run
 from mbtune.settings import lr_for
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.records import Balance, PointResult, SkippedPoint, SweepReport
 
 if TYPE_CHECKING:
-    from mbtune.store import RunStore
+    from mbtune.journal import Journal
     from mbtune.workloads.facts import WorkloadFacts
 
 log = logging.getLogger(__name__)
+# The planner's quick search (planning.api.quick_sweep): (points, run_point, *, workload, ...) -> its result.
+QuickSweep = Callable[..., Any]
+SWEEP_POINT, BALANCE = "sweep_point", "balance"  # journal kinds: a point's result, the blocks' split
 
 
 def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
-                   store: RunStore | None = None) -> SweepReport:
+                   store: Journal | None = None, *, quick: QuickSweep | None = None) -> SweepReport:
     """Run the sweep grid as real pipelines, one fresh process per stage, and rank what they measured.
 
     Ctrl-C (Interrupted) starts nothing new: the report keeps every finished point, marked interrupted.
-    With a store, every finished point is journaled and points journaled earlier are not run again.
+    With a store, every finished point is journaled and points journaled earlier are not run again. The
+    quick strategy needs `quick`, the planner's search (planning.api.quick_sweep, which session.run_sweep
+    passes): the planner calibrates on sweeps, so the sweep is handed it rather than importing it.
     """
     from mbtune.device import resolve_device
     from mbtune.sweeping.grid import plan_grid
@@ -56,7 +60,8 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     not_run: tuple[SkippedPoint, ...] = ()
     try:
         if config.strategy == "quick":
-            not_run, note = _quick(grid.points, points.run, config, points.balance.block_times_s)
+            assert quick is not None, "the quick strategy needs the planner's search"
+            not_run, note = _quick(quick, grid.points, points.run, config, points.balance.block_times_s)
         else:
             for point in grid.points:
                 points.run(point)
@@ -77,7 +82,7 @@ class _Points:
     interrupted run's journal; and the split of blocks over stages every point runs with."""
 
     def __init__(self, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
-                 info: DeviceInfo, progress: TrialProgress | None, store: RunStore | None,
+                 info: DeviceInfo, progress: TrialProgress | None, store: Journal | None,
                  points: Sequence[SweepPoint]) -> None:
         from mbtune.device.peak_flops import peak_flops
 
@@ -137,11 +142,9 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[PointResu
     )
 
 
-def _quick(points: tuple[SweepPoint, ...], run_one: Callable[[SweepPoint], PointResult],
+def _quick(quick_sweep: QuickSweep, points: tuple[SweepPoint, ...], run_one: Callable[[SweepPoint], PointResult],
            config: SweepConfig, block_times_s: tuple[float, ...] = ()) -> tuple[tuple[SkippedPoint, ...], str]:
     """The quick strategy: the simulator, calibrated on a few points, picks what to run next."""
-    from mbtune.planning.api import quick_sweep
-
     found = quick_sweep(points, run_one, workload=config.workload, workload_options=config.workload_options,
                         optimizer=config.optimizer, block_times_s=block_times_s)
     not_run = tuple(
@@ -252,8 +255,3 @@ def _result_detail(result: PointResult) -> str:
     return (result.error.strip().splitlines() or [""])[-1][:80]
 
 
-def run_sweep(config: SweepConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,
-              resume: bool = False) -> RunOutcome:
-    """sweep_workload, journaled and saved to its profile (next to the probe already there)."""
-    return saved_run("sweep", {"sweep": config}, config.workload, config.device, profiles_dir, resume,
-                      config.command_line, lambda store: (None, sweep_workload(config, progress, store)))

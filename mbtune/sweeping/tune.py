@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mbtune.checking.config import CheckConfig
@@ -16,23 +15,23 @@ from mbtune.probing.records import ProbeResult
 from mbtune.probing.run import probe_workload
 from mbtune.progress import TrialProgress
 from mbtune.records import ERROR, OK
-from mbtune.session import RunOutcome, saved_run
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.limits import sweep_limits
 from mbtune.sweeping.records import SweepReport
-from mbtune.sweeping.run import sweep_workload
+from mbtune.sweeping.run import QuickSweep, sweep_workload
 
 if TYPE_CHECKING:
-    from mbtune.store import RunStore
+    from mbtune.journal import Journal
 
 
 def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None,
-                  store: RunStore | None = None, *, check: bool = True) -> tuple[ProbeResult, SweepReport]:
+                  store: Journal | None = None, *, check: bool = True,
+                  quick: QuickSweep | None = None) -> tuple[ProbeResult, SweepReport]:
     """Probe, then sweep around the probed safe batch, then (with `check`) check the best row's update
     against the plain model's."""
     probe = probe_workload(probe_config, progress, store)
     sweep_config = replace(sweep_config, **sweep_limits(probe))
-    sweep = sweep_workload(sweep_config, progress, store)
+    sweep = sweep_workload(sweep_config, progress, store, quick=quick)
     if check and sweep.best is not None and not sweep.interrupted:
         sweep = _checked(sweep, sweep_config, progress)
     return probe, sweep
@@ -73,9 +72,3 @@ def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | 
     return replace(sweep, check=result)
 
 
-def run_tune(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None, *,
-             profiles_dir: Path | None, resume: bool = False, check: bool = True) -> RunOutcome:
-    """tune_workload, journaled and saved: the probe and the sweep into one profile."""
-    return saved_run("tune", {"probe": probe_config, "sweep": sweep_config}, probe_config.workload,
-                      probe_config.device, profiles_dir, resume, probe_config.command_line,
-                      lambda store: tune_workload(probe_config, sweep_config, progress, store, check=check))

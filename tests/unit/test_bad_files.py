@@ -7,8 +7,6 @@ import json
 import os
 import re
 import stat
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,10 +21,10 @@ from mbtune.profiles import SCHEMA_VERSION, Metadata, Profile, load_profile, wri
 from mbtune.records import DeviceInfo
 from mbtune.specfile import read_spec
 from mbtune.store import JOURNAL_RECORDS, RunStore
+from tests.unit.test_cli import Ran, mbtune_here
 from tests.unit.test_records import sample_probe
 from tests.unit.test_report import sweep_report
 
-ROOT = Path(__file__).resolve().parents[2]
 DELETE = object()  # set_at(..., DELETE) removes the key
 HUGE = "x" * 100_000
 
@@ -296,10 +294,11 @@ def test_a_complete_but_wrong_last_line_is_not_taken_for_a_torn_one(tmp_path):
 
 
 def test_journal_kinds_are_the_ones_the_runs_write():
-    from mbtune import session
+    from mbtune.probing import run as probing
     from mbtune.serving import run as serving
+    from mbtune.sweeping import run as sweeping
 
-    assert set(JOURNAL_RECORDS) == {session.PROBE_TRIAL, session.SWEEP_POINT, session.BALANCE, serving.SERVICE_CURVE,
+    assert set(JOURNAL_RECORDS) == {probing.PROBE_TRIAL, sweeping.SWEEP_POINT, sweeping.BALANCE, serving.SERVICE_CURVE,
                                     serving.SERVE_CONFIG}
 
 
@@ -392,11 +391,8 @@ def test_a_valid_spec_still_loads_with_lists_as_tuples(tmp_path):
 
 # --- the CLI: one line on stderr, exit 2, no traceback -----------------------------------------------------
 
-def mbtune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(ROOT)}
-    env.pop("MBTUNE_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "mbtune", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=300)
+def mbtune(cwd: Path, *args: str) -> Ran:
+    return mbtune_here(*args, cwd=cwd)  # in this process; MBTUNE_DEBUG unset
 
 
 CLI_PROFILES = [
