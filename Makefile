@@ -8,7 +8,7 @@ STAMP := $(VENV)/.mbtune-installed
 # Test workers: each test file runs whole on one worker (its module fixtures are built once).
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo lint test bench clean
+.PHONY: setup demo lint test test-fast bench clean docs
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
+# The inner loop: the unit tier alone (pure, in-process, under a minute); `make test` runs the whole suite.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
+
 bench: $(STAMP)
 	$(BIN)/python bench/probe.py
 	$(BIN)/python bench/sweep.py
@@ -36,6 +40,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/faults.py
 	$(BIN)/python bench/torchrun.py
 	$(BIN)/python bench/serve.py
+
+docs: $(STAMP)
+	$(BIN)/python docs/generate_cli_reference.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

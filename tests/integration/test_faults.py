@@ -18,7 +18,7 @@ from tests.fixtures.commands import PROBE, SMALL, SWEEP
 from tests.fixtures.processes import orphans
 from tests.unit.test_cli import ROOT, SCRATCH, mbtune
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 

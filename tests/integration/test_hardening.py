@@ -21,6 +21,7 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_factory_that_hangs_ends_at_the_load_timeout_exit_3():
     tag = uuid.uuid4().hex
     process = start(["probe", "-w", "tests.fixtures.bad_factories:hangs", "-d", "cpu", "--no-save",
@@ -67,6 +68,7 @@ FOUR_POINTS = ["sweep", *SMALL, "-p", "2", "--schedules", "gpipe,1f1b", "-m", "2
                "--micro-batch-size", "4", "--steps", "2"]
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_sweep_like_ctrl_c(tmp_path):
     signum, code = signal.SIGTERM, 143
     tag = uuid.uuid4().hex
@@ -85,6 +87,7 @@ def test_sigterm_stops_a_sweep_like_ctrl_c(tmp_path):
     assert resumed.stderr.count("replayed from the journal") == len(finished)
 
 
+@pytest.mark.slow
 def test_sighup_mid_probe_keeps_the_journal_and_resume_replays_it(tmp_path):
     tag = uuid.uuid4().hex
     args = [*PROBE, "--profiles-dir", str(tmp_path)]
@@ -116,6 +119,7 @@ def test_qualify_refuses_an_unwritable_junit_path_before_running(tmp_path):
     assert "is a folder" in one_line(result.stderr)
 
 
+@pytest.mark.slow
 def test_a_trial_killed_from_outside_runs_again_on_resume(tmp_path):
     marker = tmp_path / "killed"
     args = ["probe", "-w", "tests.fixtures.workloads:killed_once", "-O", f"marker={marker}", "-d", "cpu",
@@ -143,6 +147,7 @@ def small_disk(tmp_path):
     sp.run(["umount", str(folder)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_save_time_keeps_the_journal_and_resume_saves(small_disk):
     import subprocess as sp
 
@@ -165,6 +170,7 @@ def test_a_full_disk_at_save_time_keeps_the_journal_and_resume_saves(small_disk)
     assert list(small_disk.glob("*/mlp.json")) and not list(small_disk.glob("*/mlp.journal.jsonl"))
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_tune_then_resume_replays_probe_and_sweep(tmp_path):
     tag = uuid.uuid4().hex
     args = ["tune", *SMALL, "--memory-budget", "200MiB", "--max-batch", "64", "-p", "2", "--schedules", "gpipe",

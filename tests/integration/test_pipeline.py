@@ -121,6 +121,7 @@ def _assert_complete_timeline(spec: PipelineSpec, report: StageReport) -> None:
     assert not kinds, f"unexpected actions: {kinds}"
 
 
+@pytest.mark.slow
 def test_hanging_rank_is_killed_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(HANG_RANK_ENV, "1")
     started = time.monotonic()

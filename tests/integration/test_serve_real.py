@@ -14,11 +14,11 @@ import pytest
 
 from mbtune.cli import main
 from mbtune.errors import Interrupted
+from mbtune.journal import REPLAYED
 from mbtune.profiles import load_profile
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import CLOSED, POISSON
-from mbtune.serving.run import run_serve
-from mbtune.session import REPLAYED
+from mbtune.session import run_serve
 
 pytestmark = pytest.mark.integration
 

@@ -89,6 +89,7 @@ def _children_of(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_hung_rank_is_killed_and_the_sweep_goes_on(tmp_path):
     marker = tmp_path / "hang-once"
     config = SweepConfig(workload="tests.fixtures.workloads:hang_once", workload_options=(("marker", str(marker)),),

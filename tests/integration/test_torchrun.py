@@ -86,6 +86,7 @@ def test_a_sweep_through_torchrun_has_the_local_sweeps_rows():
     assert all(r.ran_as.endswith(", torchrun") for r in elastic.results)
 
 
+@pytest.mark.slow
 def test_a_rank_killed_like_the_oom_killer_is_named_as_killed(tmp_path):
     spec = PipelineSpec(workload="tests.fixtures.workloads:killed_once",
                         workload_options=(("marker", str(tmp_path / "killed")),), num_ranks=2, num_microbatches=2,
@@ -100,6 +101,7 @@ def test_a_rank_killed_like_the_oom_killer_is_named_as_killed(tmp_path):
     assert again.ok, again.error
 
 
+@pytest.mark.slow
 def test_a_hung_rank_ends_the_point_at_its_deadline(monkeypatch):
     from mbtune.pipeline.launch import HANG_RANK_ENV
 
@@ -116,6 +118,7 @@ def test_a_hung_rank_ends_the_point_at_its_deadline(monkeypatch):
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.slow
 def test_two_nodes_run_every_point_and_only_node_0_writes(tmp_path):
     # 2 stages, one rank per node; then 2 stages x 2 replicas, two ranks per node.
     tag, leader, follower = two_nodes(tmp_path, [*SWEEP, "--steps", "1", "--accum", "1", "--data-parallel", "1,2"])
@@ -140,6 +143,7 @@ def test_two_nodes_run_every_point_and_only_node_0_writes(tmp_path):
     assert orphans(tag) == set()
 
 
+@pytest.mark.slow
 def test_a_node_killed_mid_sweep_fails_its_point_and_the_sweep_goes_on(tmp_path):
     tag, leader, follower = two_nodes(tmp_path, [*SWEEP, "-O", "width=256", "--steps", "400", "--point-timeout", "60"])
     seen = ""
@@ -161,6 +165,7 @@ def test_a_node_killed_mid_sweep_fails_its_point_and_the_sweep_goes_on(tmp_path)
     assert orphans(tag) == set()
 
 
+@pytest.mark.slow
 def test_a_node_that_never_joins_fails_every_point_at_the_join_timeout(tmp_path):
     tag, endpoint = uuid.uuid4().hex, f"127.0.0.1:{free_port()}"
     started = time.monotonic()
@@ -174,6 +179,7 @@ def test_a_node_that_never_joins_fails_every_point_at_the_join_timeout(tmp_path)
     assert orphans(tag) == set()
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_node_0_stops_every_node_with_what_finished_saved(tmp_path):
     tag, leader, follower = two_nodes(tmp_path, [*SWEEP, "-O", "width=256", "--steps", "200"])
     seen = ""

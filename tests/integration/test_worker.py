@@ -52,6 +52,7 @@ def test_sigkill_is_reported_as_killed():
     assert outcome.status == "killed" and "SIGKILL" in outcome.error
 
 
+@pytest.mark.slow
 def test_hang_is_killed_at_the_deadline_with_its_whole_group():
     started = time.perf_counter()
     outcome = run_trial(fixture("hang"), timeout_s=3)

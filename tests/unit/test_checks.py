@@ -102,11 +102,11 @@ def test_check_writable(tmp_path):
 
 
 def test_environment_defaults_reach_the_options():
-    from tests.unit.test_cli import mbtune
+    from tests.unit.test_cli import mbtune_here
 
-    device = mbtune("probe", "-w", "mlp", env={"MBTUNE_DEVICE": "tpu"})
+    device = mbtune_here("probe", "-w", "mlp", env={"MBTUNE_DEVICE": "tpu"})
     assert device.returncode == 2 and "device 'tpu'" in device.stderr
-    folder = mbtune("probe", "-w", "mlp", "-d", "cpu", env={"MBTUNE_PROFILES_DIR": "/dev/null/nope"})
+    folder = mbtune_here("probe", "-w", "mlp", "-d", "cpu", env={"MBTUNE_PROFILES_DIR": "/dev/null/nope"})
     assert folder.returncode == 2 and "/dev/null" in folder.stderr
 
 
@@ -138,11 +138,11 @@ def test_an_internal_error_is_one_line_with_the_saved_traceback(monkeypatch, cap
 
 
 def test_quiet_verbose_and_output(tmp_path):
-    from tests.unit.test_cli import mbtune
+    from tests.unit.test_cli import mbtune_here
 
     target = tmp_path / "deeper" / "probe.json"
     args = ["probe", "-w", "mlp", "-O", "layers=1", "-O", "width=16", "-d", "cpu", "--max-batch", "8", "--no-save"]
-    run = mbtune("-q", "-v", *args, "-f", "json", "-o", str(target))  # no progress lines, but the log
+    run = mbtune_here("-q", "-v", *args, "-f", "json", "-o", str(target))  # no progress lines, but the log
     assert run.returncode == 0 and "trial 1" not in run.stderr and run.stdout == ""
     assert "batch 1: ok" in run.stderr
     assert json.loads(target.read_text())["ceiling"] == 8

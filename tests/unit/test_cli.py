@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from mbtune.cli import app
+from mbtune.cli import app, main
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
@@ -22,9 +26,50 @@ SCRATCH = Path(tempfile.mkdtemp(prefix="mbtune-cli-"))
 
 
 def mbtune(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m mbtune args` in a fresh interpreter: main()'s real exit path, signals and trial processes."""
     full_env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "mbtune", *args], capture_output=True, text=True, env=full_env,
                           cwd=SCRATCH, timeout=300)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What a run of main() in this process gave: its exit code and what it wrote to stdout and stderr."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def mbtune_here(*args: str, env: dict[str, str | None] | None = None, cwd: Path = SCRATCH) -> Ran:
+    """`mbtune args` through main() in this process, from `cwd`, with `env` over os.environ (None unsets):
+    the same exit code and streams as `mbtune` above without an interpreter and torch start-up per call.
+    MBTUNE_DEBUG is unset unless `env` sets it. What a run changes in this process (the working folder, the
+    environment, signal handlers, the 'mbtune' logger that -v adds to) is put back afterwards."""
+    logger = logging.getLogger("mbtune")
+    logged = logger.handlers[:], logger.level
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    folder = os.getcwd()
+    code: int | str | None = 0
+    try:
+        os.chdir(cwd)
+        with CliRunner().isolation(env={"COLUMNS": "120", "MBTUNE_DEBUG": None, **(env or {})}) as (out, err, _):
+            try:
+                main(list(args))
+            except SystemExit as exc:
+                code = exc.code
+            if isinstance(code, str):  # as the interpreter does with sys.exit("message")
+                sys.stderr.write(code + "\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+    finally:
+        os.chdir(folder)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        logger.handlers[:] = logged[0]
+        logger.setLevel(logged[1])
+    return Ran(returncode=code if isinstance(code, int) else 0 if code is None else 1, stdout=stdout, stderr=stderr)
 
 
 def test_version():
@@ -43,7 +88,7 @@ def test_every_command_and_option_has_help(command):
             assert getattr(param, "help", None), f"{command} {param.opts} has no help"
         else:
             assert getattr(param, "help", None), f"{command} argument {param.name} has no help"
-    assert mbtune(command, "--help").returncode == 0
+    assert mbtune_here(command, "--help").returncode == 0
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -63,7 +108,7 @@ def test_every_command_is_in_the_readme(command):
     (["show", "/nonexistent/profile.json"], "does not exist"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message):
-    result = mbtune(*args)
+    result = mbtune_here(*args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -76,9 +121,16 @@ def test_missing_cuda_device_is_bad_input():
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible")
-    result = mbtune("probe", "-w", "mlp", "-d", "cuda:0")
+    result = mbtune_here("probe", "-w", "mlp", "-d", "cuda:0")
     assert result.returncode == 2
     assert "no CUDA device is visible" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_input_through_the_console_entry_is_one_line_exit_2():
+    result = mbtune("show", "/nonexistent/profile.json")
+    assert result.returncode == 2, result.stderr
+    assert "does not exist" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_debug_shows_the_traceback():

@@ -127,9 +127,9 @@ def test_a_valid_config_plans() -> None:
 ])
 def test_the_cli_refuses_a_bad_plan_in_one_line_before_simulating(options, tmp_path) -> None:
     from mbtune.profiles import write_profile
-    from tests.unit.test_cli import mbtune
+    from tests.unit.test_cli import mbtune_here
 
     write_profile(tmp_path / "mlp.json", profile())
-    result = mbtune("plan", str(tmp_path / "mlp.json"), *options)
+    result = mbtune_here("plan", str(tmp_path / "mlp.json"), *options)
     assert result.returncode == 2 and "Traceback" not in result.stderr and not result.stdout
     assert len(result.stderr.strip().splitlines()) == 1
