@@ -25,6 +25,17 @@ ERROR_KINDS = ("", WORKLOAD_FAULT, HARNESS_FAULT)
 ERROR_TAIL_LINES = 20  # how much of a failure's traceback and stderr a record keeps
 
 
+class Outcome(Record):
+    """How a run of something ended (a probe's trial, a sweep's point): its status and, when it failed, whose
+    fault. The choices are read when a file is loaded, not when this module is imported."""
+
+    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
+
+    @classmethod
+    def field_choices(cls, name: str) -> tuple[str, ...] | None:
+        return {"status": STATUSES, "error_kind": ERROR_KINDS}.get(name)
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeviceInfo(Record):
     """What a trial ran on, as reported from inside a trial process."""

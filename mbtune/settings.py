@@ -3,22 +3,12 @@ config field is set by, and the checks the configs run on the fields they have i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from mbtune.validation import require as _require
-
-if TYPE_CHECKING:
-    pass
-
 import math
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mbtune.records import RECOMPUTE_MODES
-
-if TYPE_CHECKING:
-    pass
-
+from mbtune.validation import require as _require
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 from mbtune.errors import ConfigError
 from mbtune.validation import require as _require
-
-if TYPE_CHECKING:
-    pass
-
 
 _UNITS = {
     "": 1, "b": 1,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint, micro_batch_size_for
@@ -18,9 +18,6 @@ from mbtune.settings import (
 from mbtune.units import parse_device
 from mbtune.validation import check_types
 from mbtune.validation import require as _require
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,24 +14,18 @@ batch's mean, and no pipeline can fix that; the loss must.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mbtune.checking.config import CheckConfig
+from mbtune.checking.records import BlockCheck, CheckResult
 from mbtune.errors import (
+    HarnessError,
     TrialFailedError,
 )
 from mbtune.records import OK
 from mbtune.settings import lr_for
-
-if TYPE_CHECKING:
-    pass
-
-import math
-from typing import TYPE_CHECKING
-
-from mbtune.checking.records import BlockCheck, CheckResult
-from mbtune.errors import HarnessError
 
 if TYPE_CHECKING:
     from mbtune.pipeline.timeline import PipelineOutcome

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
-
-
 # `mbtune plan`'s defaults (PlanConfig's), here so that the CLI reads them without importing the planner.
 DEFAULT_PLAN_RANKS = 8
 

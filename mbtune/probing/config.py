@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from mbtune.errors import ConfigError
 from mbtune.records import RECOMPUTE_MODES
@@ -25,9 +24,6 @@ from mbtune.settings import (
 from mbtune.units import parse_device
 from mbtune.validation import check_types, require_unique
 from mbtune.validation import require as _require
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True, kw_only=True)

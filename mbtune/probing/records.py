@@ -6,22 +6,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from mbtune import records
 from mbtune.recordio import (
     Record,
 )
-from mbtune.records import OK, DeviceInfo
+from mbtune.records import OK, DeviceInfo, Outcome
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrialOutcome(Record):
+class TrialOutcome(Outcome):
     """How one isolated trial ended. OOM is data, not an exception."""
-
-    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
-
-    @classmethod
-    def field_choices(cls, name: str) -> tuple[str, ...] | None:
-        return {"status": records.STATUSES, "error_kind": records.ERROR_KINDS}.get(name)
 
     status: str
     batch_size: int

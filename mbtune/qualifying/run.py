@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mbtune.device.describe import describe
 from mbtune.errors import (
@@ -23,10 +23,6 @@ from mbtune.qualifying.spec import QualifySpec
 from mbtune.serving.records import ServeReport
 from mbtune.session import run_probe, run_tune
 from mbtune.sweeping.config import SweepConfig
-
-if TYPE_CHECKING:
-    pass
-
 
 # Errors that are bad input for probe and sweep but, for a qualification, mean this machine could not run
 # what it is held to (no such device here, a budget or workload that fails here): an ERROR check.

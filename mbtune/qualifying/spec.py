@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mbtune.errors import ConfigError
 from mbtune.probing.config import ProbeConfig
 from mbtune.sweeping.config import SweepConfig
 from mbtune.validation import check_types
 from mbtune.validation import require as _require
-
-if TYPE_CHECKING:
-    pass
-
 
 THRESHOLD_KEYS = ("min_ceiling", "min_safe_batch", "min_best_samples_per_s", "max_best_bubble", "min_rate_at_p99")
 

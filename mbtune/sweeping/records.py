@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from mbtune import records
 from mbtune.checking.records import CheckResult
 from mbtune.pipeline.point import SweepPoint
 from mbtune.recordio import (
     Record,
 )
-from mbtune.records import OK, DeviceInfo, IdleShares, MachineLoad, NvmlSummary, TimelineAction
+from mbtune.records import OK, DeviceInfo, IdleShares, MachineLoad, NvmlSummary, Outcome, TimelineAction
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,14 +33,8 @@ class SkippedPoint(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PointResult(Record):
+class PointResult(Outcome):
     """What one sweep point measured."""
-
-    __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
-
-    @classmethod
-    def field_choices(cls, name: str) -> tuple[str, ...] | None:
-        return {"status": records.STATUSES, "error_kind": records.ERROR_KINDS}.get(name)
 
     point: SweepPoint
     status: str
