@@ -2,8 +2,8 @@
 
 Importing a user's module and calling its factory runs user code: it may hang, exit, or crash the
 interpreter. mbtune's own process never runs it; a child does, under `load_timeout_s`, and hands back
-the facts (block count, parameters, FLOPs per sample, typed and counted, and tokens per sample) or the
-reason there are none. The
+the facts (block count, parameters, FLOPs and tokens per sample) or the reason there are none. A second
+child counts the FLOPs on the meta device, where a failure costs only the count. The
 built-in workloads are mbtune's own code and load here.
 """
 
@@ -33,10 +33,49 @@ class WorkloadFacts(Record):
     warnings: tuple[str, ...] = ()
 
 
+# The FLOPs count runs the workload's forward and backward once, on the meta device: a second child, under
+# its own deadline, so that a forward that cannot run there (or hangs, or kills its process) leaves the count
+# unknown instead of failing the load.
+COUNT_TIMEOUT_S = 60.0
+
+
 def workload_facts(name: str, options: Sequence[tuple[str, Any]] = (), *,
                    timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> WorkloadFacts:
-    """Load the workload in a fresh process (never this one) and return its facts."""
-    return in_child(_facts, name, tuple(options), timeout_s=timeout_s)
+    """Load the workload in a fresh process (never this one) and return its facts, with its training FLOPs
+    per sample counted in another (see COUNT_TIMEOUT_S)."""
+    from dataclasses import replace
+
+    from mbtune.workloads.flops import flops_warning
+
+    facts = in_child(_facts, name, tuple(options), timeout_s=timeout_s)
+    counted, why = _counted(name, tuple(options), min(timeout_s, COUNT_TIMEOUT_S))
+    warning = (flops_warning(name, facts.flops_per_sample, counted) if why is None
+               else f"workload {name!r}: its FLOPs per sample could not be counted ({why}): MFU is unknown"
+               if facts.flops_per_sample is None else None)
+    return replace(facts, flops_per_sample=facts.flops_per_sample or counted, flops_counted=counted,
+                   warnings=facts.warnings + ((warning,) if warning else ()))
+
+
+@functools.lru_cache(maxsize=64)
+def _counted(name: str, options: tuple[tuple[str, Any], ...], timeout_s: float) -> tuple[float | None, str | None]:
+    """(FLOPs per sample, None), or (None, why there is no count). mbtune's own workloads are counted here."""
+    from mbtune.worker import run_isolated
+
+    if ":" not in name:
+        counted = _count(name, options)
+        return counted, None if counted is not None else "the meta device could not run its step"
+    result = run_isolated(_count, name, options, timeout_s=timeout_s)
+    if result.status != "ok":
+        return None, {"timeout": f"its step did not finish within {timeout_s:g} s on the meta device",
+                      "killed": "the counting process was killed"}.get(result.status, result.error.strip()[-200:])
+    return result.value, None if result.value is not None else "the meta device could not run its step"
+
+
+def _count(name: str, options: tuple[tuple[str, Any], ...]) -> float | None:
+    from mbtune.workloads import load_workload
+    from mbtune.workloads.flops import count_flops_per_sample
+
+    return count_flops_per_sample(load_workload(name, options))
 
 
 @functools.lru_cache(maxsize=64)
@@ -86,13 +125,7 @@ def _guarded(target: Callable[..., Any], name: str, options: tuple[tuple[str, An
 
 def _facts(name: str, options: tuple[tuple[str, Any], ...]) -> WorkloadFacts:
     from mbtune.workloads import load_workload
-    from mbtune.workloads.flops import count_flops_per_sample, flops_warning
 
     workload = load_workload(name, options)
-    # One forward and backward on the meta device (no memory, no arithmetic), here in the facts child: for a
-    # user's workload, under the same deadline as its import and factory.
-    counted = count_flops_per_sample(workload)
-    warning = flops_warning(name, workload.flops_per_sample, counted)
     return WorkloadFacts(name=name, num_blocks=workload.num_blocks, num_parameters=workload.num_parameters(),
-                         flops_per_sample=workload.flops_per_sample or counted, flops_counted=counted,
-                         tokens_per_sample=workload.tokens_per_sample, warnings=(warning,) if warning else ())
+                         flops_per_sample=workload.flops_per_sample, tokens_per_sample=workload.tokens_per_sample)

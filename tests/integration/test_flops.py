@@ -62,3 +62,11 @@ def test_a_sweep_computes_mfu_from_the_count(monkeypatch):
     [result] = report.results
     assert result.ok, result.error
     assert result.mfu_pct == pytest.approx(100 * counted() * result.samples_per_s / (peak * 2))
+
+
+@pytest.mark.parametrize("kind", ["raise", "kill", "hang"])
+def test_a_forward_the_meta_device_cannot_run_costs_the_count_not_the_load(kind):
+    facts = workload_facts("tests.fixtures.workloads:meta_fault", (("kind", kind),), timeout_s=5.0)
+    assert facts.num_blocks == 1 and facts.flops_counted is None and facts.flops_per_sample is None
+    [warning] = facts.warnings
+    assert "could not be counted" in warning and "MFU is unknown" in warning
