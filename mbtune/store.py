@@ -26,7 +26,8 @@ from mbtune.serving.records import ConfigRun, ServeReport, ServiceCurve
 from mbtune.sweeping.records import Balance, PointResult, SweepReport
 
 JOURNAL_VERSION = 2  # 2: points name ranks num_ranks and stages per rank stages_per_rank
-# The record each kind of journal entry holds (runs.PROBE_TRIAL, runs.SWEEP_POINT and runs.BALANCE).
+# The record each kind of journal entry holds (probing/run.py's PROBE_TRIAL, sweeping/run.py's SWEEP_POINT and
+# BALANCE, serving/run.py's SERVICE_CURVE and SERVE_CONFIG).
 JOURNAL_RECORDS: dict[str, type[Record]] = {"probe_trial": TrialOutcome, "sweep_point": PointResult,
                                             "balance": Balance, "service_curve": ServiceCurve,
                                             "serve_config": ConfigRun}

@@ -24,7 +24,7 @@ class BlockCheck(Record):
 @dataclass(frozen=True, kw_only=True)
 class CheckResult(Record):
     """`mbtune check`: one optimizer step through the real pipeline against the plain model on the same
-    global batch and seed (check.py). status PASS or FAIL; cause and hint say why it failed."""
+    global batch and seed (checking/run.py). status PASS or FAIL; cause and hint say why it failed."""
 
     __repr__ = Record.__repr__
 

@@ -1,5 +1,5 @@
 """The CLI's plumbing: configs from options, output checks, printing and exit codes, and the one place
-that turns a config field into its flag. cli.py holds only the app and its commands."""
+that turns a config field into its flag. The command modules hold only their commands' options."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Inference on a workload, inside a fresh process: the model in eval mode under torch.inference_mode at
-the run's precision, one forward pass per batch, and the service-time curve (the latency of one batch
-of each size, warm). The server (server.py) and the inference probe trial (trial.py) run batches
-through the same `InferenceModel`.
+"""Inference on a workload, inside a fresh process: what the server's model process is given (ModelSpec),
+and the service-time curve (the latency of one batch of each size, warm). The batches run through
+mbtune.inference.InferenceModel, as the inference probe's trials (probing/trial.py) do.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from mbtune.records import OK, DeviceInfo, IdleShares, MachineLoad, NvmlSummary,
 
 @dataclass(frozen=True, kw_only=True)
 class LrAdvice(Record):
-    """The learning rate a global batch implies: the reference batch's scaled by the rule (lr.py)."""
+    """The learning rate a global batch implies: the reference batch's scaled by the rule (sweeping/lr.py)."""
 
     global_batch: int
     reference_batch: int  # the recipe's global batch, or the smallest one the sweep ran
@@ -154,8 +154,8 @@ class SweepReport(Record):
     interrupted: bool = False
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # what the run did that is worth knowing but not a problem
-    lr_advice: tuple[LrAdvice, ...] = ()  # one per global batch that ran (lr.py)
-    check: CheckResult | None = None  # tune: the best row's update against the plain model's (check.py)
+    lr_advice: tuple[LrAdvice, ...] = ()  # one per global batch that ran (sweeping/lr.py)
+    check: CheckResult | None = None  # tune: the best row's update against the plain model's (checking/run.py)
     check_error: str = ""  # why that check could not run, where it could not
 
     @property

@@ -38,7 +38,7 @@ def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress
 
 
 def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | None) -> SweepReport:
-    """The sweep with its best row checked (check.py); a check that cannot run says why, and Ctrl-C during
+    """The sweep with its best row checked (checking/run.py); a check that cannot run says why, and Ctrl-C during
     it keeps the sweep (as interrupted)."""
     from mbtune.checking.run import check_update
 
