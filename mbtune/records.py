@@ -55,14 +55,6 @@ class DeviceInfo(Record):
         return f"{self.backend}:{self.index}" if self.index is not None else self.backend
 
 
-
-
-
-
-
-
-
-
 @dataclass(frozen=True, kw_only=True)
 class GpuUsage(Record):
     """What NVML saw on one GPU while a trial ran. kernel_active_pct is NVML's "utilization": the share of
@@ -114,18 +106,6 @@ class NvmlSummary(Record):
 RECOMPUTE_MODES = ("none", "full")
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 @dataclass(frozen=True, kw_only=True)
 class TimelineAction(Record):
     """One compute action of a measured step: rank, stage, kind, micro-batch, start and end (s)."""
@@ -137,15 +117,3 @@ class TimelineAction(Record):
     accum: int
     start_s: float
     end_s: float
-
-
-
-
-
-
-
-
-
-
-
-

@@ -298,5 +298,3 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-

@@ -171,5 +171,3 @@ def _numpy_grads(model: Any) -> dict[str, Any]:
     shared-memory handle, gone with this process)."""
     return {name: p.grad.detach().to("cpu").double().numpy().copy() for name, p in model.named_parameters()
             if p.grad is not None}
-
-

@@ -121,10 +121,6 @@ def _tie_groups(spec: PipelineSpec, workload: Workload, all_blocks: StageBlocks,
     return mine
 
 
-
-
-
-
 @dataclass
 class _StepTimes:
     step_s: list[float] = field(default_factory=list)
@@ -363,9 +359,3 @@ def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch
     from mbtune.training import make_optimizer
 
     return make_optimizer(spec.optimizer, list(params), lr=spec.lr)
-
-
-
-
-
-

@@ -48,12 +48,6 @@ _GONE_S = 10.0  # a node whose heartbeat has not moved for this long is gone
 _BYE_WAIT_S = 10.0  # how long node 0 keeps the store up for the other nodes to read the end
 
 
-
-
-
-
-
-
 # Where node 0 puts its results: not part of what the nodes must agree on (the others write nothing).
 _OUTPUT_OPTIONS = ("--node-rank", "--profiles-dir", "--format", "-f", "--output", "-o", "--plot", "--trace")
 _OUTPUT_FLAGS = ("--save", "--no-save", "--resume", "--no-resume")
@@ -73,16 +67,12 @@ def command_fingerprint(argv: Sequence[str]) -> str:
     return " ".join(kept)
 
 
-
-
 class _Abort(Exception):
     """A point cannot finish: a node is gone, or an agent could not start its ranks."""
 
     def __init__(self, status: str, why: str) -> None:
         super().__init__(why)
         self.status = status
-
-
 
 
 class Session:
@@ -328,14 +318,3 @@ def close_sessions(exit_code: int) -> None:
         _, opened = _sessions.popitem()
         with contextlib.suppress(Exception):
             opened.close(exit_code)
-
-
-
-
-
-
-
-
-
-
-

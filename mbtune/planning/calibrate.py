@@ -300,8 +300,6 @@ def _previous_on_rank(spans: dict) -> dict[int, _Span]:
     return previous
 
 
-
-
 def _update(result: PointResult, spans: dict, split: Sequence[Sequence[int]], owners: Sequence[int],
             facts: BlockFacts, samples: _Samples) -> None:
     step_s = result.step_time_median_s  # the spans are scaled to a typical step
@@ -344,8 +342,6 @@ def _spread(samples: _Samples, blocks: Sequence[BlockCost], transfer: LinearCost
                   for g in gaps if transfer.at(size) > 0]
     gaps = [g / send_s for g in samples.send if send_s > 0] + [g / gap_s for g in samples.gap if gap_s > 0]
     return Spread(compute=quantiles(compute), transfer=quantiles(hand_overs), gap=quantiles(gaps))
-
-
 
 
 def _notes(runs: Sequence[PointResult], samples: _Samples, split_measured: bool) -> tuple[str, ...]:

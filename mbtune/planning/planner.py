@@ -58,7 +58,6 @@ SAMPLED_ACTIONS = 150_000  # at most this many simulated actions per prediction 
 # pipeline joins so many actions that one simulated step already shows most of what the scatter costs
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class Link:
     """The interconnect between pipeline ranks and between data-parallel replicas (None: as measured)."""
@@ -286,7 +285,6 @@ def stage_memory_bytes(model: CostModel, split: Sequence[Sequence[int]], held: S
         model.state_bytes_per_parameter * sum(model.facts.parameters[b] for b in blocks)
         + activation_bytes(model.facts, blocks, held[stage], micro_batch_size, recompute)
         for stage, blocks in enumerate(split))
-
 
 
 def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint], list[SkippedPoint]]:

@@ -152,5 +152,3 @@ def _device_info(trials: tuple[TrialOutcome, ...], device: str, timeout_s: float
         if trial.device is not None:
             return trial.device
     return describe(device, timeout_s)
-
-

@@ -367,11 +367,3 @@ def run_errors(probe_error: str | None, sweep: SweepReport | None) -> list[Check
             checks.append(Check(name=f"ran {result.point.label}", status=CHECK_ERROR,
                                 detail=f"{result.status}: {result.error}"))
     return checks
-
-
-
-
-
-
-
-

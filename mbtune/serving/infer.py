@@ -24,14 +24,6 @@ MAX_PASSES = 40
 MAX_TIMED_S = 3.0
 
 
-
-
-
-
-
-
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """The model a serving process holds: the workload, where, at what precision, on how many threads."""

@@ -341,5 +341,3 @@ def _validation(runs: Sequence[ConfigRun], curve: ServiceCurve, fit: Calibration
                           worst_error_pct=max(errors) if errors else None, overhead_s=fit.overhead_s,
                           service_scale=fit.service_scale,
                           noise_pct=statistics.median(noise) if noise else None)
-
-

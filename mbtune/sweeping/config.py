@@ -34,8 +34,6 @@ OBJECTIVES = ("throughput", "memory", "bubble")
 BALANCES = ("parameters", "time")  # how a sweep splits blocks over stages (--balance params | time)
 
 
-
-
 @dataclass(frozen=True, kw_only=True)
 class SweepConfig:
     """Settings of `mbtune sweep` (and the sweep half of `mbtune tune`)."""

@@ -22,7 +22,3 @@ def sweep_limits(probe: ProbeResult) -> SweepLimits:
     return {"safe_batch": plain.safe_batch if plain else None, "ceiling": plain.ceiling if plain else None,
             "ceiling_peak_memory_bytes": plain.peak_memory_bytes if plain else None,
             "recompute_safe_batch": full.safe_batch if full is not None else None}
-
-
-
-

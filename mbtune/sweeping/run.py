@@ -253,5 +253,3 @@ def _result_detail(result: PointResult) -> str:
     if result.ok and result.samples_per_s:
         return f"{result.samples_per_s:,.1f} samples/s"
     return (result.error.strip().splitlines() or [""])[-1][:80]
-
-

@@ -70,5 +70,3 @@ def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | 
     if progress:
         progress.end_trial(OK if result.status == "PASS" else ERROR, f"check {result.status}")
     return replace(sweep, check=result)
-
-

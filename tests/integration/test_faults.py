@@ -21,7 +21,6 @@ from tests.unit.test_cli import ROOT, SCRATCH, mbtune
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-
 def assert_no_orphans(tag: str) -> None:
     assert orphans(tag) == set()
 
@@ -66,8 +65,6 @@ def test_sigkill_mid_sweep_then_resume_loses_and_repeats_nothing(tmp_path):
     for record in finished:  # the finished points came back exactly as measured
         assert by_point[json.dumps(record["point"], sort_keys=True)] == record
     assert not list(tmp_path.glob("cpu-*/*.journal.jsonl"))  # done: the journal is gone
-
-
 
 
 def test_sigkill_mid_probe_then_resume_replays_the_finished_trials(tmp_path):
