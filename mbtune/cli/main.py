@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import traceback
 
 from mbtune.cli.app import app
 from mbtune.cli.support import as_flag, on_interrupt, save_traceback
@@ -28,19 +29,22 @@ def main(argv: list[str] | None = None) -> None:
 def _run(argv: list[str] | None) -> None:
     from mbtune.report import print_error
 
+    debug = bool(os.environ.get("MBTUNE_DEBUG"))
     try:
         app(args=argv, prog_name="mbtune")
     except (MbtuneError, Interrupted) as exc:
-        if os.environ.get("MBTUNE_DEBUG"):
+        if debug:  # the whole text and the traceback first; the line and the exit code as without it
             if exc.detail:
                 sys.stderr.write(f"{exc.detail}\n")
-            raise
+            traceback.print_exc()
         shown = as_flag(exc) if isinstance(exc, MbtuneError) else exc
         print_error(shown.one_line())
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug in mbtune: still one line unless debugging
-        if os.environ.get("MBTUNE_DEBUG"):
-            raise
+        if debug:
+            traceback.print_exc()
+            print_error(f"internal error: {type(exc).__name__}: {exc}; please report it.")
+            sys.exit(EXIT_COULD_NOT_RUN)
         print_error(f"internal error: {type(exc).__name__}: {str(exc)[:100]}. The traceback is in "
                     f"{save_traceback()}; please report it.")
         sys.exit(EXIT_COULD_NOT_RUN)

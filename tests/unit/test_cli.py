@@ -133,6 +133,7 @@ def test_bad_input_through_the_console_entry_is_one_line_exit_2():
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_debug_shows_the_traceback():
+def test_debug_shows_the_traceback_and_keeps_the_exit_code():
     result = mbtune("probe", "-w", "bert", "-d", "cpu", env={"MBTUNE_DEBUG": "1"})
-    assert result.returncode != 0 and "Traceback" in result.stderr
+    assert result.returncode == 2 and "Traceback" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: unknown workload 'bert'")
