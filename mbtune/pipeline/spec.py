@@ -10,9 +10,9 @@ from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.theory import check_point, stages_per_rank
 from mbtune.records import RECOMPUTE_MODES
+from mbtune.settings import OPTIMIZERS
 from mbtune.validation import require as _require
 
-OPTIMIZERS = ("adamw", "sgd")
 BALANCES = ("parameters", "blocks", "time")
 
 

@@ -16,8 +16,7 @@ from typing import Any
 
 from mbtune.errors import HarnessError, WorkloadError, WorkloadLoadError
 from mbtune.records import HARNESS_FAULT, Record
-
-DEFAULT_LOAD_TIMEOUT_S = 120.0
+from mbtune.settings import DEFAULT_LOAD_TIMEOUT_S
 
 
 @dataclass(frozen=True, kw_only=True)
