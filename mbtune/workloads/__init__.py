@@ -80,6 +80,22 @@ class Workload:
         # Members in block order: the first is the one the whole model names the tensor by (and its value).
         object.__setattr__(self, "ties", tuple(tuple(sorted((int(b), str(n)) for b, n in tie)) for tie in self.ties))
 
+    @classmethod
+    def from_module(cls, build: Callable[[], nn.Module], *, make_batch: Callable[..., Any],
+                    loss: Callable[[Any, torch.Tensor], torch.Tensor] | None = None, name: str | None = None,
+                    description: str = "", tokens_per_sample: int | None = None) -> Workload:
+        """A plain nn.Module as a workload, split by mbtune (traced.py).
+
+        `build()` returns the model (called with no arguments, on the meta device to trace it and on the CPU
+        for its weights); `make_batch(batch_size, generator)` returns (inputs, targets), inputs a tensor or
+        a tuple of tensors passed positionally. With `loss=fn(outputs, targets)` the model returns its
+        outputs; without it the model takes the targets after its inputs and computes its own loss (its
+        scalar output that reads the targets), as `GPT(idx, targets) -> (logits, loss)` does."""
+        from mbtune.workloads.traced import from_module
+
+        return from_module(build, make_batch=make_batch, loss=loss, name=name, description=description,
+                           tokens_per_sample=tokens_per_sample)
+
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
