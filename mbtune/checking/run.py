@@ -140,6 +140,7 @@ def plain_gradients(spec: Any) -> dict[str, Any]:
     from mbtune.pipeline.runner import step_batch
     from mbtune.training import autocast_for
     from mbtune.workloads import load_workload
+    from mbtune.workloads.chain import batch_cat, batch_chunk, batch_to
 
     workload = load_workload(spec.workload, spec.workload_options)
     device = torch.device("cuda:0" if spec.device == "cuda" else "cpu")
@@ -148,7 +149,7 @@ def plain_gradients(spec: Any) -> dict[str, Any]:
     model.train()
     batches = [step_batch(workload, spec.replicas_batch_size, seed=spec.seed, step_index=0, accum_index=a)
                for a in range(spec.grad_accum_steps)]
-    inputs = torch.cat([b[0] for b in batches]).to(device)
+    inputs = batch_to(batch_cat([b[0] for b in batches]), device)
     targets = torch.cat([b[1] for b in batches]).to(device)
     with autocast_for(spec.precision, device):
         loss = workload.loss(model(inputs), targets)
@@ -158,7 +159,7 @@ def plain_gradients(spec: Any) -> dict[str, Any]:
     chunks = spec.num_microbatches * spec.data_parallel_size  # each replica's micro-batches, replica after replica
     parts = chunks * spec.grad_accum_steps
     for batch_inputs, batch_targets in batches:
-        for x, y in zip(batch_inputs.to(device).chunk(chunks), batch_targets.to(device).chunk(chunks)):
+        for x, y in zip(batch_chunk(batch_to(batch_inputs, device), chunks), batch_targets.to(device).chunk(chunks)):
             with autocast_for(spec.precision, device):
                 part = workload.loss(model(x), y) / parts
             part.backward()

@@ -52,6 +52,7 @@ def time_blocks(workload: str, workload_options: tuple[tuple[str, Any], ...], *,
     import torch
 
     from mbtune.workloads import load_workload
+    from mbtune.workloads.chain import batch_to
 
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -61,7 +62,7 @@ def time_blocks(workload: str, workload_options: tuple[tuple[str, Any], ...], *,
     target = torch.device("cuda:0" if device.startswith("cuda") else "cpu")
     modules = [loaded.build([i], seed=seed).to(target) for i in range(loaded.num_blocks)]
     inputs, targets = loaded.make_batch(micro_batch_size, torch.Generator().manual_seed(seed))
-    block_inputs = _block_inputs(modules, inputs.to(target), precision, target)
+    block_inputs = _block_inputs(modules, batch_to(inputs, target), precision, target)
     targets = targets.to(target)
 
     def last_loss(out: torch.Tensor) -> torch.Tensor:

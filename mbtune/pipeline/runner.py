@@ -28,7 +28,7 @@ from mbtune.pipeline.split import StageBlocks, split_blocks
 from mbtune.pipeline.theory import stage_to_rank, stages_of_rank
 from mbtune.pipeline.timeline import StageReport
 from mbtune.workloads import Workload, load_workload
-from mbtune.workloads.chain import StageModule, handover_keys
+from mbtune.workloads.chain import StageModule, batch_rows, batch_to, handover_keys
 
 # A rank asked to hang (tests only) sleeps this long; the launcher's deadline must end it.
 HANG_S = 3600.0
@@ -274,8 +274,9 @@ class _RankRun:
             inputs, targets = step_batch(self.workload, spec.replicas_batch_size, seed=spec.seed,
                                          step_index=step, accum_index=accum)
             mine = slice(self.replica * spec.pipeline_batch_size, (self.replica + 1) * spec.pipeline_batch_size)
-            inputs, targets = inputs[mine], targets[mine]
-            args = (inputs.to(self.device),) if self.has_first else ()
+            inputs, targets = batch_rows(inputs, mine), targets[mine]
+            inputs = batch_to(inputs, self.device)
+            args = (tuple(inputs) if isinstance(inputs, tuple) else (inputs,)) if self.has_first else ()
             target = targets.to(self.device) if self.has_last else None
         losses: list[torch.Tensor] | None = [] if self.has_last else None
         run_schedule_step(self.schedule, args, target=target, losses=losses)

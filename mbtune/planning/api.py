@@ -69,9 +69,9 @@ def _meta_facts(workload: Any) -> BlockFacts:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from mbtune.workloads.chain import as_received, call_block, tensors_of
+    from mbtune.workloads.chain import as_received, batch_to, call_block, tensors_of
 
-    inputs: dict[int, Any] = {b: workload.make_batch(b, torch.Generator().manual_seed(0))[0].to("meta") for b in (1, 2)}
+    inputs: dict[int, Any] = {b: batch_to(workload.make_batch(b, torch.Generator().manual_seed(0))[0], "meta") for b in (1, 2)}
     parameters, flops, outputs, saved = [], [], [], []
     for build in workload.blocks:
         with torch.device("meta"):

@@ -23,6 +23,7 @@ from mbtune.settings import INFER, TRAIN, lr_for
 from mbtune.training import _create_optimizer_state, autocast_for, make_optimizer
 from mbtune.worker import failure_tail, run_isolated
 from mbtune.workloads import Workload, load_workload
+from mbtune.workloads.chain import batch_to
 
 
 def run_training_trial(config: TrialConfig) -> TrialOutcome:
@@ -101,7 +102,8 @@ def _train(workload: Workload, config: TrialConfig, backend: Any):
     generator = torch.Generator().manual_seed(config.seed)
     _create_optimizer_state(model, optimizer)
     for _ in range(config.steps):
-        inputs, targets = (t.to(device) for t in workload.make_batch(config.batch_size, generator))
+        inputs, targets = workload.make_batch(config.batch_size, generator)
+        inputs, targets = batch_to(inputs, device), targets.to(device)
         backend.synchronize()
         start = time.perf_counter()
         with autocast_for(config.precision, device):

@@ -57,6 +57,30 @@ def map_tensors(value: Any, change: Any) -> Any:
     return change(value)
 
 
+def batch_to(value: Any, device: torch.device | str) -> Any:
+    """A batch's inputs (a tensor, or a tuple of tensors passed positionally) on the device."""
+    return map_tensors(value, lambda t: t.to(device))
+
+
+def batch_rows(value: Any, rows: slice) -> Any:
+    """The given samples (rows) of every tensor of a batch's inputs."""
+    return map_tensors(value, lambda t: t[rows])
+
+
+def batch_cat(values: Sequence[Any]) -> Any:
+    """Batches' inputs joined sample-wise, each tensor of the tuple with its own."""
+    if isinstance(values[0], tuple | list):
+        return tuple(torch.cat(parts) for parts in zip(*values))
+    return torch.cat(list(values))
+
+
+def batch_chunk(value: Any, chunks: int) -> list[Any]:
+    """A batch's inputs cut into `chunks` parts sample-wise."""
+    if isinstance(value, tuple | list):
+        return [tuple(parts) for parts in zip(*(t.chunk(chunks) for t in value))]
+    return list(value.chunk(chunks))
+
+
 def as_received(value: Any) -> Any:
     """A hand-over as the next stage receives it: detached, needing a gradient where the sent tensor did
     (a mask or a rotary table crosses without one)."""
@@ -119,7 +143,7 @@ def handover_keys(workload: Workload, seed: int = 0) -> tuple[tuple[str, ...] | 
 
 def _trace_keys(workload: Workload, seed: int, device: torch.device) -> tuple[tuple[str, ...] | None, ...]:
     inputs, _ = workload.make_batch(1, torch.Generator().manual_seed(seed))
-    value: Any = inputs.to(device)
+    value: Any = batch_to(inputs, device)
     keys: list[tuple[str, ...] | None] = []
     with torch.no_grad(), torch.device(device):
         for index, build in enumerate(workload.blocks):

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from mbtune.workloads.chain import batch_to
+
 if TYPE_CHECKING:
     from mbtune.workloads import Workload
 
@@ -32,7 +34,7 @@ def _count(workload: Workload, batch: int) -> int:
     with torch.device("meta"):
         model = workload.build()
     with FlopCounterMode(display=False) as counter:
-        loss = workload.loss(model(inputs.to("meta")), targets.to("meta"))
+        loss = workload.loss(model(batch_to(inputs, "meta")), targets.to("meta"))
         loss.backward()
     return counter.get_total_flops()
 

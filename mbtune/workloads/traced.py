@@ -127,9 +127,11 @@ def trace(build: Callable[[], nn.Module], example: tuple[Any, ...], targets: tor
     _carry(pieces, outputs)
     for piece in pieces:
         for sub in piece.module.modules():
-            if isinstance(sub, fx.GraphModule):
+            if isinstance(getattr(sub, "graph", None), fx.Graph):  # GraphModules and export's InterpreterModules
                 _device_from_inputs(sub)
     aliases = _aliases(model, pieces)
+    for piece in pieces:
+        _one_tensor_per_name(piece.module, aliases)
     return Traced(pieces=pieces, loss=loss, aliases=aliases, trunk=tuple(trunk))
 
 
@@ -286,7 +288,7 @@ def _loss_output(module: nn.Module, candidates: list[str], gives: tuple[str, ...
     values = out.args[0] if isinstance(out.args[0], tuple | list) else (out.args[0],)
     shapes = {g: getattr(v.meta.get("val"), "shape", None) if isinstance(v, fx.Node) else None
               for g, v in zip(gives, values)}
-    scalars = [c for c in candidates if shapes.get(c) is not None and len(shapes[c]) == 0]
+    scalars = [c for c in candidates if (shape := shapes.get(c)) is not None and len(shape) == 0]
     return scalars[0] if scalars else (candidates[0] if len(candidates) == 1 else None)
 
 
@@ -297,23 +299,39 @@ def _device_of(*values: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def _device_from_inputs(gm: fx.GraphModule) -> None:
-    """The trace ran on the meta device, which the graph wrote into its constants (an arange's device):
-    take the device from the graph's inputs instead, and drop the tracer's metadata asserts."""
-    graph = gm.graph
+def _device_from_inputs(gm: nn.Module) -> None:
+    """The trace ran on the meta device, which the graph wrote into its constants (an arange's device, a
+    copy's target): take the device from the graph's inputs (or its own weights) instead, and drop the
+    tracer's metadata asserts."""
+    graph: fx.Graph = gm.graph  # type: ignore[assignment]
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    device_node = None
+    device_node: fx.Node | None = None
+
+    def here() -> fx.Node:
+        nonlocal device_node
+        if device_node is None:
+            first = next(n for n in graph.nodes if n.op != "placeholder")
+            with graph.inserting_before(first):
+                weights = next(iter(n for n, _ in [*gm.named_parameters(), *gm.named_buffers()]), None)
+                sources: list[Any] = list(placeholders)
+                if weights is not None:
+                    sources.append(graph.get_attr(weights))
+                device_node = graph.call_function(_device_of, tuple(sources))
+        return device_node
+
+    def meta(value: Any) -> bool:
+        return (isinstance(value, torch.device) and value.type == "meta") or value == "meta"
+
     for node in list(graph.nodes):
         if node.op == "call_function" and "assert_tensor_metadata" in str(node.target):
             graph.erase_node(node)
             continue
-        if isinstance(node.kwargs.get("device"), torch.device | str):
-            if device_node is None:
-                with graph.inserting_after(placeholders[-1] if placeholders else next(iter(graph.nodes))):
-                    device_node = graph.call_function(_device_of, tuple(placeholders))
-            node.kwargs = {**node.kwargs, "device": device_node}
+        if any(meta(a) for a in node.args) or any(meta(v) for v in node.kwargs.values()):
+            node.args = tuple(here() if meta(a) else a for a in node.args)
+            node.kwargs = {k: here() if meta(v) else v for k, v in node.kwargs.items()}
     graph.lint()
-    gm.recompile()
+    if isinstance(gm, fx.GraphModule):
+        gm.recompile()
 
 
 def _aliases(model: nn.Module, pieces: list[Piece]) -> dict[int, str]:
@@ -332,6 +350,17 @@ def _aliases(model: nn.Module, pieces: list[Piece]) -> dict[int, str]:
                 raise WorkloadError(f"the traced model holds a tensor {name!r} the model does not", hint=CONTRACT_HINT)
             found[id(tensor)] = known
     return found
+
+
+def _one_tensor_per_name(piece: nn.Module, aliases: dict[int, str]) -> None:
+    """Within a piece, every copy of one of the model's tensors made the same tensor (the pipe copies a
+    tensor it finds used twice, such as a tied embedding), so it is counted and updated once."""
+    chosen: dict[str, Any] = {}
+    for module in piece.modules():
+        for store in (module._parameters, module._buffers):
+            for leaf, value in list(store.items()):
+                if value is not None:
+                    store[leaf] = chosen.setdefault(aliases[id(value)], value)
 
 
 def materialise(piece: nn.Module, tensors: dict[str, torch.Tensor], aliases: dict[int, str]) -> nn.Module:
@@ -408,7 +437,7 @@ def from_module(build: Callable[[], nn.Module], *, make_batch: Callable[..., Any
     weights = _Weights(build, label)
     blocks = [_meta_or_seed0(piece, traced, weights) for piece in traced.pieces]
     return TracedWorkload(
-        name=label, blocks=blocks, make_batch=make_batch, loss=loss if loss is not None else traced.loss,
+        name=label, blocks=blocks, make_batch=make_batch, loss=loss if loss is not None else traced.loss,  # type: ignore[arg-type]
         tokens_per_sample=tokens_per_sample, ties=_ties(traced),
         description=description or f"{label}: {len(traced.trunk)} trunk blocks, split by tracing",
         traced=traced, weights=weights)

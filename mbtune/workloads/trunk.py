@@ -59,7 +59,7 @@ def split_at(model: nn.Module, args: tuple[Any, ...], trunk: list[str]) -> tuple
     for index, name in enumerate(trunk):
         member = model.get_submodule(name)
         wrapped.append(member)
-        member.forward = _marked(member.forward, last=index == len(trunk) - 1, split=pipe_split)  # type: ignore[method-assign]
+        member.forward = _marked(member.forward, last=index == len(trunk) - 1, split=pipe_split)
     try:
         pipe = _traced_pipe(model, args)
     finally:
