@@ -92,8 +92,8 @@ def _kind(family: str) -> str:
     known = families()
     if family not in known:
         raise WorkloadError(f"hf:{family}: transformers has no causal-LM or masked-LM model for {family!r}",
-                            hint="Use a model type such as gpt2, llama, qwen3, gemma2, phi3, bert, or "
-                                 "hf:path/to/config.json; or " + FROM_MODULE_HINT)
+                            hint="Use a model type such as gpt2, llama, qwen3, phi3 or bert, a config.json, or "
+                                 "Workload.from_module for any other model.")
     return known[family]
 
 

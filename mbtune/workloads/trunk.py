@@ -3,10 +3,10 @@ boundaries (torch.distributed.pipelining's tracing frontend, with the batch dime
 one importer of torch.distributed.pipelining besides pipeline/schedules.py, which owns the schedules and
 stages).
 
-The trunk is the longest run of consecutive children of one class under one parent (a ModuleList of
-transformer layers, a Sequential of blocks, a ResNet's layer1..layer4), the one holding the most
-parameters where two runs are as long. Members that are themselves containers (a ResNet stage is a
-Sequential of residual blocks) are split into their children, so each residual block is a block.
+The trunk is the longest run of consecutive children of one class in a ModuleList or Sequential (the
+layers of a transformer, the blocks of a Sequential), or of containers under any parent (a ResNet's
+layer1..layer4, each a Sequential of residual blocks): containers count as their children, so each
+residual block is a block. Where two runs are as long, the one holding the most parameters.
 """
 
 from __future__ import annotations
@@ -24,18 +24,21 @@ def find_trunk(model: nn.Module) -> list[str]:
     best: tuple[int, int, list[str]] = (0, 0, [])
     for parent_name, parent in model.named_modules():
         children = list(parent.named_children())
+        container = isinstance(parent, nn.ModuleList | nn.Sequential)
         start = 0
         while start < len(children):
             end = start + 1
             while end < len(children) and type(children[end][1]) is type(children[start][1]):
                 end += 1
             run = children[start:end]
-            if len(run) >= MIN_TRUNK:
+            # A run counts inside a ModuleList or Sequential, or where its members are such containers
+            # (a ResNet's stages): not the projections of an attention module, say.
+            if len(run) >= MIN_TRUNK and (container or isinstance(run[0][1], nn.ModuleList | nn.Sequential)):
+                names = _expanded(model, [f"{parent_name}.{n}" if parent_name else n for n, _ in run])
                 size = sum(p.numel() for _, m in run for p in m.parameters())
-                names = [f"{parent_name}.{n}" if parent_name else n for n, _ in run]
-                best = max(best, (len(run), size, names), key=lambda b: (b[0], b[1]))
+                best = max(best, (len(names), size, names), key=lambda b: (b[0], b[1]))
             start = end
-    return _expanded(model, best[2])
+    return best[2]
 
 
 def _expanded(model: nn.Module, names: list[str]) -> list[str]:

@@ -1,5 +1,5 @@
-"""Hugging Face transformers models as workloads (hf:NAME), on CPU with tiny configs: the blocks compute what
-the whole transformers model computes, the FLOPs the config gives are the ones counted, and the pipelined
+"""Hugging Face transformers models as workloads (hf:NAME), on CPU with tiny configs: every family of the
+usual shape splits into blocks that compute what the whole transformers model computes, and the pipelined
 update is the plain model's, hand-overs of several tensors and ties across stages included."""
 
 from __future__ import annotations
@@ -19,47 +19,44 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.integration
 
-DECODER = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
-           "intermediate_size": 64, "vocab_size": 64}
-TINY = {"gpt2": {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64},
-        "llama": DECODER, "mistral": DECODER, "qwen2": DECODER,
-        "bert": {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
-                 "vocab_size": 64}}
+# Every family the workload must split (the usual shapes: decoders with learned or rotary positions, tied
+# or not, embedding scales, logit scales, alternating sliding windows; encoders), tiny.
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo2", "granite", "gpt_neox",
+            "opt", "bert", "roberta")
+TINY = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "intermediate_size": 64, "vocab_size": 64, "head_dim": 16, "ffn_dim": 64, "word_embed_proj_dim": 32}
 
 
 def _options(family: str, seq_len: int = 8) -> tuple[tuple[str, object], ...]:
-    return tuple({**TINY[family], "seq_len": seq_len}.items())
+    from mbtune.workloads.hf import hf_config
+
+    default = hf_config(family, {})[0]
+    return tuple({**{k: v for k, v in TINY.items() if hasattr(default, k)}, "seq_len": seq_len}.items())
 
 
-@pytest.mark.parametrize("family", sorted(TINY))
-def test_the_blocks_compute_what_the_whole_model_computes_and_count_its_parameters(family):
-    from mbtune.workloads.chain import Chain
-    from mbtune.workloads.hf import hf_config, split_model
+def test_every_family_splits_into_blocks_that_compute_what_the_whole_model_computes():
+    from mbtune.workloads.hf import _builder, _kind, hf_config
 
-    config, _ = hf_config(family, dict(TINY[family]))
-    kind = transformers.AutoModelForMaskedLM if family == "bert" else transformers.AutoModelForCausalLM
-    whole = kind.from_config(config, attn_implementation="sdpa").eval()
-    ids = torch.randint(0, 63, (2, 8), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        assert (Chain(*split_model(whole))(ids) - whole(ids).logits).abs().max().item() < 1e-5
-    workload = load_workload(f"hf:{family}", _options(family))
-    assert workload.num_parameters() == sum(p.numel() for p in whole.parameters())  # ties counted once
-    assert bool(workload.ties) == (family in ("gpt2", "bert"))  # tied by default there only
-
-
-@pytest.mark.parametrize("family", sorted(TINY))
-def test_the_flops_the_config_gives_are_the_ones_counted(family):
-    from mbtune.workloads.flops import count_flops_per_sample
-
-    workload = load_workload(f"hf:{family}", _options(family, seq_len=32))
-    counted = count_flops_per_sample(workload)
-    assert counted is not None and abs(workload.flops_per_sample - counted) <= 0.05 * counted
+    for family in FAMILIES:
+        options = dict(_options(family))
+        workload = load_workload(f"hf:{family}", tuple(options.items()))
+        config, _ = hf_config(family, {k: v for k, v in options.items() if k != "seq_len"})
+        torch.manual_seed(3)
+        whole = _builder(config, _kind(family), family)()
+        ids, _ = workload.make_batch(3, torch.Generator().manual_seed(0))  # traced at 2, run at 3
+        with torch.no_grad():
+            difference = (workload.build(seed=3)(ids) - whole(ids)).abs().max().item()
+        assert difference == 0.0, family
+        assert workload.num_blocks == 2 + 2, family  # embeddings, the layers, the head
+        assert workload.num_parameters() == sum(p.numel() for p in whole.parameters()), family  # ties once
+        assert bool(workload.ties) == bool(config.tie_word_embeddings), family  # found from the model
 
 
 @pytest.mark.parametrize(("family", "schedule"), [
-    ("llama", "1f1b"),  # (hidden, cos, sin) across the stage boundary
-    ("qwen2", "zbv"),  # the same, with the backward split in input and weight parts
+    ("llama", "1f1b"),  # (hidden, cos, sin, mask) across the stage boundary
+    ("qwen3", "zbv"),  # the same, with the backward split in input and weight parts
     ("gpt2", "interleaved-1f1b"),  # the tied embedding and head on different ranks
+    ("gemma2", "gpipe"),  # eager attention, alternating sliding windows, scaled embeddings, soft-capped logits
     ("bert", "1f1b"),  # masked LM with a fixed count per sample
 ])
 def test_the_pipelined_update_is_the_plain_models(family, schedule):
@@ -74,9 +71,8 @@ def test_a_bad_hf_value_is_one_line_from_the_command_line():
     result = mbtune("probe", "-w", "hf:gpt2", "-O", "colour=3", "-d", "cpu", "--no-save")
     assert result.returncode == 2 and "no config field colour" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    # A whole number for a float field is that float; within the window a sliding window changes nothing.
+    # A whole number for a float field is that float.
     assert load_workload("hf:llama", (("rms_norm_eps", 1),)).num_blocks == 6
-    assert load_workload("hf:mistral", (("sliding_window", 64), ("seq_len", 64))).num_blocks == 6
 
 
 def test_without_transformers_the_error_says_how_to_install_it(monkeypatch):
