@@ -10,7 +10,8 @@ sent as its values in key order and rebuilt by the receiving stage from the keys
 come from one forward of the whole chain at batch size 1, on the meta device where it runs (no memory, no
 arithmetic), else on the CPU (`handover_keys`). A sent tensor must be contiguous and not a view (the
 zero-bubble schedules detach it in place after the backward, which a view refuses): such tensors are
-copied. Two things the contract cannot carry: integer tensors (position ids) across a stage boundary,
+copied. Coming back, a received tensor's gradient is made contiguous too (a block that transposes what it
+received would otherwise send a transposed gradient). Two things the contract cannot carry: integer tensors (position ids) across a stage boundary,
 since torch infers shapes from a first forward on uninitialised buffers, where an index tensor holds
 garbage; and shapes that change from micro-batch to micro-batch. A block computes its positions from the
 shapes it gets.
@@ -185,6 +186,7 @@ class StageModule(nn.Module):
         self.chain, self.in_keys, self.last, self.out_keys = chain, in_keys, last, out_keys
 
     def forward(self, *tensors: torch.Tensor) -> Any:
+        tensors = tuple(_ContiguousGrad.apply(t) if t.requires_grad else t for t in tensors)
         out = self.chain(**dict(zip(self.in_keys, tensors))) if self.in_keys is not None else self.chain(*tensors)
         if self.last:
             if isinstance(out, dict):
@@ -199,6 +201,19 @@ class StageModule(nn.Module):
                                          else list(out) if isinstance(out, tuple | list) else [out])
         sent = tuple(_sendable(t) for t in items)
         return sent[0] if len(sent) == 1 else sent
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity, whose gradient is made contiguous: a received tensor's gradient is sent back to the
+    stage before, and a block that transposes what it received would otherwise send a transposed one."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 def _sendable(tensor: torch.Tensor) -> torch.Tensor:

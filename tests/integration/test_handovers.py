@@ -1,5 +1,5 @@
 """The hand-over contract and tied weights for real: several tensors (a dict, a tuple, a tensor without
-gradient, a view) cross stage boundaries, and a weight tied across stages trains as one, in every
+gradient, a view, a transposed tensor whose gradient comes back transposed) cross stage boundaries, and a weight tied across stages trains as one, in every
 schedule: the pipeline's update is the plain model's."""
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from mbtune.workloads import load_workload
 pytestmark = pytest.mark.integration
 
 HANDOVERS, TIED = "tests.fixtures.workloads:handovers", "tests.fixtures.workloads:tied"
+TRANSPOSED = "tests.fixtures.workloads:transposed"
 
 
 @pytest.mark.parametrize("schedule", SCHEDULE_NAMES)
-@pytest.mark.parametrize("workload", [HANDOVERS, TIED])
+@pytest.mark.parametrize("workload", [HANDOVERS, TIED, TRANSPOSED])
 def test_several_tensors_and_tied_weights_cross_stages_in_every_schedule(workload, schedule):
+    # TRANSPOSED: a transposed tensor crosses forward, and its gradient crosses back transposed.
     result = check_update(CheckConfig(workload=workload, device="cpu", schedule=schedule, num_ranks=2,
                                       num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)
