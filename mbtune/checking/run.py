@@ -40,6 +40,9 @@ VARYING_MEAN = ("the loss is a mean whose count changes from micro-batch to micr
 VARYING_MEAN_FIX = ("Sum the loss over its elements and divide by one count for the whole global batch (or by a "
                     "fixed count per sample), not by each micro-batch's own count.")
 
+BATCH_STATISTICS_FIX = ("That is micro-batching by design, not a bug of the loss: use GroupNorm or LayerNorm for a "
+                        "pipeline that is the plain model, or accept per-micro-batch statistics.")
+
 
 def check_update(config: CheckConfig, run_point: Callable[..., PipelineOutcome] | None = None) -> CheckResult:
     """Run the configuration's pipeline and the plain model for one optimizer step; compare per block.
@@ -90,7 +93,13 @@ def compare(config: CheckConfig, grads: dict[str, Any], loss: float, plain: dict
     cause = hint = ""
     if failed:
         summed = _block_diffs(grads, plain["summed_grads"], rtol, atol)
-        if not missing and all(b.ok for b in summed):
+        mixing = plain.get("batch_statistics") or []
+        if mixing:
+            where = ", ".join(mixing[:3]) + (f" and {len(mixing) - 3} more" if len(mixing) > 3 else "")
+            cause = (f"a sample's output depends on the other samples of its micro-batch (batch statistics: {where}):"
+                     " a pipeline computes them per micro-batch, the plain model over the whole batch")
+            hint = BATCH_STATISTICS_FIX
+        elif not missing and all(b.ok for b in summed):
             cause, hint = VARYING_MEAN, VARYING_MEAN_FIX
         elif missing:
             cause = f"parameters that only one side has: {', '.join(missing[:3])}"
@@ -164,7 +173,30 @@ def plain_gradients(spec: Any) -> dict[str, Any]:
                 part = workload.loss(model(x), y) / parts
             part.backward()
     summed = _numpy_grads(model)
-    return {"loss": float(loss.detach()), "grads": whole, "summed_grads": summed}
+    first = batches[0][0]
+    return {"loss": float(loss.detach()), "grads": whole, "summed_grads": summed,
+            "batch_statistics": _batch_statistics(model, batch_to(first, device), chunks)}
+
+
+def _batch_statistics(model: Any, inputs: Any, chunks: int) -> list[str]:
+    """Where a sample's output depends on the other samples of its batch (BatchNorm's batch statistics, or
+    anything else that mixes samples): the batch-norm modules by name, or ["the model"] when the outputs
+    of the whole batch and of its micro-batches differ with no batch norm to name. [] when they agree."""
+    import torch
+
+    from mbtune.workloads.chain import batch_chunk, tensors_of
+
+    with torch.no_grad():
+        whole = [t.double() for t in tensors_of(model(inputs))]
+        parts = [[t.double() for t in tensors_of(model(x))] for x in batch_chunk(inputs, chunks)]
+    joined = [torch.cat(pieces) for pieces in zip(*parts)]
+    differ = any(a.shape != b.shape or not torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(whole, joined))
+    if not differ:
+        return []
+    norms = [name for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+             or any("batch_norm" in str(node.target) for node in getattr(getattr(m, "graph", None), "nodes", ()))]
+    named = [n.replace(".piece.", ".", 1) for n in norms if "norm" in n.lower() or "bn" in n.lower()]
+    return named or norms or ["the model"]
 
 
 def _numpy_grads(model: Any) -> dict[str, Any]:

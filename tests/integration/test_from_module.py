@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mbtune.checking.config import CheckConfig
-from mbtune.checking.run import PASS, check_update
+from mbtune.checking.run import BATCH_STATISTICS_FIX, FAIL, PASS, check_update
 
 pytestmark = pytest.mark.integration
 
@@ -23,3 +23,12 @@ def test_the_pipelined_update_of_a_model_as_written_is_the_plain_models(workload
     result = check_update(CheckConfig(workload=workload, workload_options=options, device="cpu", schedule=schedule,
                                       num_ranks=2, num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)
+
+
+def test_batch_norm_is_named_as_the_cause_not_the_loss():
+    # The same ResNet with BatchNorm: each micro-batch has its own statistics, by design of micro-batching.
+    result = check_update(CheckConfig(workload="examples.resnet.workload:resnet", device="cpu", schedule="gpipe",
+                                      workload_options=(*RESNET, ("norm", "batch")), num_ranks=2,
+                                      num_microbatches=2, micro_batch_size=2))
+    assert result.status == FAIL and result.hint == BATCH_STATISTICS_FIX
+    assert "batch statistics: 0.bn1, 1.layer1.0.bn1" in result.cause, result.cause
