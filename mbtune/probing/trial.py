@@ -23,7 +23,7 @@ from mbtune.settings import INFER, TRAIN, lr_for
 from mbtune.training import _create_optimizer_state, autocast_for, make_optimizer
 from mbtune.worker import failure_tail, run_isolated
 from mbtune.workloads import Workload, load_workload
-from mbtune.workloads.chain import batch_to
+from mbtune.workloads.chain import batch_to, failed_block
 
 
 def run_training_trial(config: TrialConfig) -> TrialOutcome:
@@ -54,6 +54,9 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
         status = classify_error(exc)
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        block = failed_block(exc)
+        if block is not None and status != OOM:
+            error = f"in block {block}: {error}"
         tail = _traceback_tail()
         if os.environ.get("MBTUNE_DEBUG"):
             error += "\n" + traceback.format_exc()

@@ -102,15 +102,33 @@ class Chain(nn.Sequential):
                 value = self.step(block, value)
             except TypeError as exc:
                 if "argument" not in str(exc):
+                    _mark_block(exc, self.first + offset)
                     raise
                 index = self.first + offset
                 source = "the batch" if index == 0 else f"block {index - 1}'s output"
                 raise WorkloadError(f"block {index} cannot take {source} ({_shape(value)}): {exc}",
                                     hint=HANDOVER_HINT) from exc
+            except Exception as exc:
+                _mark_block(exc, self.first + offset)
+                raise
         return value
 
     def step(self, block: nn.Module, value: Any) -> Any:
         return call_block(block, value)
+
+
+def _mark_block(exc: BaseException, index: int) -> None:
+    """Remember the block an exception came from (the innermost chain's, where chains nest)."""
+    if getattr(exc, "mbtune_block", None) is None:
+        try:
+            exc.mbtune_block = index  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type without a __dict__
+            pass
+
+
+def failed_block(exc: BaseException) -> int | None:
+    """The block an exception raised in a Chain came from, or None."""
+    return getattr(exc, "mbtune_block", None)
 
 
 def check_output(value: Any, where: str) -> None:
