@@ -1,6 +1,6 @@
 """The hand-over contract and tied weights for real: several tensors (a dict, a tuple, a tensor without
-gradient, a view, a transposed tensor whose gradient comes back transposed) cross stage boundaries, and a weight tied across stages trains as one, in every
-schedule: the pipeline's update is the plain model's."""
+gradient, a view, a transposed tensor whose gradient comes back transposed) cross stage boundaries, and a
+weight tied across stages trains as one, in every schedule: the pipeline's update is the plain model's."""
 
 from __future__ import annotations
 
