@@ -1,7 +1,8 @@
 """Benchmark: Hugging Face workloads (hf:NAME) against the transformers models they are built from.
 
-Per family: parameters (ties counted once) against the whole transformers model's, FLOPs per sample from
-the config against torch's FlopCounterMode. For hf:gpt2 (or --family): mbtune's probe ceiling against the
+Per family: the split, parameters (ties counted once) against the whole transformers model's, the blocks'
+logits against the model's, FLOPs per sample counted by torch's FlopCounterMode against 6 x parameters x
+tokens, the load time. For hf:gpt2 (or --family): mbtune's probe ceiling against the
 largest batch the plain transformers model trains at in an ordinary loop (its own loss, AdamW, two steps)
 in a fresh process under the same budget, capped the way an mbtune CPU trial is (CpuBackend.limit_memory,
 after transformers is imported), found by bisection with one fresh process per size.
@@ -22,23 +23,36 @@ from mbtune.units import parse_bytes
 from mbtune.worker import run_isolated
 from mbtune.workloads import load_workload
 from mbtune.workloads.flops import count_flops_per_sample
-from mbtune.workloads.hf import FAMILIES, hf_config
+from mbtune.workloads.hf import _builder, _kind, hf_config
+
+# The families the hf: workload is held to (tests/integration/test_hf.py holds the same list).
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo2", "granite", "gpt_neox",
+            "opt", "bert", "roberta")
 
 
 def facts_table() -> None:
-    import transformers
+    """Per family, at its small default: the split, the parameters against the transformers model's, the
+    largest difference of the logits (blocks against the whole model, same weights), the FLOPs counted per
+    sample against 6 x parameters x tokens, and what loading (building, tracing, splitting) costs."""
+    import torch
 
-    print("family   parameters (hf: / transformers)   GFLOP per sample (config / counted)   difference")
+    print("family     blocks ties  parameters (hf: / transformers)  max |logits diff|  GFLOP/sample (counted / 6NT)"
+          "  load s")
     for family in FAMILIES:
+        started = time.perf_counter()
         workload = load_workload(f"hf:{family}")
+        load_s = time.perf_counter() - started
         config, _ = hf_config(family, {})
-        kind = transformers.AutoModelForMaskedLM if family == "bert" else transformers.AutoModelForCausalLM
-        whole = sum(p.numel() for p in kind.from_config(config).parameters())
-        counted = count_flops_per_sample(workload)
-        typed = workload.flops_per_sample or 0.0
-        gap = f"{typed / counted - 1:+.2%}" if counted else "n/a"
-        print(f"{family:<8} {workload.num_parameters():>12,} / {whole:<12,} {typed / 1e9:>16.4f} / "
-              f"{(counted or 0) / 1e9:<10.4f} {gap:>12}")
+        torch.manual_seed(0)
+        whole = _builder(config, _kind(family), family)()
+        ids, _ = workload.make_batch(2, torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            diff = (workload.build(seed=0)(ids) - whole(ids)).abs().max().item()
+        params = sum(p.numel() for p in whole.parameters())
+        counted = count_flops_per_sample(workload) or 0.0
+        rule = 6.0 * params * (workload.tokens_per_sample or 1)
+        print(f"{family:<10} {workload.num_blocks:>6} {len(workload.ties):>4}  {workload.num_parameters():>12,} / "
+              f"{params:<12,} {diff:>17.1e}  {counted / 1e9:>12.4f} / {rule / 1e9:<12.4f} {load_s:>7.1f}")
 
 
 def plain_step(family: str, batch_size: int, budget_bytes: int, use_cache: bool | None = None) -> str:

@@ -444,13 +444,17 @@ def from_module(build: Callable[[], nn.Module], *, make_batch: Callable[..., Any
 
 
 def _meta_or_seed0(piece: Piece, traced: Traced, weights: _Weights) -> Callable[[], nn.Module]:
-    def block() -> nn.Module:
-        if torch.empty(0).device.type == "meta":
-            return TracedBlock(Piece(copy.deepcopy(piece.module), piece.takes, piece.gives,
-                                     piece.carried_in, piece.carried_out))
-        return _real(piece, traced, weights.at(0))
+    return lambda: _meta(piece) if _building_on_meta() else _real(piece, traced, weights.at(0))
 
-    return block
+
+def _building_on_meta() -> bool:
+    """Whether blocks are being built under torch.device("meta") (counting parameters or FLOPs)."""
+    return torch.empty(0).device.type == "meta"
+
+
+def _meta(piece: Piece) -> nn.Module:
+    return TracedBlock(Piece(copy.deepcopy(piece.module), piece.takes, piece.gives, piece.carried_in,
+                             piece.carried_out))
 
 
 def _real(piece: Piece, traced: Traced, tensors: dict[str, torch.Tensor]) -> nn.Module:
@@ -477,7 +481,8 @@ class TracedWorkload(Workload):
     weights: _Weights
 
     def _block(self, index: int, seed: int) -> nn.Module:
-        return _real(self.traced.pieces[index], self.traced, self.weights.at(seed))
+        piece = self.traced.pieces[index]
+        return _meta(piece) if _building_on_meta() else _real(piece, self.traced, self.weights.at(seed))
 
     def build(self, indices: Sequence[int] | None = None, *, seed: int = 0, recompute: str = "none") -> nn.Sequential:
         try:
