@@ -46,3 +46,35 @@ class CheckResult(Record):
     @property
     def worst(self) -> BlockCheck | None:
         return max(self.blocks, key=lambda b: b.max_rel_diff, default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockValidation(Record):
+    """One block of a validated workload (checking/validate.py)."""
+
+    block: int
+    name: str
+    parameters: int  # a tie's copies counted once
+    flops_per_sample: float  # training (forward + backward), as FlopCounterMode counts
+    hands_over: str  # shapes and dtypes of its output
+    crosses: str  # "yes", or "no: why" (the last block hands over to the loss: "")
+    gradient_back: bool  # its input, received as a stage receives it, gets a gradient
+    max_rel_diff: float  # its gradients through stage boundaries against the whole chain's
+    ok: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationResult(Record):
+    """The workload validated before any pipeline: PASS or FAIL with the cause naming the block."""
+
+    __repr__ = Record.__repr__
+
+    workload: str
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    status: str
+    batch_size: int
+    loss: float  # the blocks' loss on the batch
+    model_loss: float | None = None  # the user's own model's, where mbtune split it
+    blocks: tuple[BlockValidation, ...] = ()
+    ties: tuple[tuple[str, ...], ...] = ()
+    cause: str = ""

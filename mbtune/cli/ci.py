@@ -125,7 +125,13 @@ def compare(
     print_comparison(make_console(), rows, str(a), str(b), fmt)
 
 
+# The options that say which pipeline to check: with none of them, check validates the workload alone.
+PIPELINE_OPTIONS = ("stages", "schedule", "micro_batches", "accum", "data_parallel", "recompute", "micro_batch_size",
+                    "global_batch", "virtual_stages", "precision", "optimizer", "lr", "from_profile", "rank")
+
+
 def check(
+    ctx: typer.Context,
     workload: Workload = C.workload,
     option: WorkloadOption = None,
     device: Device = C.device,
@@ -148,15 +154,23 @@ def check(
     load_timeout: LoadTimeout = C.load_timeout_s,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
 ) -> None:
-    """Run one optimizer step through the real pipeline and through the plain model on the same global batch
-    and seed, and compare the gradients per block: exit 0 PASS, 1 FAIL (with why), 3 could not run."""
+    """Validate the workload (no pipeline options: each block's hand-over both ways, parameters, FLOPs, the
+    split against the model, in seconds on the CPU), or run one optimizer step through the real pipeline and
+    through the plain model on the same global batch and seed and compare the gradients per block: exit 0
+    PASS, 1 FAIL (with why), 3 could not run."""
     from mbtune.checking.run import check_update
     from mbtune.report import make_console
-    from mbtune.report.check import print_check
+    from mbtune.report.check import print_check, print_validation
     from mbtune.session import check_config_from_profile
     from mbtune.units import parse_options
 
     fmt = check_format(format, allowed=("table", "json"))
+    if all(getattr(ctx.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT" for name in PIPELINE_OPTIONS):
+        from mbtune.checking.validate import validate_workload
+
+        validated = validate_workload(workload, parse_options(option or []), seed=seed, timeout_s=timeout)
+        print_validation(make_console(), validated, fmt)
+        raise typer.Exit(0 if validated.status == "PASS" else EXIT_CHECK_FAILED)
     if from_profile is not None:
         config = check_config_from_profile(from_profile, rank, device=device, timeout_s=timeout,
                                            load_timeout_s=load_timeout, seed=seed, lr=lr)

@@ -6,7 +6,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from mbtune.checking.records import CheckResult
+from mbtune.checking.records import CheckResult, ValidationResult
 from mbtune.report import print_json
 
 
@@ -33,3 +33,30 @@ def print_check(console: Console, result: CheckResult, fmt: str) -> None:
     style = "bold green" if result.status == "PASS" else "bold red"
     console.print(f"[{style}]check {result.status}[/]" + (f": {result.cause}. {result.hint}" if result.cause else
                                                             ": the pipelined update is the plain model's"))
+
+
+def print_validation(console: Console, result: ValidationResult, fmt: str) -> None:
+    """The workload's validation, per block, in the chosen format (table or json)."""
+    if fmt == "json":
+        print_json(result.to_dict())
+        return
+    table = Table(title=f"Validation: {result.workload}, each block as a pipeline stage would run it, on "
+                        f"{result.batch_size} samples", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("block", "runs", "parameters", "GFLOP/sample", "hands over", "crosses a stage", "gradient back",
+                 "ok"):
+        table.add_column(name, justify="right" if name in ("block", "parameters", "GFLOP/sample") else "left")
+    for block in result.blocks:
+        back = ("yes" if block.max_rel_diff <= 1e-3 else f"differs by {block.max_rel_diff:.2g}") \
+            if block.gradient_back else "[bold red]none[/]"
+        table.add_row(str(block.block), block.name, f"{block.parameters:,}", f"{block.flops_per_sample / 1e9:.4g}",
+                      block.hands_over, block.crosses or "(to the loss)", back,
+                      "[green]yes[/]" if block.ok else "[bold red]no[/]")
+    console.print(table)
+    if result.ties:
+        console.print("tied (one tensor): " + "; ".join(" = ".join(tie) for tie in result.ties))
+    if result.model_loss is not None:
+        console.print(f"loss: blocks {result.loss:.6g}, the model as written {result.model_loss:.6g}")
+    style = "bold green" if result.status == "PASS" else "bold red"
+    console.print(f"[{style}]check {result.status}[/]" + (f": {result.cause}" if result.cause else
+                  ": every block hands over both ways; pipeline options (--stages, --schedule, ...) check a real "
+                  "pipeline's update"))

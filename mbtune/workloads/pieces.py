@@ -28,6 +28,7 @@ class Piece:
     gives: tuple[str, ...]
     carried_in: tuple[str, ...] = ()
     carried_out: tuple[str, ...] = ()
+    label: str = ""  # the trunk member it runs, or what runs before or after the trunk
 
 
 class TracedBlock(nn.Module):
@@ -38,6 +39,7 @@ class TracedBlock(nn.Module):
         self.piece = piece.module
         self.takes, self.gives = piece.takes, piece.gives
         self.carried_in, self.carried_out = piece.carried_in, piece.carried_out
+        self.label = piece.label
 
     def forward(self, *values: Any) -> Any:
         env = dict(zip(self.carried_in, values))
@@ -248,3 +250,18 @@ def device_from_inputs(gm: nn.Module) -> None:
     graph.lint()
     if isinstance(gm, fx.GraphModule):
         gm.recompile()
+
+
+def label_pieces(pieces: list[Piece], trunk: Sequence[str]) -> None:
+    """Name each piece by the trunk member it runs, or as what runs before or after the trunk."""
+    for index, piece in enumerate(pieces):
+        held = [name for name in trunk if _holds(piece.module, name)]
+        piece.label = (held[0] if len(held) == 1 else f"before {trunk[0]}" if index == 0 else f"after {trunk[-1]}")
+
+
+def _holds(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+    except AttributeError:
+        return False
+    return True

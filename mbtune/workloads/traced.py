@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,6 +39,7 @@ from mbtune.workloads.pieces import (
     TracedLoss,
     carry,
     device_from_inputs,
+    label_pieces,
     localise_sizes,
     pieces_of,
     split_loss,
@@ -88,6 +89,7 @@ def trace(build: Callable[[], nn.Module], example: tuple[Any, ...], targets: tor
         pieces[-1], loss = split_loss(pieces[-1], target_name, outputs, name)
         outputs = loss.model_outputs
     carry(pieces, outputs)
+    label_pieces(pieces, trunk)
     for piece in pieces:
         for sub in piece.module.modules():
             if isinstance(getattr(sub, "graph", None), fx.Graph):  # GraphModules and export's InterpreterModules
@@ -227,13 +229,11 @@ def _building_on_meta() -> bool:
 
 
 def _meta(piece: Piece) -> nn.Module:
-    return TracedBlock(Piece(copy.deepcopy(piece.module), piece.takes, piece.gives, piece.carried_in,
-                             piece.carried_out))
+    return TracedBlock(replace(piece, module=copy.deepcopy(piece.module)))
 
 
 def _real(piece: Piece, traced: Traced, tensors: dict[str, torch.Tensor]) -> nn.Module:
-    module = materialise(piece.module, tensors, traced.aliases)
-    return TracedBlock(Piece(module, piece.takes, piece.gives, piece.carried_in, piece.carried_out))
+    return TracedBlock(replace(piece, module=materialise(piece.module, tensors, traced.aliases)))
 
 
 def _ties(traced: Traced) -> tuple[tuple[tuple[int, str], ...], ...]:
@@ -263,3 +263,21 @@ class TracedWorkload(Workload):
             return super().build(indices, seed=seed, recompute=recompute)
         finally:
             self.weights.release()  # what this process's blocks did not take is freed
+
+
+def whole_model_loss(workload: TracedWorkload, seed: int, inputs: Any, targets: torch.Tensor) -> float:
+    """The user's own model, built under the seed as the blocks' weights are, on the batch: its loss as the
+    workload defines it (the model's own where it computes one)."""
+    from torch.utils import _pytree
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = built_module(workload.weights.build, workload.name)
+    model.train()
+    args = tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,)
+    if workload.traced.loss is not None:
+        leaves = [t for t in _pytree.tree_leaves(model(*args, targets)) if isinstance(t, torch.Tensor) and t.dim() == 0]
+        return float(leaves[0])
+    outputs = [t for t in _pytree.tree_leaves(model(*args)) if isinstance(t, torch.Tensor)]
+    value: Any = outputs[0] if len(outputs) == 1 else tuple(outputs)
+    return float(workload.loss(value, targets))
