@@ -267,7 +267,7 @@ def as_flag(exc: MbtuneError) -> MbtuneError:
     if not isinstance(exc, ConfigError) or not field:
         return exc
     flag = flag_for(field)
-    return ConfigError(str(exc).replace(f"{field}=", f"{flag} ", 1), hint=exc.hint or f"Fix {flag}.",
+    return ConfigError(exc.message.replace(f"{field}=", f"{flag} ", 1), hint=exc.hint or f"Fix {flag}.",
                        detail=exc.detail)
 
 

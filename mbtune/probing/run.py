@@ -144,7 +144,7 @@ def _budget(config: ProbeConfig, device: str, warnings: list[str]) -> int | None
 def _trial_detail(outcome: TrialOutcome) -> str:
     if outcome.ok and outcome.samples_per_s:
         return f"{outcome.samples_per_s:,.1f} samples/s"
-    return (outcome.error.strip().splitlines() or [""])[-1][:80]
+    return (outcome.error.strip().splitlines() or [""])[-1].strip()  # the cause, whole
 
 
 def _device_info(trials: tuple[TrialOutcome, ...], device: str, timeout_s: float) -> DeviceInfo:

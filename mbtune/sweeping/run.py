@@ -252,4 +252,4 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
 def _result_detail(result: PointResult) -> str:
     if result.ok and result.samples_per_s:
         return f"{result.samples_per_s:,.1f} samples/s"
-    return (result.error.strip().splitlines() or [""])[-1][:80]
+    return (result.error.strip().splitlines() or [""])[-1].strip()  # the cause, whole

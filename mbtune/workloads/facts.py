@@ -66,7 +66,8 @@ def _counted(name: str, options: tuple[tuple[str, Any], ...], timeout_s: float) 
     result = run_isolated(_count, name, options, timeout_s=timeout_s)
     if result.status != "ok":
         return None, {"timeout": f"its step did not finish within {timeout_s:g} s on the meta device",
-                      "killed": "the counting process was killed"}.get(result.status, result.error.strip()[-200:])
+                      "killed": "the counting process was killed"}.get(
+            result.status, (result.error.strip().splitlines() or ["no error text"])[-1].strip())
     return result.value, None if result.value is not None else "the meta device could not run its step"
 
 
@@ -117,7 +118,7 @@ def _guarded(target: Callable[..., Any], name: str, options: tuple[tuple[str, An
     try:
         return "value", target(name, options)
     except WorkloadError as exc:
-        return "bad_input", (str(exc), exc.hint)
+        return "bad_input", (exc.message, exc.hint)
     except SystemExit as exc:
         return "exited", f"its factory called sys.exit({exc.code!r}) instead of returning"
 

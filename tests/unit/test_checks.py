@@ -80,10 +80,28 @@ def test_huge_values_are_not_echoed_whole():
     assert len(caught.value.one_line()) <= ONE_LINE_CHARS + 10
 
 
-def test_one_line_is_cut_but_keeps_the_hint():
-    error = MbtuneError("a\nb " + "long " * 100, hint="Do this.")
+def test_one_line_never_cuts_the_cause_and_keeps_the_hint():
+    cause = "ModuleNotFoundError: No module named " + "'userpkg." + "n" * 200 + "'"
+    line = MbtuneError(f"cannot import workload module: {cause}", hint="Do this.").one_line()
+    assert "\n" not in line and cause in line and line.endswith("Do this.")
+
+
+def test_one_line_of_many_lines_keeps_the_first_and_last_whole_and_says_where_the_rest_is():
+    last = "RuntimeError: Expected 2D input but got input of size[1, 64, 64] " + "x" * 100
+    error = MbtuneError("\n".join(["the trial at batch 4 failed", *("  frame" for _ in range(40)), last]),
+                        hint="Do this.")
     line = error.one_line()
-    assert "\n" not in line and line.endswith("Do this.") and len(line) <= ONE_LINE_CHARS + 2
+    assert "\n" not in line and line.startswith("the trial at batch 4 failed | ... | ") and last in line
+    assert line.endswith("Do this. Run with MBTUNE_DEBUG=1 for the whole text.")
+    assert len(line) < ONE_LINE_CHARS + len(last)
+
+
+def test_str_of_an_error_holds_its_hint_once():
+    error = MbtuneError("could not start a process to load workload 'w:f'", hint="Install the package.")
+    assert str(error) == "could not start a process to load workload 'w:f'. Install the package."
+    assert error.message == "could not start a process to load workload 'w:f'"
+    assert error.one_line().count("Install the package.") == 1
+    assert str(MbtuneError("no hint here")) == "no hint here"
 
 
 def test_check_writable(tmp_path):
