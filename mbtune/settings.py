@@ -100,3 +100,22 @@ def check_recompute_modes(modes: tuple[str, ...]) -> None:
 
 
 STRATEGIES = ("grid", "quick")
+
+
+# Upper bounds far above any real run. A value past one is a typo (an exponent, a stray digit, 2**63-1 from a
+# script) that would otherwise overflow a tensor's size in the first trial or run for years before failing.
+MAX_SAMPLES = 2**40  # a batch, a granularity, a global batch: about a trillion samples
+MAX_COUNT = 2**20  # steps, repeats, confirmations, micro-batches, accumulation steps: about a million
+MAX_PROCESSES = 2**16  # stages, replicas, virtual stages, threads
+MAX_BUDGET_BYTES = 2**50  # 1 PiB: more memory than any one device or host has
+_BOUNDS = {MAX_SAMPLES: "2**40 samples", MAX_COUNT: "2**20", MAX_PROCESSES: "2**16",
+           MAX_BUDGET_BYTES: "1 PiB (more than any device or host has)"}
+
+
+def check_at_most(config: Any, limit: int, *names: str) -> None:
+    """Refuse a field (a number, or a list of them; None passes) above `limit`, one of the MAX_ bounds."""
+    for name in names:
+        value = getattr(config, name)
+        values = value if isinstance(value, tuple) else (value,)
+        numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        _require(all(v <= limit for v in numbers), name, value, f"at most {_BOUNDS[limit]}")

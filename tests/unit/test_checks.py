@@ -164,3 +164,25 @@ def test_quiet_verbose_and_output(tmp_path):
     assert run.returncode == 0 and "trial 1" not in run.stderr and run.stdout == ""
     assert "batch 1: ok" in run.stderr
     assert json.loads(target.read_text())["ceiling"] == 8
+
+
+@pytest.mark.parametrize(("make", "field"), [
+    (lambda: ProbeConfig(granularity=2**63 - 1), "granularity"),
+    (lambda: ProbeConfig(memory_budget_bytes=10**23 * 2**30), "memory_budget_bytes"),
+    (lambda: ProbeConfig(max_batch=2**40 + 1), "max_batch"),
+    (lambda: SweepConfig(micro_batch_size=(2, 2**41)), "micro_batch_size"),
+    (lambda: SweepConfig(num_ranks=2**17), "num_ranks"),
+    (lambda: SweepConfig(measured_steps=2**63 - 1), "measured_steps"),
+])
+def test_absurd_numbers_are_refused_naming_the_field(make, field):
+    with pytest.raises(ConfigError) as caught:
+        make()
+    assert caught.value.field == field and "at most" in str(caught.value)
+
+
+def test_sizes_take_exponents_and_refuse_more_than_a_pib():
+    from mbtune.units import parse_bytes
+
+    assert parse_bytes("2e9") == 2_000_000_000 and parse_bytes("1.5e3MiB") == 1500 * 2**20
+    with pytest.raises(ConfigError, match="above 1 PiB"):
+        parse_bytes("1e23GiB", name="--memory-budget", at_most=2**50)
