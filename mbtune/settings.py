@@ -87,6 +87,14 @@ def check_timeout(seconds: float, field_name: str) -> None:
     _require(0 < seconds <= MAX_TIMEOUT_S, field_name, seconds, f"seconds above 0 and at most {MAX_TIMEOUT_S:g} (a week)")
 
 
+def bound_load_timeout(config: Any, run_timeout_s: float) -> None:
+    """A load timeout left at its default is cut to the run's own (a trial's or a point's) when that is
+    shorter: a user who gives --trial-timeout 5 expects a factory that hangs to be stopped within 5 s, not
+    DEFAULT_LOAD_TIMEOUT_S. A load timeout the user set is kept."""
+    if config.load_timeout_s == DEFAULT_LOAD_TIMEOUT_S and run_timeout_s < DEFAULT_LOAD_TIMEOUT_S:
+        object.__setattr__(config, "load_timeout_s", run_timeout_s)
+
+
 def as_tuple(config: Any, name: str) -> None:
     """A list field given one value (an int, a str), as before lists: that value alone."""
     value = getattr(config, name)

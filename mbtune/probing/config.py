@@ -21,6 +21,7 @@ from mbtune.settings import (
     TRAIN,
     USUAL_MARGIN_RANGE,
     as_tuple,
+    bound_load_timeout,
     check_at_most,
     check_lr,
     check_recompute_modes,
@@ -113,6 +114,7 @@ class ProbeConfig:
         check_at_most(self, MAX_COUNT, "confirm")
         check_timeout(self.trial_timeout_s, "trial_timeout_s")
         check_timeout(self.load_timeout_s, "load_timeout_s")
+        bound_load_timeout(self, self.trial_timeout_s)
         _require(self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "memory_budget_bytes",
                  self.memory_budget_bytes, "a size above zero")
         if self.precision == "fp16" and self.device == "cpu" and self.mode == TRAIN:

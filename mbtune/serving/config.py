@@ -18,6 +18,7 @@ from mbtune.settings import (
     MAX_SAMPLES,
     PRECISIONS,
     STRATEGIES,
+    bound_load_timeout,
     check_at_most,
     check_timeout,
 )
@@ -129,6 +130,7 @@ class ServeConfig:
         check_at_most(self, MAX_COUNT, "max_windows")
         check_timeout(self.trial_timeout_s, "trial_timeout_s")
         check_timeout(self.load_timeout_s, "load_timeout_s")
+        bound_load_timeout(self, self.trial_timeout_s)
         self.probe_config()  # the probe's own checks: margin, granularity, max batch, confirm, budget
 
     @property

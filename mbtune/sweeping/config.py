@@ -16,6 +16,7 @@ from mbtune.settings import (
     OPTIMIZERS,
     STRATEGIES,
     as_tuple,
+    bound_load_timeout,
     check_at_most,
     check_lr,
     check_recompute_modes,
@@ -127,6 +128,7 @@ class SweepConfig:
         check_at_most(self, MAX_PROCESSES, "num_ranks", "data_parallel_size", "virtual_stages", "threads")
         check_timeout(self.point_timeout_s, "point_timeout_s")
         check_timeout(self.load_timeout_s, "load_timeout_s")
+        bound_load_timeout(self, self.point_timeout_s)
         _require(self.objective in OBJECTIVES, "objective", self.objective, " | ".join(OBJECTIVES))
         _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
         if self.balance == "params":

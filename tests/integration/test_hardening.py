@@ -32,6 +32,17 @@ def test_a_factory_that_hangs_ends_at_the_load_timeout_exit_3():
     assert_no_orphans(tag)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("command", "flag"), [("probe", "--trial-timeout"), ("sweep", "--point-timeout")])
+def test_a_factory_that_hangs_ends_at_the_trial_timeout_the_user_gave(command, flag):
+    tag = uuid.uuid4().hex
+    process = start([command, "-w", "tests.fixtures.bad_factories:hangs", "-d", "cpu", "--no-save", flag, "3"], tag)
+    _, stderr = process.communicate(timeout=60)  # not the 120 s default load timeout
+    assert process.returncode == 3
+    assert "did not finish within 3 s" in one_line(stderr)
+    assert_no_orphans(tag)
+
+
 @pytest.mark.parametrize("command", ["probe", "sweep"])
 def test_a_factory_that_exits_is_exit_3_even_with_json(command):
     result = mbtune(command, "-w", "tests.fixtures.bad_factories:exits", "-d", "cpu", "--no-save", "-f", "json")

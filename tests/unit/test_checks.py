@@ -186,3 +186,12 @@ def test_sizes_take_exponents_and_refuse_more_than_a_pib():
     assert parse_bytes("2e9") == 2_000_000_000 and parse_bytes("1.5e3MiB") == 1500 * 2**20
     with pytest.raises(ConfigError, match="above 1 PiB"):
         parse_bytes("1e23GiB", name="--memory-budget", at_most=2**50)
+
+
+def test_the_default_load_timeout_is_cut_to_a_shorter_trial_or_point_timeout():
+    from mbtune.settings import DEFAULT_LOAD_TIMEOUT_S
+
+    assert ProbeConfig().load_timeout_s == DEFAULT_LOAD_TIMEOUT_S
+    assert ProbeConfig(trial_timeout_s=5).load_timeout_s == 5
+    assert ProbeConfig(trial_timeout_s=5, load_timeout_s=30).load_timeout_s == 30  # as the user set it
+    assert SweepConfig(point_timeout_s=4).load_timeout_s == 4
