@@ -68,6 +68,11 @@ def saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, pr
     resolved = resolve_device(device)
     if "probe" in configs:  # settings the resolved device cannot run (fp16 on CPU) fail before any file
         configs["probe"].trial(batch_size=configs["probe"].granularity, device=resolved)
+    budget = getattr(first, "memory_budget_bytes", None)
+    if resolved == "cpu" and budget is not None:
+        from mbtune.device.cpu import check_budget_fits_limit
+
+        check_budget_fits_limit(budget)
     info = describe(resolved)
     with RunStore(profiles_dir, info, workload, kind=kind, config=_comparable(configs), resume=resume) as store:
         sections = _sections(body(store))

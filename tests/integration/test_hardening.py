@@ -89,3 +89,21 @@ def test_qualify_refuses_an_unwritable_junit_path_before_running(tmp_path):
     result = mbtune("qualify", "--baseline", str(tmp_path / "missing.json"), "--junit", str(tmp_path))
     assert result.returncode == 2
     assert "is a folder" in one_line(result.stderr)
+
+
+def test_an_address_space_limit_below_the_budget_is_named_as_the_cause(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.unit.test_cli import ROOT
+
+    limit_kib = 6 * 2**20  # ulimit -v 6 GiB, the budget 8 GiB: no trial could honour it
+    command = (f"ulimit -v {limit_kib} && exec {sys.executable} -m mbtune probe -w mlp -d cpu "
+               f"--memory-budget 8GiB --profiles-dir {tmp_path}")
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert "--memory-budget 8GiB does not fit this process's address-space limit" in line and "ulimit -v" in line
+    assert "trial 1" not in result.stderr and not list(tmp_path.rglob("*.json*"))  # refused before any trial or file

@@ -195,3 +195,18 @@ def test_the_default_load_timeout_is_cut_to_a_shorter_trial_or_point_timeout():
     assert ProbeConfig(trial_timeout_s=5).load_timeout_s == 5
     assert ProbeConfig(trial_timeout_s=5, load_timeout_s=30).load_timeout_s == 30  # as the user set it
     assert SweepConfig(point_timeout_s=4).load_timeout_s == 4
+
+
+def test_a_budget_above_the_processs_address_space_limit_is_refused(monkeypatch):
+    import resource
+
+    from mbtune.device import cpu
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (10 * 2**30, resource.RLIM_INFINITY))
+    monkeypatch.setattr(cpu, "read_status_bytes", lambda *keys: {"VmSize": 2 * 2**30})
+    cpu.check_budget_fits_limit(8 * 2**30)  # fits exactly
+    with pytest.raises(ConfigError) as caught:
+        cpu.check_budget_fits_limit(9 * 2**30)
+    assert caught.value.field == "memory_budget_bytes" and "ulimit -v" in str(caught.value)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    cpu.check_budget_fits_limit(2**49)  # no limit
