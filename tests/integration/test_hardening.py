@@ -44,9 +44,9 @@ def test_a_factory_that_hangs_ends_at_the_trial_timeout_the_user_gave(command, f
 
 
 @pytest.mark.parametrize("command", ["probe", "sweep"])
-def test_a_factory_that_exits_is_exit_3_even_with_json(command):
+def test_a_factory_that_exits_is_bad_input_even_with_json(command):
     result = mbtune(command, "-w", "tests.fixtures.bad_factories:exits", "-d", "cpu", "--no-save", "-f", "json")
-    assert result.returncode == 3 and result.stdout == ""
+    assert result.returncode == 2 and result.stdout == ""
     assert "sys.exit(0)" in one_line(result.stderr)
 
 
