@@ -116,8 +116,9 @@ MAX_SAMPLES = 2**40  # a batch, a granularity, a global batch: about a trillion 
 MAX_COUNT = 2**20  # steps, repeats, confirmations, micro-batches, accumulation steps: about a million
 MAX_PROCESSES = 2**16  # stages, replicas, virtual stages, threads
 MAX_BUDGET_BYTES = 2**50  # 1 PiB: more memory than any one device or host has
+MAX_SEED = 2**40  # a seed is scaled by about 10**6 into torch's 64-bit generator seeds
 _BOUNDS = {MAX_SAMPLES: "2**40 samples", MAX_COUNT: "2**20", MAX_PROCESSES: "2**16",
-           MAX_BUDGET_BYTES: "1 PiB (more than any device or host has)"}
+           MAX_BUDGET_BYTES: "1 PiB (more than any device or host has)", MAX_SEED: "2**40"}
 
 
 def check_at_most(config: Any, limit: int, *names: str) -> None:
@@ -127,3 +128,7 @@ def check_at_most(config: Any, limit: int, *names: str) -> None:
         values = value if isinstance(value, tuple) else (value,)
         numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
         _require(all(v <= limit for v in numbers), name, value, f"at most {_BOUNDS[limit]}")
+
+
+def check_seed(seed: int) -> None:
+    _require(abs(seed) <= MAX_SEED, "seed", seed, f"an integer from -{_BOUNDS[MAX_SEED]} to {_BOUNDS[MAX_SEED]}")

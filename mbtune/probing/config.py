@@ -25,6 +25,7 @@ from mbtune.settings import (
     check_at_most,
     check_lr,
     check_recompute_modes,
+    check_seed,
     check_timeout,
 )
 from mbtune.units import parse_device
@@ -61,6 +62,7 @@ class TrialConfig:
         _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
         check_at_most(self, MAX_SAMPLES, "batch_size")
+        check_seed(self.seed)
         check_at_most(self, MAX_COUNT, "steps")
         check_at_most(self, MAX_PROCESSES, "threads")
         check_at_most(self, MAX_BUDGET_BYTES, "memory_budget_bytes")

@@ -20,6 +20,7 @@ from mbtune.settings import (
     check_at_most,
     check_lr,
     check_recompute_modes,
+    check_seed,
     check_timeout,
 )
 from mbtune.units import parse_device
@@ -126,6 +127,7 @@ class SweepConfig:
                       "ceiling", "reference_batch")
         check_at_most(self, MAX_COUNT, "micro_batches", "grad_accum_steps", "warmup_steps", "measured_steps", "repeats")
         check_at_most(self, MAX_PROCESSES, "num_ranks", "data_parallel_size", "virtual_stages", "threads")
+        check_seed(self.seed)
         check_timeout(self.point_timeout_s, "point_timeout_s")
         check_timeout(self.load_timeout_s, "load_timeout_s")
         bound_load_timeout(self, self.point_timeout_s)
