@@ -13,43 +13,43 @@ ONE_LINE_CHARS = 160
 
 
 class Reported(BaseException):
-    """What cli.main needs of anything it reports as one line: an exit code, a hint and the detail."""
+    """What cli.main needs of anything it reports as one line: an exit code, a hint and the detail.
+
+    str() of one is its message and its hint, so a script that lets one escape shows what to do about it;
+    `message` is the message alone."""
 
     exit_code = EXIT_COULD_NOT_RUN
     hint = ""
 
     def __init__(self, message: str, *, hint: str | None = None, detail: str = "") -> None:
         super().__init__(message)
+        self.message = message
         if hint is not None:
             self.hint = hint
         self.detail = detail  # e.g. a trial's full error text; shown with MBTUNE_DEBUG=1
 
+    def __str__(self) -> str:
+        message = self.message.rstrip()
+        if not self.hint or self.hint in message:
+            return message
+        return f"{message.rstrip('.')}. {self.hint}"
+
     def one_line(self) -> str:
-        """The message plus what to do about it, on one line of at most about ONE_LINE_CHARS: the message
-        is cut (the hint, what to do, never is); MBTUNE_DEBUG=1 shows the whole text."""
-        text = " | ".join(line.strip() for line in str(self).splitlines() if line.strip()).rstrip(".")
-        room = max(60, ONE_LINE_CHARS - len(self.hint) - 2)
-        text = _shorten(text, room)
-        return f"{text}. {self.hint}" if self.hint else f"{text}."
+        """The message plus what to do about it, on one line. The message is never cut inside a line: its
+        cause (a user's exception text, a torch error, a module name) comes through whole; only what the
+        user typed is shortened, where the message is built. A message of many lines longer than
+        ONE_LINE_CHARS keeps its first and last lines (what failed, and why) and says where the rest is."""
+        lines = [line.strip() for line in self.message.splitlines() if line.strip()]
+        hint = self.hint
+        if len(lines) > 2 and len(" | ".join(lines)) > ONE_LINE_CHARS:
+            lines = [lines[0], "...", lines[-1]]
+            if WHOLE_TEXT not in hint:
+                hint = f"{hint} {WHOLE_TEXT[0].upper()}{WHOLE_TEXT[1:]}.".strip()
+        text = " | ".join(lines).rstrip(".")
+        return f"{text}. {hint}" if hint else f"{text}."
 
 
-def _shorten(text: str, room: int) -> str:
-    """Cut text to room characters: long words first (a path keeps its start and its file name), then the
-    middle (the start says what failed, the end often why)."""
-    words = text.split(" ")
-    while len(" ".join(words)) > room:
-        longest = max(range(len(words)), key=lambda i: len(words[i]))
-        word = words[longest]
-        if len(word) <= 24:
-            break
-        excess = len(" ".join(words)) - room
-        keep = max(20, len(word) - excess - 3)
-        words[longest] = f"{word[: keep // 2]}...{word[len(word) - (keep - keep // 2):]}"
-    text = " ".join(words)
-    if len(text) > room:
-        head = (room - 5) * 2 // 3
-        text = f"{text[:head].rstrip()} ... {text[len(text) - (room - 5 - head):].lstrip()}"
-    return text
+WHOLE_TEXT = "run with MBTUNE_DEBUG=1 for the whole text"
 
 
 class MbtuneError(Reported, Exception):

@@ -22,7 +22,6 @@ from mbtune.recordio import (
     Record,
     RecordFieldError,
     short_repr,
-    shorten,
 )
 from mbtune.records import DeviceInfo
 from mbtune.serving.records import ServeReport
@@ -148,7 +147,7 @@ def load_profile(path: str | Path) -> Profile:
     except RecordFieldError as exc:
         raise ProfileError(f"profile {path}: {exc}", hint=_CORRUPT) from exc
     except (TypeError, KeyError, ValueError, AttributeError, RecursionError) as exc:  # a migration step's
-        raise ProfileError(f"profile {path} does not match schema version {version}: {shorten(str(exc))}",
+        raise ProfileError(f"profile {path} does not match schema version {version}: {exc}",
                            hint="The file is corrupt; re-run the probe to write a new one.") from exc
 
 
@@ -163,7 +162,7 @@ def _read_json(path: Path) -> object:
         raise ProfileError(f"profile {path} is not readable JSON (nested too deeply to parse)",
                            hint="The file is corrupt; re-run the probe to write a new one.") from None
     except (OSError, ValueError) as exc:  # ValueError: bad JSON, bad UTF-8, a number past int's digit limit
-        raise ProfileError(f"profile {path} is not readable JSON ({shorten(str(exc), 120)})",
+        raise ProfileError(f"profile {path} is not readable JSON ({exc})",
                            hint="The file is corrupt; re-run the probe to write a new one.") from exc
 
 

@@ -138,7 +138,7 @@ def _load_record(cls: Any, data: Any, path: str, depth: int) -> Any:
     except (TypeError, ValueError) as exc:  # the record's own checks
         if isinstance(exc, RecordFieldError):
             raise
-        raise RecordFieldError(path, f"is refused as {cls.__name__}: {shorten(str(exc), 2 * _SHORT)}") from None
+        raise RecordFieldError(path, f"is refused as {cls.__name__}: {getattr(exc, 'message', str(exc))}") from None
 
 
 def _load(hint: Any, value: Any, path: str, depth: int) -> Any:

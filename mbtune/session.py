@@ -55,15 +55,24 @@ def saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, pr
     returns into the profile (without a profiles folder: no store, nothing written)."""
     from mbtune.device import resolve_device
     from mbtune.store import RunStore
+    from mbtune.sweeping.feasible import refuse_unrunnable
     from mbtune.workloads.facts import workload_facts
 
+    first = next(iter(configs.values()))
+    # Bad input fails before any trial and any file: a workload that does not load, a sweep that cannot run.
+    facts = workload_facts(workload, first.workload_options, timeout_s=first.load_timeout_s)
+    if "sweep" in configs:
+        refuse_unrunnable(configs["sweep"], num_blocks=facts.num_blocks)
     if profiles_dir is None:
         return RunOutcome(**_sections(body(None)))
-    first = next(iter(configs.values()))
-    workload_facts(workload, first.workload_options, timeout_s=first.load_timeout_s)  # bad input fails before any file
     resolved = resolve_device(device)
     if "probe" in configs:  # settings the resolved device cannot run (fp16 on CPU) fail before any file
         configs["probe"].trial(batch_size=configs["probe"].granularity, device=resolved)
+    budget = getattr(first, "memory_budget_bytes", None)
+    if resolved == "cpu" and budget is not None:
+        from mbtune.device.cpu import check_budget_fits_limit
+
+        check_budget_fits_limit(budget)
     info = describe(resolved)
     with RunStore(profiles_dir, info, workload, kind=kind, config=_comparable(configs), resume=resume) as store:
         sections = _sections(body(store))

@@ -87,6 +87,14 @@ def check_timeout(seconds: float, field_name: str) -> None:
     _require(0 < seconds <= MAX_TIMEOUT_S, field_name, seconds, f"seconds above 0 and at most {MAX_TIMEOUT_S:g} (a week)")
 
 
+def bound_load_timeout(config: Any, run_timeout_s: float) -> None:
+    """A load timeout left at its default is cut to the run's own (a trial's or a point's) when that is
+    shorter: a user who gives --trial-timeout 5 expects a factory that hangs to be stopped within 5 s, not
+    DEFAULT_LOAD_TIMEOUT_S. A load timeout the user set is kept."""
+    if config.load_timeout_s == DEFAULT_LOAD_TIMEOUT_S and run_timeout_s < DEFAULT_LOAD_TIMEOUT_S:
+        object.__setattr__(config, "load_timeout_s", run_timeout_s)
+
+
 def as_tuple(config: Any, name: str) -> None:
     """A list field given one value (an int, a str), as before lists: that value alone."""
     value = getattr(config, name)
@@ -100,3 +108,27 @@ def check_recompute_modes(modes: tuple[str, ...]) -> None:
 
 
 STRATEGIES = ("grid", "quick")
+
+
+# Upper bounds far above any real run. A value past one is a typo (an exponent, a stray digit, 2**63-1 from a
+# script) that would otherwise overflow a tensor's size in the first trial or run for years before failing.
+MAX_SAMPLES = 2**40  # a batch, a granularity, a global batch: about a trillion samples
+MAX_COUNT = 2**20  # steps, repeats, confirmations, micro-batches, accumulation steps: about a million
+MAX_PROCESSES = 2**16  # stages, replicas, virtual stages, threads
+MAX_BUDGET_BYTES = 2**50  # 1 PiB: more memory than any one device or host has
+MAX_SEED = 2**40  # a seed is scaled by about 10**6 into torch's 64-bit generator seeds
+_BOUNDS = {MAX_SAMPLES: "2**40 samples", MAX_COUNT: "2**20", MAX_PROCESSES: "2**16",
+           MAX_BUDGET_BYTES: "1 PiB (more than any device or host has)", MAX_SEED: "2**40"}
+
+
+def check_at_most(config: Any, limit: int, *names: str) -> None:
+    """Refuse a field (a number, or a list of them; None passes) above `limit`, one of the MAX_ bounds."""
+    for name in names:
+        value = getattr(config, name)
+        values = value if isinstance(value, tuple) else (value,)
+        numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        _require(all(v <= limit for v in numbers), name, value, f"at most {_BOUNDS[limit]}")
+
+
+def check_seed(seed: int) -> None:
+    _require(abs(seed) <= MAX_SEED, "seed", seed, f"an integer from -{_BOUNDS[MAX_SEED]} to {_BOUNDS[MAX_SEED]}")

@@ -126,7 +126,7 @@ def _read(path: Path) -> dict[str, Any]:
     except RecursionError:
         raise ConfigError(f"spec {path} is not valid TOML: nested too deeply to parse", hint="Fix the file.") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"spec {path} is not valid TOML: {shorten(str(exc), 120)}", hint="Fix the file.") from None
+        raise ConfigError(f"spec {path} is not valid TOML: {exc}", hint="Fix the file.") from None
     unknown = sorted(set(data) - set(_TOP))
     if unknown:
         raise ConfigError(f"spec {path} has unknown key(s) {_names(unknown)}; known: {', '.join(sorted(_TOP))}",
@@ -313,4 +313,5 @@ def _named(path: Path, section: str) -> Iterator[None]:
         where = section if section.startswith("the ") else f"the top level or [{section}]"
         # A config's own hint may name a command-line flag; this value came from the file.
         hint = exc.hint if exc.hint and not exc.hint.startswith("Fix --") else f"Fix it in the spec ({where})."
-        raise ConfigError(f"spec {path}: {exc}", hint=hint, given=exc.given, expected=exc.expected) from None
+        message = exc.message if exc.message.startswith(f"spec {path}") else f"spec {path}: {exc.message}"
+        raise ConfigError(message, hint=hint, given=exc.given, expected=exc.expected) from None

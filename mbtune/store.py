@@ -190,7 +190,7 @@ def _journal_entry(path: Path, number: int, raw: bytes, *, last: bool) -> dict[s
     except ValueError as exc:
         if last:
             return None  # the last line of a run killed mid-write
-        raise ProfileError(f"{where} is not JSON ({shorten(str(exc), 120)})", hint=_BAD_JOURNAL) from None
+        raise ProfileError(f"{where} is not JSON ({exc})", hint=_BAD_JOURNAL) from None
     if not isinstance(entry, dict):
         raise ProfileError(f"{where} is {short_repr(entry)}, expected an object", hint=_BAD_JOURNAL)
     kind = entry.get("kind")

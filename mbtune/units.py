@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, overload
 
 from mbtune.errors import ConfigError
 from mbtune.validation import require as _require
+from mbtune.validation import short
 
 _UNITS = {
     "": 1, "b": 1,
@@ -19,17 +21,21 @@ _UNITS = {
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
 
 
-def parse_bytes(text: str, *, name: str = "memory size") -> int:
-    """Parse '3GiB', '512MiB', '1.5G' or a plain byte count into bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+def parse_bytes(text: str, *, name: str = "memory size", at_most: int | None = None) -> int:
+    """Parse '3GiB', '512MiB', '1.5G', '2e9' or a plain byte count into bytes (refused above `at_most`)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
     unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
+    number = float(match.group(1)) * _UNITS[unit] if match and unit in _UNITS else math.nan
+    if not math.isfinite(number):
         raise ConfigError(
-            f"{name} {text!r} is not a size", hint="Write it like 3GiB, 512MiB, 2.5GB or a byte count."
+            f"{name} {short(text)} is not a size", hint="Write it like 3GiB, 512MiB, 2.5GB or a byte count."
         )
-    value = int(float(match.group(1)) * _UNITS[unit])
+    value = int(number)
     if value <= 0:
         raise ConfigError(f"{name} {text!r} must be above zero", hint="Give a positive size such as 3GiB.")
+    if at_most is not None and value > at_most:
+        raise ConfigError(f"{name} {short(text)} is above {at_most / 2**50:g} PiB, more memory than any device or "
+                          "host has", hint=f"Give {name} in GiB, such as 60GiB.")
     return value
 
 

@@ -58,10 +58,24 @@ def process_context() -> multiprocessing.context.ForkServerContext:
     """The multiprocessing context of the process-wide forkserver, with torch preloaded."""
     global _context
     if _context is None:
+        _forget_a_main_without_a_file()
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(_PRELOAD)
         _context = ctx
     return _context
+
+
+def _forget_a_main_without_a_file() -> None:
+    """A script read from standard input (`python - <<EOF`) has `__file__` "<stdin>", a file that does not
+    exist: multiprocessing would have every child run it as the main script, and each would fail before
+    reaching mbtune. The children need nothing of such a script (their targets live in mbtune), so they are
+    told of no main file, as for an interactive session or a notebook."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or getattr(main, "__spec__", None) is not None:
+        return
+    if not os.path.isfile(path):
+        del main.__file__
 
 
 def _child_main(conn: multiprocessing.connection.Connection, target: Callable[..., Any], args: tuple,

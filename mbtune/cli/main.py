@@ -45,6 +45,7 @@ def _run(argv: list[str] | None) -> None:
             traceback.print_exc()
             print_error(f"internal error: {type(exc).__name__}: {exc}; please report it.")
             sys.exit(EXIT_COULD_NOT_RUN)
-        print_error(f"internal error: {type(exc).__name__}: {str(exc)[:100]}. The traceback is in "
+        text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print_error(f"internal error: {type(exc).__name__}: {text}. The traceback is in "
                     f"{save_traceback()}; please report it.")
         sys.exit(EXIT_COULD_NOT_RUN)

@@ -65,7 +65,7 @@ Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the j
 Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run of the same command from its journal, without re-running finished trials.")]
 
 
-LoadTimeout = Annotated[float, typer.Option("--load-timeout", help="Seconds to import the workload's module and call its factory (in a child process) before giving up.")]
+LoadTimeout = Annotated[float, typer.Option("--load-timeout", help="Seconds to import the workload's module and call its factory (in a child process) before giving up (default: 120, or the trial's or point's timeout where shorter).")]
 
 
 TrialTimeout = Annotated[float, typer.Option("--trial-timeout", help="Seconds before a probe trial is killed.")]

@@ -29,10 +29,11 @@ def probe_config_from(options: Mapping[str, Any], *, steps: str = "steps") -> Pr
     trial steps; tune's is probe_steps)."""
     from mbtune.probing.config import ProbeConfig
     from mbtune.profiles import command_line
+    from mbtune.settings import MAX_BUDGET_BYTES
     from mbtune.units import parse_bytes, parse_list, parse_options
 
     o = options
-    budget = parse_bytes(o["memory_budget"], name="--memory-budget") if o["memory_budget"] is not None else None
+    budget = parse_bytes(o["memory_budget"], name="--memory-budget", at_most=MAX_BUDGET_BYTES) if o["memory_budget"] is not None else None
     return ProbeConfig(
         workload=o["workload"], workload_options=parse_options(o["option"] or []), device=o["device"],
         memory_budget_bytes=budget, margin=o["margin"], granularity=o["granularity"], max_batch=o["max_batch"],
@@ -70,12 +71,13 @@ def serve_config_from(*, p99: str, option: list[str] | None, memory_budget: str 
                   preferred: str | None, window: str, queue_timeout: str | None, **fields: Any) -> ServeConfig:
     from mbtune.profiles import command_line
     from mbtune.serving.config import ServeConfig
+    from mbtune.settings import MAX_BUDGET_BYTES
     from mbtune.units import parse_bytes, parse_duration, parse_list, parse_options
 
     delays = parse_list(queue_delays, name="--queue-delays", convert=str)
     return ServeConfig(
         p99_budget_s=parse_duration(p99, name="--p99"), workload_options=parse_options(option or []),
-        memory_budget_bytes=parse_bytes(memory_budget, name="--memory-budget") if memory_budget is not None else None,
+        memory_budget_bytes=parse_bytes(memory_budget, name="--memory-budget", at_most=MAX_BUDGET_BYTES) if memory_budget is not None else None,
         rates=parse_list(rates, name="--rates", convert=float), concurrency=parse_list(concurrency, name="--concurrency") or (),
         max_batch_sizes=parse_list(max_batch_sizes, name="--max-batch-sizes"),
         queue_delays_s=tuple(parse_duration(d, name="--queue-delays") for d in delays) if delays else None,
@@ -267,7 +269,7 @@ def as_flag(exc: MbtuneError) -> MbtuneError:
     if not isinstance(exc, ConfigError) or not field:
         return exc
     flag = flag_for(field)
-    return ConfigError(str(exc).replace(f"{field}=", f"{flag} ", 1), hint=exc.hint or f"Fix {flag}.",
+    return ConfigError(exc.message.replace(f"{field}=", f"{flag} ", 1), hint=exc.hint or f"Fix {flag}.",
                        detail=exc.detail)
 
 

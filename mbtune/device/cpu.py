@@ -60,6 +60,34 @@ def available_memory_bytes() -> int:
     return total_memory_bytes()
 
 
+def address_space_room_bytes() -> int | None:
+    """What this process's address-space limit (ulimit -v, RLIMIT_AS, which trial processes inherit) leaves
+    above what is mapped now; None when there is no limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(0, soft - read_status_bytes("VmSize")["VmSize"])
+
+
+def check_budget_fits_limit(budget_bytes: int | None) -> None:
+    """Refuse a memory budget that this process's own address-space limit cannot hold: each trial's cap is
+    its start-up size plus the budget, so its trials would stop at the limit instead, for no stated reason."""
+    room = address_space_room_bytes()
+    if budget_bytes is None or room is None or budget_bytes <= room:
+        return
+    from mbtune.errors import ConfigError
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    raise ConfigError(f"memory_budget_bytes={_gib(budget_bytes)} does not fit this process's address-space limit "
+                      f"(ulimit -v / RLIMIT_AS: {_gib(soft)}, {_gib(room)} of it free): trials would stop at the "
+                      "limit, not at the budget", field="memory_budget_bytes",
+                      hint=f"Raise the limit (ulimit -v unlimited) or give a budget of at most {_gib(room)}.")
+
+
+def _gib(size_bytes: int) -> str:
+    return f"{size_bytes / 2**30:.3g}GiB"
+
+
 class CpuBackend:
     """The trial process's own view of the CPU as a training device."""
 

@@ -339,7 +339,7 @@ def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_l
             predictions.append(predict(deep, point, link=link, memory_limit_bytes=memory_limit_bytes,
                                        tokens_per_sample=tokens_per_sample, orders_of=orders_of))
         except ValueError as exc:
-            skipped.append(SkippedPoint(point=point, reason=str(exc)))
+            skipped.append(SkippedPoint(point=point, reason=getattr(exc, "message", str(exc))))
     ranked = sorted(predictions, key=lambda p: ({True: 0, None: 1, False: 2}[p.fits], -p.samples_per_s))
     recommended = 0 if ranked and ranked[0].fits is not False else None
     notes = list(warnings) + _depth_notes(model, ranked) + list(model.notes)

@@ -11,14 +11,21 @@ from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_MARGIN,
     DEFAULT_TRIAL_TIMEOUT_S,
+    MAX_BUDGET_BYTES,
+    MAX_COUNT,
+    MAX_PROCESSES,
+    MAX_SAMPLES,
     MODES,
     OPTIMIZERS,
     PRECISIONS,
     TRAIN,
     USUAL_MARGIN_RANGE,
     as_tuple,
+    bound_load_timeout,
+    check_at_most,
     check_lr,
     check_recompute_modes,
+    check_seed,
     check_timeout,
 )
 from mbtune.units import parse_device
@@ -54,6 +61,11 @@ class TrialConfig:
         _require(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
         _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
+        check_at_most(self, MAX_SAMPLES, "batch_size")
+        check_seed(self.seed)
+        check_at_most(self, MAX_COUNT, "steps")
+        check_at_most(self, MAX_PROCESSES, "threads")
+        check_at_most(self, MAX_BUDGET_BYTES, "memory_budget_bytes")
         if self.precision == "fp16" and not self.device.startswith("cuda") and self.mode == TRAIN:
             raise ConfigError("precision fp16 needs a CUDA device (its GradScaler is CUDA-only)",
                               hint="Use --precision bf16 or fp32 on CPU.")
@@ -100,8 +112,11 @@ class ProbeConfig:
                  f">= granularity ({self.granularity})")
         _require(self.confirm >= 1, "confirm", self.confirm, "an integer >= 1")
         _require(self.resolution is None or self.resolution >= 1, "resolution", self.resolution, "an integer >= 1")
+        check_at_most(self, MAX_SAMPLES, "granularity", "max_batch", "resolution")
+        check_at_most(self, MAX_COUNT, "confirm")
         check_timeout(self.trial_timeout_s, "trial_timeout_s")
         check_timeout(self.load_timeout_s, "load_timeout_s")
+        bound_load_timeout(self, self.trial_timeout_s)
         _require(self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "memory_budget_bytes",
                  self.memory_budget_bytes, "a size above zero")
         if self.precision == "fp16" and self.device == "cpu" and self.mode == TRAIN:

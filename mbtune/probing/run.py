@@ -131,20 +131,28 @@ def _peak_at(trials: Sequence[TrialOutcome], batch_size: int) -> int | None:
 
 def _budget(config: ProbeConfig, device: str, warnings: list[str]) -> int | None:
     """The trial budget: as given; on CPU without one, a share of the memory available now."""
-    from mbtune.device.cpu import available_memory_bytes
+    from mbtune.device.cpu import address_space_room_bytes, available_memory_bytes, check_budget_fits_limit
 
     if config.memory_budget_bytes is not None or device != "cpu":
+        if device == "cpu":
+            check_budget_fits_limit(config.memory_budget_bytes)
         return config.memory_budget_bytes
     budget = int(available_memory_bytes() * DEFAULT_CPU_BUDGET_FRACTION)
-    warnings.append(f"no --memory-budget on CPU: trials are capped at {budget / 2**30:.1f} GiB "
-                    f"({DEFAULT_CPU_BUDGET_FRACTION:.0%} of available memory)")
+    room = address_space_room_bytes()
+    if room is not None and room < budget:
+        budget = room
+        warnings.append(f"no --memory-budget on CPU: trials are capped at {budget / 2**30:.1f} GiB, what this "
+                        "process's address-space limit (ulimit -v) leaves free")
+    else:
+        warnings.append(f"no --memory-budget on CPU: trials are capped at {budget / 2**30:.1f} GiB "
+                        f"({DEFAULT_CPU_BUDGET_FRACTION:.0%} of available memory)")
     return budget
 
 
 def _trial_detail(outcome: TrialOutcome) -> str:
     if outcome.ok and outcome.samples_per_s:
         return f"{outcome.samples_per_s:,.1f} samples/s"
-    return (outcome.error.strip().splitlines() or [""])[-1][:80]
+    return (outcome.error.strip().splitlines() or [""])[-1].strip()  # the cause, whole
 
 
 def _device_info(trials: tuple[TrialOutcome, ...], device: str, timeout_s: float) -> DeviceInfo:

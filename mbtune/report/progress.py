@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -47,6 +48,6 @@ class TrialProgressBar:
     def end_trial(self, status: str, detail: str = "") -> None:
         self._progress.advance(self._task)
         style = {"ok": "green", "oom": "yellow"}.get(status, "red")
-        suffix = f" ({detail})" if detail else ""
+        suffix = f" ({escape(detail)})" if detail else ""  # a cause may hold [brackets]
         self._progress.console.print(f"  trial {self._count}: {self._description} -> [{style}]{status}[/]{suffix}",
                                      highlight=False)

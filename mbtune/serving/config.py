@@ -14,8 +14,12 @@ from mbtune.settings import (
     DEFAULT_MARGIN,
     DEFAULT_TRIAL_TIMEOUT_S,
     INFER,
+    MAX_COUNT,
+    MAX_SAMPLES,
     PRECISIONS,
     STRATEGIES,
+    bound_load_timeout,
+    check_at_most,
     check_timeout,
 )
 from mbtune.units import parse_device
@@ -122,8 +126,11 @@ class ServeConfig:
         _require(self.queue_timeout_s is None or (math.isfinite(self.queue_timeout_s) and self.queue_timeout_s > 0),
                  "queue_timeout_s", self.queue_timeout_s, "seconds above 0")
         _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
+        check_at_most(self, MAX_SAMPLES, "max_batch_sizes", "preferred", "concurrency")
+        check_at_most(self, MAX_COUNT, "max_windows")
         check_timeout(self.trial_timeout_s, "trial_timeout_s")
         check_timeout(self.load_timeout_s, "load_timeout_s")
+        bound_load_timeout(self, self.trial_timeout_s)
         self.probe_config()  # the probe's own checks: margin, granularity, max batch, confirm, budget
 
     @property

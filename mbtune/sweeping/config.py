@@ -10,11 +10,17 @@ from mbtune.pipeline.point import SweepPoint
 from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
+    MAX_COUNT,
+    MAX_PROCESSES,
+    MAX_SAMPLES,
     OPTIMIZERS,
     STRATEGIES,
     as_tuple,
+    bound_load_timeout,
+    check_at_most,
     check_lr,
     check_recompute_modes,
+    check_seed,
     check_timeout,
 )
 from mbtune.units import parse_device
@@ -117,8 +123,14 @@ class SweepConfig:
         _require(self.precision in ("fp32", "bf16"), "precision", self.precision,
                  "fp32 | bf16 for pipelined steps (fp16 would need one loss scale across all ranks)")
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
+        check_at_most(self, MAX_SAMPLES, "micro_batch_size", "global_batch", "safe_batch", "recompute_safe_batch",
+                      "ceiling", "reference_batch")
+        check_at_most(self, MAX_COUNT, "micro_batches", "grad_accum_steps", "warmup_steps", "measured_steps", "repeats")
+        check_at_most(self, MAX_PROCESSES, "num_ranks", "data_parallel_size", "virtual_stages", "threads")
+        check_seed(self.seed)
         check_timeout(self.point_timeout_s, "point_timeout_s")
         check_timeout(self.load_timeout_s, "load_timeout_s")
+        bound_load_timeout(self, self.point_timeout_s)
         _require(self.objective in OBJECTIVES, "objective", self.objective, " | ".join(OBJECTIVES))
         _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
         if self.balance == "params":

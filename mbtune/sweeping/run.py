@@ -41,6 +41,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     passes): the planner calibrates on sweeps, so the sweep is handed it rather than importing it.
     """
     from mbtune.device import resolve_device
+    from mbtune.sweeping.feasible import refuse_unrunnable
     from mbtune.sweeping.grid import plan_grid
     from mbtune.workloads.facts import workload_facts
 
@@ -55,6 +56,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
                         "that one step; measure --steps 2 or more")
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_ranks=num_ranks, max_processes=max_processes,
                      nnodes=config.nnodes)
+    refuse_unrunnable(config, num_blocks=workload.num_blocks, grid=grid)
     points = _Points(config, device, threads, workload, info, progress, store, grid.points)
     interrupted, note = False, ""
     not_run: tuple[SkippedPoint, ...] = ()
@@ -252,4 +254,4 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
 def _result_detail(result: PointResult) -> str:
     if result.ok and result.samples_per_s:
         return f"{result.samples_per_s:,.1f} samples/s"
-    return (result.error.strip().splitlines() or [""])[-1][:80]
+    return (result.error.strip().splitlines() or [""])[-1].strip()  # the cause, whole

@@ -185,8 +185,11 @@ def load_workload(name: str, options: Sequence[tuple[str, Any]] = ()) -> Workloa
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise WorkloadError(f"module {module_name!r} has no callable {attr!r}")
+    from mbtune.workloads.options import convert_options
+
     kwargs = dict(options)
     _check_options(name, factory, kwargs)
+    kwargs = convert_options(name, factory, kwargs)  # bias=false is False where the factory says bias: bool
     try:
         workload = factory(**kwargs)
     except WorkloadError:

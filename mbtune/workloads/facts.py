@@ -12,11 +12,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mbtune.errors import HarnessError, WorkloadError, WorkloadLoadError
-from mbtune.records import HARNESS_FAULT, Record
+from mbtune.errors import HarnessError, MbtuneError, WorkloadError, WorkloadLoadError
+from mbtune.records import ERROR, HARNESS_FAULT, Record
 from mbtune.settings import DEFAULT_LOAD_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from mbtune.worker import ChildResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +69,8 @@ def _counted(name: str, options: tuple[tuple[str, Any], ...], timeout_s: float) 
     result = run_isolated(_count, name, options, timeout_s=timeout_s)
     if result.status != "ok":
         return None, {"timeout": f"its step did not finish within {timeout_s:g} s on the meta device",
-                      "killed": "the counting process was killed"}.get(result.status, result.error.strip()[-200:])
+                      "killed": "the counting process was killed"}.get(
+            result.status, (result.error.strip().splitlines() or ["no error text"])[-1].strip())
     return result.value, None if result.value is not None else "the meta device could not run its step"
 
 
@@ -83,48 +87,84 @@ def in_child(target: Callable[..., Any], name: str, options: tuple[tuple[str, An
     """target(name, options), which loads workload `name` and returns a picklable value, run in a fresh
     process under a deadline.
 
-    A bad name or option, or a factory that breaks the contract, raises WorkloadError (bad input, exit 2),
-    as loading it here would. A factory that hangs, exits or kills its process raises WorkloadLoadError
-    (exit 3) saying which; a process that died before it reached the factory, HarnessError. What came
-    back is kept for this process's lifetime (a run asks for the same facts more than once); failures
-    are not kept, so they are tried again."""
+    A bad name or option, or a factory that breaks the contract (one that calls sys.exit or os._exit
+    instead of returning, or whose blocks build no modules), raises WorkloadError (bad input, exit 2), as
+    loading it here would. A factory that hangs or whose process is killed raises WorkloadLoadError (exit
+    3) saying which; a process that died before it reached the factory, HarnessError. What came back is
+    kept for this process's lifetime (a run asks for the same facts more than once); failures are not
+    kept, so they are tried again."""
     from mbtune.worker import run_isolated
 
     if ":" not in name:  # a built-in workload (or an unknown name): mbtune's own code, no user code to guard
         return target(name, options)
     result = run_isolated(_guarded, target, name, options, timeout_s=timeout_s)
+    if result.status == "ok" and result.value[0] == "value":
+        return result.value[1]
+    raise _failure(result, name, timeout_s)
+
+
+def _failure(result: ChildResult, name: str, timeout_s: float) -> MbtuneError:
+    """The error of a loading process that gave no value (see in_child)."""
     if result.status == "ok":
         kind, payload = result.value
-        if kind == "value":
-            return payload
         if kind == "bad_input":
             message, hint = payload
-            raise WorkloadError(message, hint=hint)
-        raise WorkloadLoadError(f"workload {name!r}: {payload}", hint="A factory must return a Workload.")
+            return WorkloadError(message, hint=hint)
+        if kind == "failed":
+            why = (payload.strip().splitlines() or ["no error text"])[-1]
+            return WorkloadLoadError(f"loading workload {name!r} failed: {why}", detail=payload)
+        return WorkloadError(f"workload {name!r}: {payload}", hint=_RETURN)
     if result.status == "timeout":
-        raise WorkloadLoadError(
+        return WorkloadLoadError(
             f"loading workload {name!r} did not finish within {timeout_s:g} s",
             hint="Raise --load-timeout if its import or factory is slow, or fix one that hangs.")
     why = result.error.strip().splitlines()[-1] if result.error.strip() else f"exit code {result.exitcode}"
     if result.error_kind == HARNESS_FAULT:  # the child died before reaching the factory
-        raise HarnessError(f"could not start a process to load workload {name!r}", hint=why,
-                           detail=result.error_tail or result.error)
-    raise WorkloadLoadError(f"loading workload {name!r} failed: {why}", detail=result.error_tail or result.error)
+        return HarnessError(f"could not start a process to load workload {name!r}", hint=why,
+                            detail=result.error_tail or result.error)
+    if result.status == ERROR and result.exitcode is not None and result.exitcode >= 0:
+        # _guarded answers every exception and exit: a process that ended on its own without a word called
+        # os._exit in the workload's module or factory.
+        return WorkloadError(f"workload {name!r}: loading it ended its process with exit code {result.exitcode} "
+                             "instead of returning (os._exit in its module or factory?)", hint=_RETURN)
+    return WorkloadLoadError(f"loading workload {name!r} failed: {why}", detail=result.error_tail or result.error)
+
+
+_RETURN = "A factory must return a Workload, not end its process."
 
 
 def _guarded(target: Callable[..., Any], name: str, options: tuple[tuple[str, Any], ...]) -> tuple[str, Any]:
-    """Runs in the child: ("value", value) | ("bad_input", (message, hint)) | ("exited", text)."""
+    """Runs in the child: ("value", value) | ("bad_input", (message, hint)) | ("exited", text) |
+    ("failed", traceback text)."""
+    import traceback
+
     try:
         return "value", target(name, options)
     except WorkloadError as exc:
-        return "bad_input", (str(exc), exc.hint)
+        return "bad_input", (exc.message, exc.hint)
     except SystemExit as exc:
         return "exited", f"its factory called sys.exit({exc.code!r}) instead of returning"
+    except Exception as exc:  # noqa: BLE001 - the parent reports it
+        return "failed", "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
 
 
 def _facts(name: str, options: tuple[tuple[str, Any], ...]) -> WorkloadFacts:
     from mbtune.workloads import load_workload
 
     workload = load_workload(name, options)
+    _check_blocks(name, workload)
     return WorkloadFacts(name=name, num_blocks=workload.num_blocks, num_parameters=workload.num_parameters(),
                          flops_per_sample=workload.flops_per_sample, tokens_per_sample=workload.tokens_per_sample)
+
+
+def _check_blocks(name: str, workload: Any) -> None:
+    """Each block builder builds a module (on the meta device: nothing allocated), or the workload is refused."""
+    import torch
+    from torch import nn
+
+    with torch.device("meta"):
+        for index, build in enumerate(workload.blocks):
+            module = build()
+            if not isinstance(module, nn.Module):
+                raise WorkloadError(f"workload {name!r}: block {index}'s builder returned {type(module).__name__}, "
+                                    "not an nn.Module", hint="Each block builder must return a torch.nn.Module.")

@@ -74,3 +74,18 @@ def test_plan_from_python_takes_flag_names():
     assert report.best is not None and report.best.point.grad_accum_steps == 2
     with pytest.raises(ConfigError, match="unknown setting 'stagez'"):
         mbtune.plan(profile(), stagez=2)
+
+
+def test_the_api_runs_from_a_script_read_from_standard_input(tmp_path):
+    """`python - <<EOF`: no main file for the worker processes to import, and no main guard needed."""
+    script = textwrap.dedent("""
+        import mbtune
+        probe = mbtune.probe(workload="mlp", options={"layers": 1, "width": 16}, device="cpu",
+                             memory_budget="256MiB", max_batch=8, trial_timeout=120)
+        print("ceiling", probe.ceiling, "safe", probe.safe_batch)
+    """)
+    result = subprocess.run([sys.executable, "-"], input=script, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    ceiling, safe = map(int, re.fullmatch(r"ceiling (\d+) safe (\d+)", result.stdout.strip().splitlines()[-1]).groups())
+    assert 1 <= safe <= ceiling <= 8

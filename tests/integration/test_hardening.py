@@ -32,10 +32,21 @@ def test_a_factory_that_hangs_ends_at_the_load_timeout_exit_3():
     assert_no_orphans(tag)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("command", "flag"), [("probe", "--trial-timeout"), ("sweep", "--point-timeout")])
+def test_a_factory_that_hangs_ends_at_the_trial_timeout_the_user_gave(command, flag):
+    tag = uuid.uuid4().hex
+    process = start([command, "-w", "tests.fixtures.bad_factories:hangs", "-d", "cpu", "--no-save", flag, "3"], tag)
+    _, stderr = process.communicate(timeout=60)  # not the 120 s default load timeout
+    assert process.returncode == 3
+    assert "did not finish within 3 s" in one_line(stderr)
+    assert_no_orphans(tag)
+
+
 @pytest.mark.parametrize("command", ["probe", "sweep"])
-def test_a_factory_that_exits_is_exit_3_even_with_json(command):
+def test_a_factory_that_exits_is_bad_input_even_with_json(command):
     result = mbtune(command, "-w", "tests.fixtures.bad_factories:exits", "-d", "cpu", "--no-save", "-f", "json")
-    assert result.returncode == 3 and result.stdout == ""
+    assert result.returncode == 2 and result.stdout == ""
     assert "sys.exit(0)" in one_line(result.stderr)
 
 
@@ -47,11 +58,11 @@ def test_a_factory_with_text_for_flops_is_bad_input_before_any_trial(tmp_path):
     assert not list(tmp_path.rglob("*"))  # nothing written
 
 
-def test_a_sweep_with_nothing_runnable_exits_3():
+def test_a_sweep_whose_settings_let_no_point_run_is_bad_input():
     result = mbtune("sweep", *SMALL, "--schedules", "gpipe", "--global-batch", "7", "-m", "2,4", "--accum", "1",
                     "--no-save")
-    assert result.returncode == 3, result.stderr
-    assert "no sweep point could run" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "--global-batch 7 divides into none" in one_line(result.stderr) and "trial" not in result.stderr
 
 
 def test_a_sweep_whose_every_point_failed_exits_3_and_keeps_the_profile(tmp_path):
@@ -78,3 +89,21 @@ def test_qualify_refuses_an_unwritable_junit_path_before_running(tmp_path):
     result = mbtune("qualify", "--baseline", str(tmp_path / "missing.json"), "--junit", str(tmp_path))
     assert result.returncode == 2
     assert "is a folder" in one_line(result.stderr)
+
+
+def test_an_address_space_limit_below_the_budget_is_named_as_the_cause(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.unit.test_cli import ROOT
+
+    limit_kib = 6 * 2**20  # ulimit -v 6 GiB, the budget 8 GiB: no trial could honour it
+    command = (f"ulimit -v {limit_kib} && exec {sys.executable} -m mbtune probe -w mlp -d cpu "
+               f"--memory-budget 8GiB --profiles-dir {tmp_path}")
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert "--memory-budget 8GiB does not fit this process's address-space limit" in line and "ulimit -v" in line
+    assert "trial 1" not in result.stderr and not list(tmp_path.rglob("*.json*"))  # refused before any trial or file

@@ -80,10 +80,28 @@ def test_huge_values_are_not_echoed_whole():
     assert len(caught.value.one_line()) <= ONE_LINE_CHARS + 10
 
 
-def test_one_line_is_cut_but_keeps_the_hint():
-    error = MbtuneError("a\nb " + "long " * 100, hint="Do this.")
+def test_one_line_never_cuts_the_cause_and_keeps_the_hint():
+    cause = "ModuleNotFoundError: No module named " + "'userpkg." + "n" * 200 + "'"
+    line = MbtuneError(f"cannot import workload module: {cause}", hint="Do this.").one_line()
+    assert "\n" not in line and cause in line and line.endswith("Do this.")
+
+
+def test_one_line_of_many_lines_keeps_the_first_and_last_whole_and_says_where_the_rest_is():
+    last = "RuntimeError: Expected 2D input but got input of size[1, 64, 64] " + "x" * 100
+    error = MbtuneError("\n".join(["the trial at batch 4 failed", *("  frame" for _ in range(40)), last]),
+                        hint="Do this.")
     line = error.one_line()
-    assert "\n" not in line and line.endswith("Do this.") and len(line) <= ONE_LINE_CHARS + 2
+    assert "\n" not in line and line.startswith("the trial at batch 4 failed | ... | ") and last in line
+    assert line.endswith("Do this. Run with MBTUNE_DEBUG=1 for the whole text.")
+    assert len(line) < ONE_LINE_CHARS + len(last)
+
+
+def test_str_of_an_error_holds_its_hint_once():
+    error = MbtuneError("could not start a process to load workload 'w:f'", hint="Install the package.")
+    assert str(error) == "could not start a process to load workload 'w:f'. Install the package."
+    assert error.message == "could not start a process to load workload 'w:f'"
+    assert error.one_line().count("Install the package.") == 1
+    assert str(MbtuneError("no hint here")) == "no hint here"
 
 
 def test_check_writable(tmp_path):
@@ -146,3 +164,49 @@ def test_quiet_verbose_and_output(tmp_path):
     assert run.returncode == 0 and "trial 1" not in run.stderr and run.stdout == ""
     assert "batch 1: ok" in run.stderr
     assert json.loads(target.read_text())["ceiling"] == 8
+
+
+@pytest.mark.parametrize(("make", "field"), [
+    (lambda: ProbeConfig(granularity=2**63 - 1), "granularity"),
+    (lambda: ProbeConfig(memory_budget_bytes=10**23 * 2**30), "memory_budget_bytes"),
+    (lambda: ProbeConfig(max_batch=2**40 + 1), "max_batch"),
+    (lambda: SweepConfig(micro_batch_size=(2, 2**41)), "micro_batch_size"),
+    (lambda: SweepConfig(num_ranks=2**17), "num_ranks"),
+    (lambda: SweepConfig(measured_steps=2**63 - 1), "measured_steps"),
+])
+def test_absurd_numbers_are_refused_naming_the_field(make, field):
+    with pytest.raises(ConfigError) as caught:
+        make()
+    assert caught.value.field == field and "at most" in str(caught.value)
+
+
+def test_sizes_take_exponents_and_refuse_more_than_a_pib():
+    from mbtune.units import parse_bytes
+
+    assert parse_bytes("2e9") == 2_000_000_000 and parse_bytes("1.5e3MiB") == 1500 * 2**20
+    with pytest.raises(ConfigError, match="above 1 PiB"):
+        parse_bytes("1e23GiB", name="--memory-budget", at_most=2**50)
+
+
+def test_the_default_load_timeout_is_cut_to_a_shorter_trial_or_point_timeout():
+    from mbtune.settings import DEFAULT_LOAD_TIMEOUT_S
+
+    assert ProbeConfig().load_timeout_s == DEFAULT_LOAD_TIMEOUT_S
+    assert ProbeConfig(trial_timeout_s=5).load_timeout_s == 5
+    assert ProbeConfig(trial_timeout_s=5, load_timeout_s=30).load_timeout_s == 30  # as the user set it
+    assert SweepConfig(point_timeout_s=4).load_timeout_s == 4
+
+
+def test_a_budget_above_the_processs_address_space_limit_is_refused(monkeypatch):
+    import resource
+
+    from mbtune.device import cpu
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (10 * 2**30, resource.RLIM_INFINITY))
+    monkeypatch.setattr(cpu, "read_status_bytes", lambda *keys: {"VmSize": 2 * 2**30})
+    cpu.check_budget_fits_limit(8 * 2**30)  # fits exactly
+    with pytest.raises(ConfigError) as caught:
+        cpu.check_budget_fits_limit(9 * 2**30)
+    assert caught.value.field == "memory_budget_bytes" and "ulimit -v" in str(caught.value)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    cpu.check_budget_fits_limit(2**49)  # no limit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import signal
 
 import pytest
@@ -38,8 +39,9 @@ def test_a_probe_stops_on_a_nonfinite_loss_with_no_usable_result():
     nan = TrialOutcome(status="nonfinite", batch_size=0, error="the loss is nan at step 2: training diverged",
                        error_kind="workload")
     for below in (1, 4):  # at the first trial, and after sizes that ran
-        with pytest.raises(TrialFailedError, match=r"the trial at batch \d+ stopped: the loss is nan at step 2$"):
+        with pytest.raises(TrialFailedError) as caught:
             search_ceiling(_failing(nan, below), max_batch=64)
+        assert re.fullmatch(r"the trial at batch \d+ stopped: the loss is nan at step 2", caught.value.message)
 
 
 def test_a_probe_reports_a_harness_failure_as_the_harness_not_the_workload():

@@ -177,3 +177,24 @@ def test_saved_limits_are_read_where_the_file_is_named_and_enter_the_config(tmp_
     assert with_saved_limits(config, from_profile=path).safe_batch == probe.safe_batch
     with pytest.raises(ProfileError, match="probed precision 'fp32', this sweep runs 'bf16'"):
         with_saved_limits(replace(config, precision="bf16"), from_profile=path)
+
+
+def test_settings_of_which_no_point_can_run_are_bad_input_naming_the_setting():
+    from mbtune.sweeping.feasible import refuse_unrunnable
+
+    with pytest.raises(ConfigError) as caught:
+        refuse_unrunnable(SweepConfig(num_ranks=9), num_blocks=6)
+    assert caught.value.field == "num_ranks" and "blocks (6)" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        refuse_unrunnable(SweepConfig(schedules=("gpipe",), global_batch=(7,), micro_batches=(2, 4),
+                                      grad_accum_steps=(1,)), num_blocks=6)
+    assert caught.value.field == "global_batch" and "such as 8" in str(caught.value)
+    refuse_unrunnable(SweepConfig(num_ranks=2, global_batch=(7, 8), grad_accum_steps=(1,)), num_blocks=6)  # 8 runs
+
+
+def test_points_skipped_for_what_the_probe_measured_are_not_bad_input():
+    from mbtune.sweeping.feasible import refuse_unrunnable
+
+    config = SweepConfig(schedules=("gpipe",), micro_batch_size=(64,), safe_batch=8)
+    assert not plan_grid(config, num_blocks=6).points
+    refuse_unrunnable(config, num_blocks=6)  # runs, and ends saying why no point could

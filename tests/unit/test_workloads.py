@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -73,3 +75,36 @@ def test_a_typed_flops_figure_far_from_the_count_is_kept_with_a_warning():
     assert flops_warning("w", 1.05e9, 1e9) is None
     assert flops_warning("w", 1.2e9, 1e9) == (
         "workload 'w' says 1.2 GFLOP per sample, the counter 1 (+20%): MFU uses the workload's figure")
+
+
+def test_options_convert_by_the_factorys_annotations():
+    from mbtune.units import parse_options
+
+    def got(*pairs: str) -> dict:
+        return eval(load_workload("tests.fixtures.workloads:typed", parse_options(list(pairs))).description)
+
+    assert got("bias=false", "width=16", "lr=1") == {"bias": False, "width": 16, "lr": 1.0, "name": None}
+    for text, value in (("true", True), ("yes", True), ("1", True), ("No", False), ("0", False)):
+        assert got(f"bias={text}")["bias"] is value
+    assert got("name=none")["name"] is None and got("name=123")["name"] == "123"
+    assert isinstance(got("lr=2")["lr"], float)
+
+
+@pytest.mark.parametrize(("pair", "says"), [
+    ("width=abc", "option width=abc is not an integer"), ("bias=maybe", "option bias=maybe is not true or false"),
+    ("lr=fast", "option lr=fast is not a number"), ("bias=2", "option bias=2 is not true or false"),
+])
+def test_an_option_that_does_not_convert_is_bad_input_naming_it_and_the_type(pair, says):
+    from mbtune.units import parse_options
+
+    with pytest.raises(WorkloadError, match=re.escape(says)):
+        load_workload("tests.fixtures.workloads:typed", parse_options([pair]))
+
+
+def test_unannotated_options_are_passed_as_given():
+    from mbtune.workloads.options import convert_options
+
+    def factory(size, flag=True):  # noqa: ANN001, ANN202
+        return None
+
+    assert convert_options("w", factory, {"size": "big", "flag": "false"}) == {"size": "big", "flag": "false"}
