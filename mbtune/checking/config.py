@@ -10,9 +10,15 @@ from mbtune.pipeline.point import SweepPoint, micro_batch_size_for
 from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
+    MAX_COUNT,
+    MAX_PROCESSES,
+    MAX_SAMPLES,
     OPTIMIZERS,
+    bound_load_timeout,
+    check_at_most,
     check_lr,
     check_recompute_modes,
+    check_seed,
     check_timeout,
 )
 from mbtune.units import parse_device
@@ -65,6 +71,11 @@ class CheckConfig:
         check_lr(self.lr)
         check_timeout(self.timeout_s, "timeout_s")
         check_timeout(self.load_timeout_s, "load_timeout_s")
+        bound_load_timeout(self, self.timeout_s)
+        check_at_most(self, MAX_SAMPLES, "micro_batch_size", "global_batch")
+        check_at_most(self, MAX_COUNT, "num_microbatches", "grad_accum_steps")
+        check_at_most(self, MAX_PROCESSES, "num_ranks", "data_parallel_size", "virtual_stages")
+        check_seed(self.seed)
         if self.global_batch is not None:
             _, reason = micro_batch_size_for(self.global_batch, num_microbatches=self.num_microbatches,
                                              grad_accum_steps=self.grad_accum_steps,

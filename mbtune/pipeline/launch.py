@@ -318,7 +318,7 @@ def _one_line(exc: BaseException) -> str:
         if item is not None:
             lines = [line.strip() for line in str(item).splitlines() if line.strip()]
             parts.append(f"{type(item).__name__}: {lines[0] if lines else ''}".rstrip(": "))
-    return " (caused by ".join(parts)[:500] + (")" if len(parts) > 1 else "")
+    return " (caused by ".join(parts) + (")" if len(parts) > 1 else "")
 
 
 def _is_oom(exc: BaseException) -> bool:

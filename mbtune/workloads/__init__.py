@@ -15,6 +15,7 @@ A workload factory takes keyword options and returns a `Workload`:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import math
 import os
@@ -175,13 +176,14 @@ def load_workload(name: str, options: Sequence[tuple[str, Any]] = ()) -> Workloa
     if not sep or not module_name or not attr:
         raise WorkloadError(f"unknown workload {name!r}")
     if name not in BUILTINS and os.getcwd() not in sys.path:
-        # A user's workload module next to where they run mbtune imports as it would with `python -m`;
-        # trial processes inherit this path.
-        sys.path.insert(0, os.getcwd())
+        # A user's workload module next to where they run mbtune imports from there, after everything
+        # installed: the folder never shadows an installed package (a checkout of mbtune itself, say).
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import failure of user code is bad input
-        raise WorkloadError(f"cannot import workload module {module_name!r}: {type(exc).__name__}: {exc}") from exc
+        raise WorkloadError(f"cannot import workload module {module_name!r}: {type(exc).__name__}: {exc}",
+                            hint=_shadowed_hint(module_name)) from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise WorkloadError(f"module {module_name!r} has no callable {attr!r}")
@@ -200,6 +202,18 @@ def load_workload(name: str, options: Sequence[tuple[str, Any]] = ()) -> Workloa
         raise WorkloadError(f"workload factory {target!r} returned {type(workload).__name__}, not a Workload",
                             hint="Return mbtune.workloads.Workload(blocks=..., make_batch=..., loss=...).")
     return workload
+
+
+def _shadowed_hint(module_name: str) -> str | None:
+    """Where an installed package has the name of the user's module in this folder, say so."""
+    top = module_name.split(".")[0]
+    here = os.path.join(os.getcwd(), top)
+    spec = importlib.util.find_spec(top) if top not in sys.builtin_module_names else None
+    origin = (spec.origin or "") if spec is not None else ""
+    if (os.path.isdir(here) or os.path.isfile(here + ".py")) and origin and not origin.startswith(os.getcwd()):
+        return (f"An installed {top!r} ({origin}) comes before ./{top} on the import path: rename your module, or "
+                f"run from its parent folder with the package name.")
+    return None
 
 
 def _check_options(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:

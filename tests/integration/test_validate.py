@@ -31,3 +31,21 @@ def test_a_block_that_breaks_the_graph_fails_by_name():
     result = mbtune("check", "-w", "tests.fixtures.workloads:detaching", "-d", "cpu")
     assert result.returncode == 1, result.stderr
     assert "block 1 (_Detaching): its input gets no gradient back" in " ".join(result.stdout.split())
+
+
+def test_a_checkout_of_mbtune_in_the_users_folder_does_not_shadow_the_installed_one(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "mbtune"  # the console script, as a user runs it (not python -m)
+    if not script.exists():
+        pytest.skip("no mbtune console script beside this interpreter")
+    (tmp_path / "mbtune").mkdir()
+    (tmp_path / "mbtune" / "__init__.py").write_text("raise ImportError('a checkout, not the installed mbtune')\n")
+    shutil.copy(Path(__file__).parents[1] / "fixtures" / "user_workload.py", tmp_path / "userwl.py")
+    result = subprocess.run([str(script), "check", "-w", "userwl:workload", "-d", "cpu"], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "check PASS" in result.stdout

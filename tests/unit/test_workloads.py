@@ -108,3 +108,16 @@ def test_unannotated_options_are_passed_as_given():
         return None
 
     assert convert_options("w", factory, {"size": "big", "flag": "false"}) == {"size": "big", "flag": "false"}
+
+
+def test_the_users_folder_comes_after_every_installed_package_on_the_import_path(tmp_path, monkeypatch):
+    import shutil
+    import sys
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).parents[1] / "fixtures" / "user_workload.py", tmp_path / "userwl_here.py")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    installed = list(sys.path)
+    assert load_workload("userwl_here:workload").num_blocks == 2
+    assert sys.path == [*installed, str(tmp_path)]  # a checkout of mbtune here never shadows the installed one
