@@ -41,7 +41,7 @@ CAUSAL, MASKED = "causal", "masked"
 # The small default of every family: the fields a config has are set, the others ignored.
 SMALL = {"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 352, "vocab_size": 4096, "max_position_embeddings": 512, "head_dim": 32,
-         "ffn_dim": 352, "word_embed_proj_dim": 128, "n_inner": None}
+         "ffn_dim": 352, "word_embed_proj_dim": 128}
 DROPOUTS = ("dropout", "pdrop", "dropout_prob", "dropout_rate")
 
 
@@ -50,6 +50,7 @@ def hf_workload(spec: str, options: dict[str, Any]) -> Workload:
     config, family = hf_config(spec, dict(options))
     seq_len = options.get("seq_len", DEFAULT_SEQ_LEN)
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    limit = limit if isinstance(limit, int) and limit > 0 else None  # some families have no limit (-1)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2 or (limit and seq_len > limit):
         raise WorkloadError(f"hf:{spec}: seq_len={seq_len!r} is out of range: expected an integer from 2 to {limit}",
                             hint="Set -O seq_len=N within the model's positions (or raise max_position_embeddings).")
@@ -129,7 +130,7 @@ def hf_config(spec: str, options: dict[str, Any]) -> tuple[Any, str]:
         family = spec
         _kind(family)
         default = transformers.AutoConfig.for_model(family)
-        base = _small(default)
+        base = _accepted(transformers, family, _small(default))
     unknown = sorted(k for k in fields if not hasattr(default, k))
     if unknown:
         raise WorkloadError(f"hf:{spec} has no config field {', '.join(unknown)}",
@@ -151,14 +152,39 @@ def _small(default: Any) -> dict[str, Any]:
     """The small defaults a family's config has a field for, and no dropout."""
     small: dict[str, Any] = {}
     for key, value in SMALL.items():
-        if hasattr(default, key) and (value is not None or getattr(default, key) is not None):
+        if hasattr(default, key) and _settable(default, key):
             small[key] = value
     for key, value in vars(default).items():
         if isinstance(value, float) and 0 < value < 1 and key.endswith(DROPOUTS):
             small[key] = 0.0
     for key in ("layer_types", "sliding_window_pattern"):
-        small[key] = None  # recomputed from the number of layers where the family has it
+        if _settable(default, key):
+            small[key] = None  # recomputed from the number of layers where the family has it
     return small
+
+
+def _settable(config: Any, key: str) -> bool:
+    """Whether a config field can be set (some families compute one, a property without a setter)."""
+    attribute = getattr(type(config), key, None)
+    return not (isinstance(attribute, property) and attribute.fset is None)
+
+
+def _accepted(transformers: Any, family: str, small: dict[str, Any]) -> dict[str, Any]:
+    """The small defaults the family's config takes: all of them where it takes them together, else each
+    one it takes alone (a family may refuse a field, such as a sequence limit it does not have)."""
+    try:
+        transformers.AutoConfig.for_model(family, **small)
+        return small
+    except Exception:  # noqa: BLE001 - one field or another is refused: keep those taken
+        pass
+    taken = {}
+    for key, value in small.items():
+        try:
+            transformers.AutoConfig.for_model(family, **{key: value})
+            taken[key] = value
+        except Exception:  # noqa: BLE001 - refused: the family's own default stays
+            continue
+    return taken
 
 
 def _fit_special_tokens(config: Any) -> None:
