@@ -4,6 +4,7 @@ family). Prints, per family: the probed ceiling and safe batch, the best configu
 the check's verdict and the wall time.
 
 Run: .venv/bin/python bench/families.py [--families gpt2,llama] [--budget 1GiB]
+     .venv/bin/python bench/families.py --load-all    # every model type: does it split, exactly?
 """
 
 from __future__ import annotations
@@ -30,11 +31,48 @@ def tune(family: str, budget: str) -> tuple[dict, float, str]:
     return json.loads(result.stdout), wall, ""
 
 
+def load_all() -> None:
+    """Every model type of the installed transformers with a causal-LM or masked-LM model, at its small
+    default: does it split, and do the blocks compute what the whole model computes (one forward, the same
+    weights)? The reasons of those that do not, counted."""
+    from collections import Counter
+
+    import torch
+
+    from mbtune.workloads import load_workload
+    from mbtune.workloads.hf import _builder, _kind, families, hf_config
+
+    exact, reasons = [], Counter()
+    names = sorted(families())
+    for family in names:
+        try:
+            workload = load_workload(f"hf:{family}", (("seq_len", 16),))
+            config, _ = hf_config(family, {})
+            torch.manual_seed(0)
+            whole = _builder(config, _kind(family), family)()
+            ids, _ = workload.make_batch(2, torch.Generator().manual_seed(0))
+            with torch.no_grad():
+                diff = (workload.build(seed=0)(ids) - whole(ids)).abs().max().item()
+            if diff <= 1e-5:
+                exact.append(family)
+            else:
+                reasons[f"blocks differ from the model (max {diff:.1e})"] += 1
+        except Exception as exc:  # noqa: BLE001 - the reason is the figure
+            reasons[str(exc).split(": ", 2)[-1][:90]] += 1
+    print(f"{len(exact)} of {len(names)} model types split into blocks that compute the whole model exactly")
+    for reason, count in reasons.most_common():
+        print(f"  {count:>3}  {reason}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--budget", default="1GiB")
+    parser.add_argument("--load-all", action="store_true", help="load every model type instead (no tuning)")
     args = parser.parse_args()
+    if args.load_all:
+        load_all()
+        return
     print(f"{'family':<10} {'ceiling':>7} {'safe':>5}  {'best row (2 stages)':<34} {'samples/s':>9}  check  wall s")
     for family in args.families.split(","):
         report, wall, error = tune(family, args.budget)

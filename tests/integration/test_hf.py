@@ -66,6 +66,13 @@ def test_the_pipelined_update_is_the_plain_models(family, schedule):
     assert result.status == PASS, (result.cause, result.blocks)
 
 
+def test_a_family_that_does_not_split_says_what_it_looked_for_and_offers_from_module():
+    # Mixtral's experts route tokens by value: the sizes inside a layer depend on the data.
+    with pytest.raises(WorkloadError, match="does not split as a causal LM of the usual shape") as caught:
+        load_workload("hf:mixtral", (("seq_len", 8),))
+    assert "Workload.from_module" in caught.value.hint
+
+
 def test_a_bad_hf_value_is_one_line_from_the_command_line():
     # The other bad names, fields and values are in the bad-input catalogue (tests/fixtures/bad_inputs.py).
     result = mbtune("probe", "-w", "hf:gpt2", "-O", "colour=3", "-d", "cpu", "--no-save")
