@@ -258,6 +258,11 @@ class TracedWorkload(Workload):
         piece = self.traced.pieces[index]
         return _meta(piece) if _building_on_meta() else _real(piece, self.traced, self.weights.at(seed))
 
+    def compute_weights(self) -> list[int]:
+        """Per block, the parameters that do arithmetic on every sample: those the traced graphs use other
+        than as an embedding table (a lookup; the same tensor as a tied head counts where it multiplies)."""
+        return [_compute_parameters(piece.module) for piece in self.traced.pieces]
+
     def build(self, indices: Sequence[int] | None = None, *, seed: int = 0, recompute: str = "none") -> nn.Sequential:
         try:
             return super().build(indices, seed=seed, recompute=recompute)
@@ -281,3 +286,19 @@ def whole_model_loss(workload: TracedWorkload, seed: int, inputs: Any, targets: 
     outputs = [t for t in _pytree.tree_leaves(model(*args)) if isinstance(t, torch.Tensor)]
     value: Any = outputs[0] if len(outputs) == 1 else tuple(outputs)
     return float(workload.loss(value, targets))
+
+
+def _compute_parameters(piece: nn.Module) -> int:
+    tables: set[int] = set()
+    for module in piece.modules():
+        graph = getattr(module, "graph", None)
+        if isinstance(module, nn.Embedding):
+            tables.add(id(module.weight))
+        if not isinstance(graph, fx.Graph):
+            continue
+        for node in graph.nodes:
+            source = node.args[0] if node.op == "call_function" and node.args else None
+            if "embedding" in str(node.target) and isinstance(source, fx.Node) and source.op == "get_attr":
+                tables.add(id(module.get_parameter(str(source.target))))
+    unique = {id(p): p for p in piece.parameters()}
+    return sum(p.numel() for key, p in unique.items() if key not in tables)

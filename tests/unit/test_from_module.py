@@ -130,3 +130,10 @@ def test_a_model_the_tracer_cannot_follow_is_refused_in_one_line_pointing_to_the
 def test_what_is_not_a_splittable_model_says_so(build, expect):
     with pytest.raises(WorkloadError, match=expect):
         Workload.from_module(build, loss=F.mse_loss, make_batch=lambda b, g: (torch.randn(b, 2), torch.randn(b, 2)))
+
+
+def test_stages_are_balanced_by_the_parameters_that_compute_not_by_lookup_tables():
+    workload = Workload.from_module(TinyGPT, make_batch=tokens, name="tiny")
+    layer = sum(p.numel() for p in Layer().parameters())
+    head = 2 * WIDTH + VOCAB * WIDTH  # the final norm, and the head's matmul with the tied embedding's tensor
+    assert workload.compute_weights() == [0, layer, layer, layer, head]
