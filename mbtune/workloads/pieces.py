@@ -156,7 +156,7 @@ def carry(pieces: list[Piece], outputs: Sequence[str]) -> None:
     pieces[-1].carried_out = tuple(outputs)
 
 
-def split_loss(piece: Piece, target_name: str, outputs: tuple[str, ...], name: str) -> tuple[Piece, TracedLoss]:
+def split_loss(piece: Piece, target_name: str, name: str) -> tuple[Piece, TracedLoss]:
     """The last piece cut where the targets come in: the model part (a piece) and the loss part."""
     from torch.fx.passes.split_module import split_module
 
@@ -194,7 +194,6 @@ def split_loss(piece: Piece, target_name: str, outputs: tuple[str, ...], name: s
                             hint="Pass loss=... and have the model return its outputs.")
     model_outputs = tuple(t for t in loss_takes if t != target_name)
     new_piece = Piece(model_part.module, model_part.takes, model_part.gives)
-    del outputs
     return new_piece, TracedLoss(loss_module, loss_takes, loss_part.gives, model_outputs, target_name, scalar)
 
 

@@ -86,7 +86,7 @@ def trace(build: Callable[[], nn.Module], example: tuple[Any, ...], targets: tor
         localise_sizes(piece, target_name, index == len(pieces) - 1)
     loss = None
     if target_name is not None:
-        pieces[-1], loss = split_loss(pieces[-1], target_name, outputs, name)
+        pieces[-1], loss = split_loss(pieces[-1], target_name, name)
         outputs = loss.model_outputs
     carry(pieces, outputs)
     label_pieces(pieces, trunk)
