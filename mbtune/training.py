@@ -9,19 +9,34 @@ import torch
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Create the optimizer's state before the first step, by one step on zero gradients.
+def create_optimizer_state(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state before the first step, leaving training exactly as it would have been.
 
     Optimizers create their state (AdamW's two moments, SGD's momentum) in their first step, so without
     this the first training step peaks lower than every later one, and a batch too large for training
     fails only in the second step, a whole step later. With the state in place every step, the first
-    included, peaks as training does, and an out-of-memory comes in the first. Zero gradients leave
-    SGD's weights as they were and move AdamW's only by its weight decay (1 - lr x decay)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    included, peaks as training does, and an out-of-memory comes in the first.
+
+    The state comes from one step on zero gradients with weight decay off, so no weight moves; step counts
+    are then set back to zero. What follows is bit for bit a fresh optimizer's training: AdamW's moments
+    start at zero either way, and SGD's momentum buffer (zeros, without dampening) takes the first
+    gradient as a fresh one would."""
+    params = [p for p in params if p.requires_grad]
+    decays = [group.get("weight_decay", 0) for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["weight_decay"] = 0
     for param in params:
         param.grad = torch.zeros_like(param)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    for group, decay in zip(optimizer.param_groups, decays):
+        group["weight_decay"] = decay
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            step.zero_()
+        elif step is not None:
+            state["step"] = 0
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float) -> torch.optim.Optimizer:

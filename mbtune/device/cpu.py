@@ -1,25 +1,16 @@
-"""CPU backend: a real OOM by capping the trial process's address space; peaks from /proc."""
+"""CPU backend: the budget counts live tensor bytes (device/tensor_bytes.py); facts from /proc."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import resource
+from typing import TYPE_CHECKING
 
 from mbtune.records import DeviceInfo
 
-_M_ARENA_MAX = -8  # glibc mallopt parameter
-
-
-def share_one_malloc_arena() -> None:
-    """Keep later threads on the existing malloc arenas. Each new glibc arena reserves 64 MiB of address
-    space that is never touched, and when a helper thread makes its first allocation is a race; under an
-    address-space cap that reservation would move the ceiling by whole batches from one run to the next."""
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, 1)
-    except (OSError, AttributeError):
-        pass  # not glibc: no arenas to pin
+if TYPE_CHECKING:
+    from mbtune.device.tensor_bytes import TensorBytes
 
 
 def read_status_bytes(*keys: str) -> dict[str, int]:
@@ -70,8 +61,9 @@ def address_space_room_bytes() -> int | None:
 
 
 def check_budget_fits_limit(budget_bytes: int | None) -> None:
-    """Refuse a memory budget that this process's own address-space limit cannot hold: each trial's cap is
-    its start-up size plus the budget, so its trials would stop at the limit instead, for no stated reason."""
+    """Refuse a memory budget that this process's own address-space limit cannot hold: the trials' tensors
+    need that much address space on top of what is mapped now, so they would stop at the limit instead of
+    at the budget, for no stated reason."""
     room = address_space_room_bytes()
     if budget_bytes is None or room is None or budget_bytes <= room:
         return
@@ -94,30 +86,30 @@ class CpuBackend:
     name = "cpu"
 
     def __init__(self) -> None:
-        self._start_vm_bytes = 0
+        self._count: TensorBytes | None = None
 
     @property
     def torch_device(self) -> str:
         return "cpu"
 
     def limit_memory(self, budget_bytes: int | None) -> None:
-        """Cap the address space at its start-up size plus the budget, so the allocator raises a real OOM."""
-        if budget_bytes is not None:
-            share_one_malloc_arena()
-        self._start_vm_bytes = read_status_bytes("VmSize")["VmSize"]
-        if budget_bytes is not None:
-            limit = self._start_vm_bytes + budget_bytes
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        """Count this thread's live tensor bytes from now on; past the budget an operator raises
+        torch.OutOfMemoryError."""
+        from mbtune.device.tensor_bytes import TensorBytes
+
+        self._count = TensorBytes(budget_bytes=budget_bytes)
+        self._count.__enter__()
 
     def synchronize(self) -> None:
         """Nothing to wait for: CPU kernels finish before they return."""
 
     def peaks(self) -> dict[str, int | None]:
-        status = read_status_bytes("VmHWM", "VmPeak")
+        """Live tensor bytes at most (what the budget caps) and the process's resident high-water mark."""
+        counted = self._count.peak_bytes if self._count is not None else None
         return {
-            "peak_memory_bytes": status["VmHWM"],
-            "peak_reserved_bytes": None,
-            "budget_used_bytes": status["VmPeak"] - self._start_vm_bytes,
+            "peak_memory_bytes": counted,
+            "peak_reserved_bytes": read_status_bytes("VmHWM")["VmHWM"],
+            "budget_used_bytes": counted,
         }
 
     def info(self) -> DeviceInfo:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from mbtune.device.tensor_bytes import TensorBytes
 from mbtune.errors import DeviceError
 from mbtune.pipeline.spec import PipelineSpec
 
@@ -40,9 +41,23 @@ def device_uuid(device: torch.device) -> str | None:
     return device_uuid(device.index)
 
 
-def peak_memory(device: torch.device) -> tuple[int | None, str]:
+def count_memory(device: torch.device) -> TensorBytes | None:
+    """On the CPU, start counting this rank's live tensor bytes, as a probe trial's budget counts them
+    (None on CUDA, whose allocator keeps its own peak)."""
+    if device.type == "cuda":
+        return None
+    count = TensorBytes()
+    count.__enter__()
+    return count
+
+
+def stop_counting(count: TensorBytes | None) -> None:
+    """Stop counting (the peak stays): the timed steps after it run without the count's per-operator cost."""
+    if count is not None and count.counting:
+        count.__exit__(None, None, None)
+
+
+def peak_memory(device: torch.device, count: TensorBytes | None) -> tuple[int | None, str]:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    from mbtune.device.cpu import read_status_bytes
-
-    return read_status_bytes("VmHWM").get("VmHWM"), "cpu_vmhwm"
+    return (count.peak_bytes if count is not None else None), "cpu_tensor_bytes"

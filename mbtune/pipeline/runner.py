@@ -20,8 +20,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mbtune.device.tensor_bytes import TensorBytes
 from mbtune.errors import NonFiniteLossError
-from mbtune.pipeline.rank_device import device_uuid, peak_memory, rank_device, set_threads, timing_event
+from mbtune.pipeline.rank_device import (
+    count_memory,
+    device_uuid,
+    peak_memory,
+    rank_device,
+    set_threads,
+    stop_counting,
+    timing_event,
+)
 from mbtune.pipeline.schedules import ActionTimer, build_schedule, build_stage, run_schedule_step
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.split import StageBlocks, split_blocks
@@ -75,12 +84,13 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank
         world_size=spec.world_size,
         timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
     )
+    count = count_memory(device)
     workload = load_workload(spec.workload, spec.workload_options)
     all_blocks = stage_blocks(spec, workload)
     pipeline_group, replica_group = _groups(spec, rank)
     tie_groups = _tie_groups(spec, workload, all_blocks, rank)
     report = _RankRun(spec, rank, device, workload, all_blocks, on_placed, pipeline_group=pipeline_group,
-                      replica_group=replica_group, tie_groups=tie_groups).run(hang=hang_rank == rank)
+                      replica_group=replica_group, tie_groups=tie_groups, count=count).run(hang=hang_rank == rank)
     # Only on success: tearing the group down on failure would let peers fail (and report) before we do.
     dist.destroy_process_group()
     # This process's whole CPU time (a forked rank starts from zero), so the parent can tell the point's
@@ -155,8 +165,8 @@ class _RankRun:
                  all_blocks: StageBlocks, on_placed: Callable[[tuple[int, ...]], None] | None = None, *,
                  pipeline_group: dist.ProcessGroup | None = None,
                  replica_group: dist.ProcessGroup | None = None,
-                 tie_groups: dict[int, dist.ProcessGroup] | None = None) -> None:
-        self.spec, self.device, self.workload = spec, device, workload
+                 tie_groups: dict[int, dist.ProcessGroup] | None = None, count: TensorBytes | None = None) -> None:
+        self.spec, self.device, self.workload, self.count = spec, device, workload, count
         self.rank, self.replica = spec.place(process)
         self.replica_group, self.tie_groups = replica_group, tie_groups or {}
         self.stage_indices = stages_of_rank(spec.schedule, spec.num_ranks, spec.num_model_stages, self.rank)
@@ -222,6 +232,8 @@ class _RankRun:
                                               timed_step=step - spec.warmup_steps if is_measured else None,
                                               capture=capture)
             grads = step_grads if capture else grads
+            if step + 1 >= max(spec.warmup_steps, 1):
+                stop_counting(self.count)  # the warmup steps (or the first) held what every step holds
         return self._report(warmup, measured, grads)
 
     def _optimizer_step(self, step: int, times: _StepTimes, *, timed_step: int | None,
@@ -318,7 +330,7 @@ class _RankRun:
         return grads
 
     def _report(self, warmup: _StepTimes, measured: _StepTimes, grads: dict[str, torch.Tensor] | None) -> StageReport:
-        peak, source = peak_memory(self.device)
+        peak, source = peak_memory(self.device, self.count)
         return StageReport(
             rank=self.rank, num_ranks=self.spec.num_ranks, replica=self.replica, device=str(self.device),
             stage_indices=self.stage_indices, block_indices=self.blocks,
@@ -357,6 +369,8 @@ def _tie_across(workload: Workload, modules: Sequence[nn.Module],
 def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer | None:
     if not params:
         return None
-    from mbtune.training import make_optimizer
+    from mbtune.training import create_optimizer_state, make_optimizer
 
-    return make_optimizer(spec.optimizer, list(params), lr=spec.lr)
+    optimizer = make_optimizer(spec.optimizer, list(params), lr=spec.lr)
+    create_optimizer_state(list(params), optimizer)  # so every step, the first included, holds what training holds
+    return optimizer

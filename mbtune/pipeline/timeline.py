@@ -50,7 +50,7 @@ class StageReport(Record):
     actions: tuple[ActionRecord, ...] = ()
     losses: tuple[float, ...] = ()  # per measured step; only on the rank that holds the last stage
     peak_memory_bytes: int | None = None
-    memory_source: str = ""  # cuda_max_allocated | cpu_vmhwm
+    memory_source: str = ""  # cuda_max_allocated | cpu_tensor_bytes
     output_dtype: str = ""  # dtype of the last stage's output (evidence of autocast), on that rank only
     grads: dict[str, Any] | None = None  # "<block>.<param>" -> CPU tensor, the last step's before the update
     # CUDA only: per measured step, the device's own time (events) from the step's origin to the end of its

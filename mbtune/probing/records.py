@@ -19,9 +19,9 @@ class TrialOutcome(Outcome):
     status: str
     batch_size: int
     step_times_s: tuple[float, ...] = ()
-    peak_memory_bytes: int | None = None  # CUDA: peak allocated; CPU: peak resident set of the trial process
-    peak_reserved_bytes: int | None = None  # CUDA: peak reserved by the caching allocator
-    budget_used_bytes: int | None = None  # what the budget caps (CUDA reserved; CPU address space over start-up)
+    peak_memory_bytes: int | None = None  # CUDA: peak allocated; CPU: peak live tensor bytes (device/tensor_bytes.py)
+    peak_reserved_bytes: int | None = None  # CUDA: peak reserved by the caching allocator; CPU: peak resident set
+    budget_used_bytes: int | None = None  # what the budget caps (CUDA reserved; CPU live tensor bytes)
     loss: float | None = None
     wall_s: float = 0.0
     error: str = ""

@@ -20,7 +20,7 @@ from mbtune.probing.config import TrialConfig
 from mbtune.probing.records import TrialOutcome
 from mbtune.records import ERROR, HARNESS_FAULT, NONFINITE, OK, OOM, WORKLOAD_FAULT
 from mbtune.settings import INFER, TRAIN, lr_for
-from mbtune.training import _create_optimizer_state, autocast_for, make_optimizer
+from mbtune.training import autocast_for, create_optimizer_state, make_optimizer
 from mbtune.worker import failure_tail, run_isolated
 from mbtune.workloads import Workload, load_workload
 from mbtune.workloads.chain import batch_to, failed_block
@@ -103,7 +103,7 @@ def _train(workload: Workload, config: TrialConfig, backend: Any):
     use_scaler = config.precision == "fp16"
     scaler = torch.amp.GradScaler("cuda") if use_scaler else None
     generator = torch.Generator().manual_seed(config.seed)
-    _create_optimizer_state(model, optimizer)
+    create_optimizer_state(list(model.parameters()), optimizer)
     for _ in range(config.steps):
         inputs, targets = workload.make_batch(config.batch_size, generator)
         inputs, targets = batch_to(inputs, device), targets.to(device)

@@ -1,0 +1,111 @@
+"""The CPU's memory budget: the bytes of live tensors, counted as CUDA's caching allocator counts them.
+
+A GPU's budget is what its allocator hands out to tensors; an address-space cap on the CPU is not (malloc
+arenas, thread stacks and start-up mappings move it from one process to the next). So on the CPU mbtune
+counts what a training step holds: every tensor storage an operator creates, rounded up to CUDA's 512-byte
+blocks, from the moment it is created until the last reference to it goes. When a new storage takes the
+count past the budget, the operator raises `torch.OutOfMemoryError`, as CUDA's allocator does.
+
+The count is a `TorchDispatchMode`: it sees every operator of the threads it is entered in (and autograd's
+backward, which runs them for the CPU), forward, backward and optimizer alike. It does not see buffers an
+operator allocates for itself and frees before returning (CUDA's count would), nor tensors created outside
+the operators (`torch.from_numpy`, storages loaded from files). The same program counts the same bytes in
+every process, so a size fits or fails the same way every time.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+BLOCK_BYTES = 512  # CUDA's caching allocator rounds every allocation up to a multiple of this
+
+
+def block_bytes(nbytes: int) -> int:
+    """An allocation of `nbytes` as CUDA's allocator counts it."""
+    return -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.2f} MiB"
+
+
+class TensorBytes(TorchDispatchMode):
+    """Counts the live tensor storages of one device type (None: every device, fake tensors included).
+
+    `live_bytes` and `peak_bytes` are the counts now and at most; with `budget_bytes`, a storage that would
+    take the count past it raises torch.OutOfMemoryError (`over_budget` keeps the first such message)."""
+
+    def __init__(self, *, budget_bytes: int | None = None, device_type: str | None = "cpu") -> None:
+        super().__init__()
+        self.budget_bytes, self.device_type = budget_bytes, device_type
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.over_budget = ""
+        self.counting = False
+        self._sizes: dict[int, tuple[int, weakref.ref]] = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> TensorBytes:
+        self.counting = True
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.counting = False
+        super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            grown = self._track(out)
+        else:
+            grown = sum(self._track(leaf) for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor))
+        if grown and self.budget_bytes is not None and self.live_bytes > self.budget_bytes:
+            # Worded as the CPU allocator's own message, which training tools already recognise.
+            self.over_budget = (f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {grown} bytes "
+                                f"({func}) with {_mib(self.live_bytes - grown)} of the {_mib(self.budget_bytes)} "
+                                "memory budget in live tensors")
+            raise torch.OutOfMemoryError(self.over_budget)
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+        return out
+
+    def _track(self, tensor: torch.Tensor) -> int:
+        """Count this tensor's storage if it is new (or has grown); the bytes added."""
+        if self.device_type is not None and tensor.device.type != self.device_type:
+            return 0
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return 0  # sparse, nested and other storage-less layouts
+        key = storage._cdata
+        size = block_bytes(storage.nbytes())
+        known = self._sizes.get(key)
+        if known is not None and known[0] == size:
+            return 0  # a view, or an operator that wrote in place: nothing new
+        with self._lock:
+            if known is not None:
+                grown = size - known[0]
+                if grown:
+                    self._sizes[key] = (size, known[1])
+                    self.live_bytes += grown
+                return max(grown, 0)
+            # The storage's Python object lives exactly as long as the storage (torch keeps it alive with
+            # its C++ object), so its weak reference dies when the memory goes back.
+            self._sizes[key] = (size, weakref.ref(storage, functools.partial(self._free, key)))
+            self.live_bytes += size
+        return size
+
+    def _free(self, key: int, _ref: weakref.ref) -> None:
+        with self._lock:
+            size, _ = self._sizes.pop(key, (0, None))
+            self.live_bytes -= size
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.live_bytes
