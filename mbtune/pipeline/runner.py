@@ -173,7 +173,7 @@ class _RankRun:
         self.blocks = tuple(all_blocks[s] for s in self.stage_indices)
         if on_placed is not None:
             on_placed(tuple(b for blocks in self.blocks for b in blocks))
-        self.modules = [workload.build(b, seed=spec.seed, recompute=spec.recompute).to(device) for b in self.blocks]
+        self.modules = [_on(workload.build(b, seed=spec.seed, recompute=spec.recompute), device) for b in self.blocks]
         self.tied = _tie_across(workload, self.modules, self.blocks)
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_model_stages - 1 in self.stage_indices
@@ -192,6 +192,7 @@ class _RankRun:
         self.parameters = list({id(p): p for m in self.modules for p in m.parameters()}.values())
         self.optimizer = _make_optimizer(spec, self.parameters)
         self.output_dtype = ""
+        self.read_losses = True  # off where the tensors are fake (planning/predict.py): they hold no values
 
     def _sum_tied(self) -> None:
         """Each tie held on several ranks: its copies' gradients summed over those ranks (the update is then
@@ -271,7 +272,7 @@ class _RankRun:
         times.last_end_unix_s = end_unix_s
         times.step_s.append(end - start)
         times.pipeline_s.append(pipeline_end - start)
-        if losses:
+        if losses and self.read_losses:
             loss = float(torch.stack([loss.detach().float() for loss in losses]).sum())
             if not math.isfinite(loss):
                 raise NonFiniteLossError(loss, step + 1)
@@ -364,6 +365,14 @@ def _tie_across(workload: Workload, modules: Sequence[nn.Module],
             setattr(other.get_submodule(owner), leaf, shared)
         tied[index] = shared
     return tied
+
+
+def _on(module: nn.Module, device: torch.device) -> nn.Module:
+    """The module on the device; as it is where it is there already (a module of fake tensors, which
+    `.to` would try to swap, predicts a rank's memory: planning/predict.py)."""
+    if all(t.device == device for t in [*module.parameters(), *module.buffers()]):
+        return module
+    return module.to(device)
 
 
 def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer | None:
