@@ -15,8 +15,10 @@ every process, so a size fits or fails the same way every time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 import weakref
 from typing import Any
 
@@ -109,3 +111,16 @@ class TensorBytes(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
+
+
+@contextlib.contextmanager
+def paused(count: TensorBytes | None) -> Iterator[None]:
+    """Tensors created inside are not counted (those counted before still count until they go)."""
+    if count is None or not count.counting:
+        yield
+        return
+    count.__exit__(None, None, None)
+    try:
+        yield
+    finally:
+        count.__enter__()

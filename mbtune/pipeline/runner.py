@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mbtune.device.tensor_bytes import TensorBytes
+from mbtune.device.tensor_bytes import TensorBytes, paused
 from mbtune.errors import NonFiniteLossError
 from mbtune.pipeline.rank_device import (
     count_memory,
@@ -31,7 +31,7 @@ from mbtune.pipeline.rank_device import (
     stop_counting,
     timing_event,
 )
-from mbtune.pipeline.schedules import ActionTimer, build_schedule, build_stage, run_schedule_step
+from mbtune.pipeline.schedules import ActionTimer, StageShapes, build_schedule, build_stage, run_schedule_step
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.split import StageBlocks, split_blocks
 from mbtune.pipeline.theory import stage_to_rank, stages_of_rank
@@ -158,6 +158,15 @@ def _with_precision(module: nn.Module, precision: str, device: torch.device) -> 
     return _Autocast(module, device, torch.bfloat16) if precision == "bf16" else module
 
 
+def stage_module(spec: PipelineSpec, module: nn.Module, blocks: Sequence[int],
+                 keys: Sequence[tuple[str, ...] | None], device: torch.device, *, last: bool) -> nn.Module:
+    """The module a stage of these blocks runs: their chain, taking and handing over flat tensors, under
+    the spec's precision. `keys`: handover_keys (empty with one stage); `last`: the model's last stage."""
+    return _with_precision(StageModule(module, in_keys=keys[blocks[0] - 1] if blocks[0] > 0 else None,
+                                       out_keys=keys[blocks[-1]] if keys else None, last=last),
+                           spec.precision, device)
+
+
 class _RankRun:
     """One rank's stages, schedule, optimizer and timers."""
 
@@ -165,7 +174,8 @@ class _RankRun:
                  all_blocks: StageBlocks, on_placed: Callable[[tuple[int, ...]], None] | None = None, *,
                  pipeline_group: dist.ProcessGroup | None = None,
                  replica_group: dist.ProcessGroup | None = None,
-                 tie_groups: dict[int, dist.ProcessGroup] | None = None, count: TensorBytes | None = None) -> None:
+                 tie_groups: dict[int, dist.ProcessGroup] | None = None, count: TensorBytes | None = None,
+                 stage_shapes: dict[int, StageShapes] | None = None) -> None:
         self.spec, self.device, self.workload, self.count = spec, device, workload, count
         self.rank, self.replica = spec.place(process)
         self.replica_group, self.tie_groups = replica_group, tie_groups or {}
@@ -178,12 +188,11 @@ class _RankRun:
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_model_stages - 1 in self.stage_indices
         self.timer = ActionTimer(new_event=timing_event if device.type == "cuda" else None)
-        keys = handover_keys(workload, spec.seed) if spec.num_model_stages > 1 else ()
-        stages = [build_stage(_with_precision(StageModule(m, in_keys=keys[b[0] - 1] if b[0] > 0 else None,
-                                                          out_keys=keys[b[-1]] if keys else None,
-                                                          last=s == spec.num_model_stages - 1), spec.precision, device),
-                              stage_index=s, num_model_stages=spec.num_model_stages, device=device,
-                              group=pipeline_group)
+        with paused(count):  # a trace of shapes, not training memory
+            keys = handover_keys(workload, spec.seed) if spec.num_model_stages > 1 else ()
+        stages = [build_stage(stage_module(spec, m, b, keys, device, last=s == spec.num_model_stages - 1), stage_index=s,
+                              num_model_stages=spec.num_model_stages, device=device, group=pipeline_group,
+                              shapes=(stage_shapes or {}).get(s))
                   for m, s, b in zip(self.modules, self.stage_indices, self.blocks)]
         for stage in stages:
             self.timer.instrument(stage)

@@ -35,12 +35,33 @@ def schedule_class(schedule: str) -> type:
     return getattr(torch_schedules, schedule_info(schedule).torch_class)
 
 
+# A stage's (inputs, outputs) of one micro-batch, given where the shapes are known before the first step.
+StageShapes = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]
+
+
 def build_stage(module: nn.Module, *, stage_index: int, num_model_stages: int, device: torch.device,
-                group: Any = None) -> PipelineStage:
-    """Wrap one stage's module; shapes are inferred by torch from the first micro-batch. `num_model_stages`
-    counts every stage of the model over all ranks (virtual stages included), what torch calls num_stages;
-    `group` is the process group of this stage's pipeline (None: the whole world)."""
-    return PipelineStage(module, stage_index, num_model_stages, device, group=group)
+                group: Any = None, shapes: StageShapes | None = None) -> PipelineStage:
+    """Wrap one stage's module; shapes are inferred by torch from the first micro-batch, unless given.
+    `num_model_stages` counts every stage of the model over all ranks (virtual stages included), what torch
+    calls num_stages; `group` is the process group of this stage's pipeline (None: the whole world)."""
+    if shapes is None:
+        return PipelineStage(module, stage_index, num_model_stages, device, group=group)
+    inputs, outputs = shapes
+    return PipelineStage(module, stage_index, num_model_stages, device, input_args=inputs, output_args=outputs,
+                         group=group)
+
+
+def take_shapes_as_given(schedule: Any) -> None:
+    """Have the schedule take its stages' given shapes without asking the other ranks first (torch's
+    warm-up vote reads a value sent by every rank; a rank run alone on fake tensors has none to read).
+    Every stage must have been built with its shapes."""
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    def static(stages: Sequence[PipelineStage], has_backward: bool, p2p_done: bool) -> None:
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedule._warmup_p2p = static
 
 
 def build_schedule(schedule: str, stages: Sequence[PipelineStage], *, num_microbatches: int, loss_fn: LossFn) -> Any:

@@ -151,7 +151,7 @@ def materialise(piece: nn.Module, tensors: dict[str, torch.Tensor], aliases: dic
             if value is not None:
                 names[(id(module), leaf)] = aliases[id(value)]
     memo: dict[int, Any] = {}
-    block = copy.deepcopy(piece, memo)
+    block = _copy(piece, memo)
     made: dict[str, nn.Parameter] = {}
     for original in piece.modules():
         module = memo[id(original)]
@@ -229,7 +229,16 @@ def _building_on_meta() -> bool:
 
 
 def _meta(piece: Piece) -> nn.Module:
-    return TracedBlock(replace(piece, module=copy.deepcopy(piece.module)))
+    return TracedBlock(replace(piece, module=_copy(piece.module)))
+
+
+def _copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
+    """A deep copy of a traced (meta) piece; where tensors are fake (a memory prediction), its meta tensors
+    are copied as they are, not as fakes."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return copy.deepcopy(module, memo)
 
 
 def _real(piece: Piece, traced: Traced, tensors: dict[str, torch.Tensor]) -> nn.Module:
