@@ -10,13 +10,18 @@ so the prediction is the peak a sweep's rank measures on the CPU, and the alloca
 allocator reports, less what CUDA adds on its own (cuBLAS workspaces, the allocator's rounding of large
 blocks). The model is never built for real: 8B parameters predict as fast as 8M.
 
+A real send's work object holds the tensor it sends for as long as the schedule holds the work (the
+multi-stage schedules wait for their sends at the end of the step); the fake process group's works hold
+nothing, so here each is wrapped to hold its tensors the same way.
+
 Stage shapes are known before the step (one fake forward of the chain at the micro-batch size), so each
 stage is built with them and torch's first-step shape exchange between ranks is skipped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 import torch
 import torch.distributed as dist
@@ -37,12 +42,14 @@ def fake_tensors() -> Any:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
-def predict_rank_peaks(spec: PipelineSpec) -> tuple[int, ...]:
+def predict_rank_peaks(spec: PipelineSpec, *, workload: Workload | None = None) -> tuple[int, ...]:
     """Peak live tensor bytes of every pipeline rank (of the first replica; the others hold the same), in
-    rank order, over one optimizer step that follows the optimizer's state being created."""
+    rank order, over one optimizer step that follows the optimizer's state being created. `workload`: the
+    spec's, loaded already (a traced model is traced once, for real, on the meta device)."""
     from mbtune.pipeline.runner import stage_blocks
 
-    workload = load_workload(spec.workload, spec.workload_options)  # a traced model is traced for real, on meta
+    if workload is None:
+        workload = load_workload(spec.workload, spec.workload_options)
     with fake_tensors():
         blocks = stage_blocks(spec, workload)
         shapes = stage_shapes(spec, workload, blocks)
@@ -67,6 +74,37 @@ def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequen
     return shapes
 
 
+class _HeldWork:
+    """A fake process group's work that keeps its tensors alive for its own lifetime, as a real one does."""
+
+    def __init__(self, work: Any, tensors: list[torch.Tensor]) -> None:
+        self.work, self.tensors = work, tensors
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
+
+
+@contextlib.contextmanager
+def _works_hold_their_tensors() -> Iterator[None]:
+    from torch.distributed.pipelining import schedules
+
+    plain = schedules._batch_p2p
+
+    def held(p2p_ops: list[dist.P2POp], desc: str | None = None) -> list[Any]:
+        works = plain(p2p_ops, desc)
+        tensors = [op.tensor for op in p2p_ops]
+        return [_HeldWork(work, tensors) for work in works]
+
+    schedules._batch_p2p = held  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        schedules._batch_p2p = plain  # type: ignore[assignment]
+
+
 def _rank_peak(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],
                shapes: dict[int, StageShapes], rank: int) -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -76,7 +114,7 @@ def _rank_peak(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec.world_size)
     try:
         count = TensorBytes()
-        with count:
+        with count, _works_hold_their_tensors():
             pipeline_group, replica_group = _groups(spec, rank)
             run = _RankRun(spec, rank, CPU, workload, tuple(tuple(b) for b in blocks), pipeline_group=pipeline_group,
                            replica_group=replica_group, tie_groups=_tie_groups(spec, workload, blocks, rank),

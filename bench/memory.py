@@ -1,0 +1,116 @@
+"""Benchmark: every rank's predicted peak memory (pipeline/predict.py, before anything runs) against the peak
+the same point's rank measured in a real pipelined run on the CPU (live tensor bytes, device/tensor_bytes.py).
+
+Per workload, schedule, micro-batch count and recompute mode: both ranks' measured and predicted peaks and
+the error; then the median and worst error over all of them, and per (workload, schedule, recompute, rank)
+how far the prediction's growth from the fewest to the most micro-batches is from the measured growth.
+
+Run: .venv/bin/python bench/memory.py [--workloads gpt,hf:llama,hf:bert] [--micro-batches 2,4,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from mbtune.pipeline.launch import run_pipeline_point
+from mbtune.pipeline.spec import PipelineSpec
+from mbtune.worker import run_isolated
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv")
+MIB = 2**20
+
+
+def _predict_all(specs: list[PipelineSpec]) -> list[tuple[int, ...]]:
+    """Every spec's predicted rank peaks, in one process (the workload is loaded once there)."""
+    from mbtune.pipeline.predict import predict_rank_peaks
+    from mbtune.workloads import load_workload
+
+    workload = load_workload(specs[0].workload, specs[0].workload_options)
+    return [predict_rank_peaks(spec, workload=workload) for spec in specs]
+
+
+def _pct(predicted: float, measured: float) -> float:
+    return 100 * (predicted - measured) / measured
+
+
+def run(workloads: list[str], micro_batches: list[int], recomputes: list[str], micro_batch_size: int) -> None:
+    errors: list[float] = []
+    growth: list[tuple[str, float]] = []
+    print(f"2 stages, micro-batch size {micro_batch_size}, one warm-up and one measured step per point; MiB")
+    print(f"{'workload':<10}{'schedule':<18}{'recompute':<10}{'m':>3}{'rank':>5}{'measured':>10}{'predicted':>11}"
+          f"{'error':>8}")
+    for workload in workloads:
+        specs = [PipelineSpec(workload=workload, schedule=schedule, num_ranks=2, num_microbatches=m,
+                              micro_batch_size=micro_batch_size, recompute=recompute, measured_steps=1)
+                 for schedule in SCHEDULES for recompute in recomputes for m in micro_batches]
+        started = time.perf_counter()
+        predicted = run_isolated(_predict_all, specs, timeout_s=3600)
+        if predicted.status != "ok":
+            print(f"{workload}: the prediction failed: {predicted.error}")
+            continue
+        predict_s = time.perf_counter() - started
+        measured: dict[tuple[str, str], dict[int, tuple[int | None, ...]]] = {}
+        for spec, peaks in zip(specs, predicted.value):
+            outcome = run_pipeline_point(spec, timeout_s=600)
+            if not outcome.ok:
+                print(f"{workload:<10}{spec.schedule:<18}{spec.recompute:<10}{spec.num_microbatches:>3}  "
+                      f"{outcome.status}: {outcome.error}")
+                continue
+            measured.setdefault((spec.schedule, spec.recompute), {})[spec.num_microbatches] = outcome.peak_memory_bytes
+            for rank, (real, guess) in enumerate(zip(outcome.peak_memory_bytes, peaks)):
+                if real is None:
+                    continue
+                errors.append(_pct(guess, real))
+                print(f"{workload:<10}{spec.schedule:<18}{spec.recompute:<10}{spec.num_microbatches:>3}{rank:>5}"
+                      f"{real / MIB:>10.2f}{guess / MIB:>11.2f}{errors[-1]:>+7.2f}%")
+            measured[(spec.schedule, spec.recompute)][-spec.num_microbatches] = peaks  # predicted, by -m
+        print(f"{workload}: {len(specs)} points predicted in {predict_s:.1f} s (one process, the model traced once)")
+        growth += _growth(workload, measured, micro_batches)
+    _summary(errors, growth, micro_batches)
+
+
+def _growth(workload: str, table: dict[tuple[str, str], dict[int, tuple[int | None, ...]]],
+            micro_batches: list[int]) -> list[tuple[str, float]]:
+    low, high = min(micro_batches), max(micro_batches)
+    rows = []
+    for (schedule, recompute), by_m in table.items():
+        if low not in by_m or high not in by_m:
+            continue
+        for rank, (lo, hi) in enumerate(zip(by_m[low], by_m[high])):
+            grown, guessed = (hi or 0) - (lo or 0), by_m[-high][rank] - by_m[-low][rank]
+            if grown > 0:
+                rows.append((f"{workload} {schedule} {recompute} rank {rank}: measured +{grown / MIB:.2f}, "
+                             f"predicted +{guessed / MIB:.2f} MiB", _pct(guessed, grown)))
+    return rows
+
+
+def _summary(errors: list[float], growth: list[tuple[str, float]], micro_batches: list[int]) -> None:
+    if not errors:
+        return
+    sizes = sorted(abs(e) for e in errors)
+    quartiles = statistics.quantiles(sizes, n=4) if len(sizes) > 1 else [sizes[0]] * 3
+    print(f"\npeak error over {len(sizes)} rank peaks: median |error| {statistics.median(sizes):.2f}%, "
+          f"quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}%, worst {sizes[-1]:.2f}%")
+    if growth:
+        print(f"growth from m={min(micro_batches)} to m={max(micro_batches)} (where memory grew):")
+        for label, error in growth:
+            print(f"  {label} ({error:+.1f}%)")
+        worst = max(abs(e) for _, e in growth)
+        print(f"growth error: median |error| {statistics.median(abs(e) for _, e in growth):.2f}%, worst {worst:.2f}%")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="gpt,hf:llama,hf:bert")
+    parser.add_argument("--micro-batches", default="2,4,8,16")
+    parser.add_argument("--recompute", default="none,full")
+    parser.add_argument("--micro-batch-size", type=int, default=2)
+    args = parser.parse_args()
+    run(args.workloads.split(","), [int(m) for m in args.micro_batches.split(",")], args.recompute.split(","),
+        args.micro_batch_size)
+
+
+if __name__ == "__main__":
+    main()
