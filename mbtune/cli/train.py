@@ -1,4 +1,4 @@
-"""The training commands: probe, sweep and tune."""
+"""The training commands: probe, confirm, sweep and tune."""
 
 from __future__ import annotations
 
@@ -62,6 +62,7 @@ from mbtune.cli.options import (
     Workload,
     WorkloadOption,
 )
+from mbtune.cli import support
 from mbtune.cli.support import (
     check_run,
     finish,
@@ -227,3 +228,35 @@ def tune(
     outcome = with_progress("tune", lambda p: run_tune(probe_config, sweep_config, p, check=check,
                                                          profiles_dir=target_folder(profiles_dir, save), resume=resume))
     finish(fmt, outcome, plot=plot, trace=trace, output=output)
+
+
+def confirm(
+    command: Annotated[list[str], typer.Argument(help="The training command, after --, as you would run it (at the batch size to confirm).", show_default=False)],
+    memory_budget: Annotated[str, typer.Option("--memory-budget", help="The budget to hold it to, e.g. 3GiB: the probe's, so the cap is a probe trial's.")],
+    runs: Annotated[int, typer.Option("--runs", help="Runs, each in fresh processes.")] = 3,
+    device: Device = "auto",
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds a run may take before it is stopped (counts as crashed).")] = 3600.0,
+    format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
+) -> None:
+    """Run your own training command under the cap a probe trial runs under (CPU: live tensor bytes; CUDA:
+    the per-process memory fraction), set before its first line: exit 0 when every run fits, 1 when one ran
+    out of memory, 3 when one crashed otherwise."""
+    from mbtune.cli.support import check_format
+    from mbtune.device import resolve_device
+    from mbtune.probing.confirm import confirm_command
+    from mbtune.report import make_console
+    from mbtune.report.confirm import print_confirm, print_confirm_run
+    from mbtune.settings import MAX_BUDGET_BYTES, MAX_COUNT
+    from mbtune.units import parse_bytes
+    from mbtune.validation import require
+
+    fmt = check_format(format, allowed=("table", "json"))
+    budget = parse_bytes(memory_budget, name="--memory-budget", at_most=MAX_BUDGET_BYTES)
+    require(1 <= runs <= MAX_COUNT, "runs", runs, f"an integer from 1 to {MAX_COUNT}")
+    require(0 < timeout <= 1e9, "timeout", timeout, "seconds > 0")
+    progress = make_console(stderr=True)
+    result = confirm_command(command, memory_budget_bytes=budget, runs=runs, device=resolve_device(device),
+                             timeout_s=timeout, on_run=None if support.quiet[0] else
+                             lambda index, run: print_confirm_run(progress, index, run))
+    print_confirm(make_console(), result, fmt)
+    raise typer.Exit(result.exit_code)

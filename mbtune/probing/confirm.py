@@ -1,0 +1,126 @@
+"""`mbtune confirm`: the user's own training command, run in fresh processes under exactly the cap a probe
+trial runs under, to show that a batch size holds outside mbtune.
+
+Every Python process the command starts loads probing/cap/sitecustomize.py first (its folder goes first on
+the command's PYTHONPATH): on the CPU it counts that process's live tensor bytes as a trial does and raises
+torch.OutOfMemoryError past the budget; on CUDA it sets the per-process memory fraction a trial sets. Each
+process writes what it held when it ends; a run fits when its command exits 0 and no process went past the
+budget, ran out of memory when one did, and crashed when the command failed otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mbtune.errors import ConfigError
+from mbtune.recordio import Record
+
+FITS, OUT_OF_MEMORY, CRASHED = "fits", "out of memory", "crashed"
+CAP_FOLDER = Path(__file__).with_name("cap")
+COUNTER_FILE = Path(__file__).parent.parent / "device" / "tensor_bytes.py"
+TAIL_LINES = 12
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfirmRun(Record):
+    """One run of the command under the cap."""
+
+    outcome: str  # fits | out of memory | crashed
+    exit_code: int | None
+    peak_bytes: int | None  # the most any of its processes held (None: none reported)
+    processes: int  # Python processes that imported torch and reported
+    wall_s: float
+    cause: str = ""  # why it did not fit: the budget's message, or the command's last error line
+    output_tail: str = ""  # the last lines the command wrote, where it did not fit
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfirmResult(Record):
+    command: tuple[str, ...]
+    device: str
+    memory_budget_bytes: int
+    runs: tuple[ConfirmRun, ...]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every run fit, 1 when one ran out of memory, 3 when one crashed otherwise."""
+        outcomes = {run.outcome for run in self.runs}
+        return 1 if OUT_OF_MEMORY in outcomes else 3 if CRASHED in outcomes else 0
+
+
+def confirm_command(command: Sequence[str], *, memory_budget_bytes: int, runs: int = 3, device: str = "cpu",
+                    timeout_s: float = 3600.0, on_run: Callable[[int, ConfirmRun], None] | None = None) -> ConfirmResult:
+    """Run `command` `runs` times, each in fresh processes under the cap; see the module's text."""
+    if not command:
+        raise ConfigError("no command to confirm", hint="Put it after --: mbtune confirm --memory-budget 8GiB -- "
+                          "python train.py --batch-size 64")
+    done = []
+    for index in range(runs):
+        run = _run_once(list(command), memory_budget_bytes, "cpu" if device == "cpu" else "cuda", timeout_s)
+        if run.processes == 0 and run.outcome == FITS:
+            raise ConfigError(f"{command[0]!r} ran, but no Python process of it imported torch: there was nothing "
+                              "to hold to the budget", hint="Confirm the command that trains: mbtune confirm "
+                              "--memory-budget 8GiB -- python train.py ...")
+        done.append(run)
+        if on_run is not None:
+            on_run(index, run)
+    return ConfirmResult(command=tuple(command), device=device, memory_budget_bytes=memory_budget_bytes,
+                         runs=tuple(done))
+
+
+def cap_environment(memory_budget_bytes: int, device: str, report_dir: str) -> dict[str, str]:
+    """The environment that puts every Python process of a command under the cap (see the module's text)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(CAP_FOLDER), *filter(None, [env.get("PYTHONPATH")])])
+    env.update(MBTUNE_CAP_BUDGET=str(memory_budget_bytes), MBTUNE_CAP_DEVICE=device, MBTUNE_CAP_REPORT=report_dir,
+               MBTUNE_CAP_COUNTER=str(COUNTER_FILE))
+    return env
+
+
+def _run_once(command: list[str], budget: int, device: str, timeout_s: float) -> ConfirmRun:
+    with tempfile.TemporaryDirectory(prefix="mbtune-confirm-") as reports:
+        started = time.perf_counter()
+        try:
+            process = subprocess.Popen(command, env=cap_environment(budget, device, reports), stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        except OSError as exc:
+            raise ConfigError(f"could not start {command[0]!r}: {exc.strerror or exc}",
+                              hint="Give the command as you would run it, after --.") from exc
+        try:
+            output, _ = process.communicate(timeout=timeout_s)
+            code: int | None = process.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            code = None
+        wall_s = time.perf_counter() - started
+        reported = [json.loads(p.read_text()) for p in Path(reports).glob("*.json")]
+    return _classify(code, reported, output, wall_s, timeout_s)
+
+
+def _classify(code: int | None, reported: list[dict], output: str, wall_s: float, timeout_s: float) -> ConfirmRun:
+    peaks = [r["peak_bytes"] for r in reported if r.get("peak_bytes") is not None]
+    over = next((r["over_budget"] for r in reported if r.get("over_budget")), "")
+    raised = next((r["exception"] for r in reported if "OutOfMemoryError" in r.get("exception", "")), "")
+    lines = [line for line in output.splitlines() if line.strip()]
+    tail = "\n".join(lines[-TAIL_LINES:])
+    common = dict(exit_code=code, peak_bytes=max(peaks) if peaks else None, processes=len(reported), wall_s=wall_s)
+    if over or raised:
+        return ConfirmRun(outcome=OUT_OF_MEMORY, cause=over or raised, output_tail=tail, **common)
+    if code == 0:
+        return ConfirmRun(outcome=FITS, **common)
+    if code is None:
+        cause = f"still running after {timeout_s:g} s (--timeout): stopped"
+    elif code < 0:
+        cause = f"killed by signal {-code} ({signal.Signals(-code).name})" if -code in signal.valid_signals() else f"killed ({code})"
+    else:
+        cause = f"exit code {code}: {lines[-1].strip() if lines else 'no output'}"
+    return ConfirmRun(outcome=CRASHED, cause=cause, output_tail=tail, **common)
