@@ -104,13 +104,18 @@ def _train(workload: Workload, config: TrialConfig, backend: Any):
     scaler = torch.amp.GradScaler("cuda") if use_scaler else None
     generator = torch.Generator().manual_seed(config.seed)
     create_optimizer_state(list(model.parameters()), optimizer)
+    # The model's outputs are held from one step into the next, as a training loop's `logits, loss =
+    # model(x, y)` holds them until the next forward returns: the logits of a language model are the largest
+    # tensor of its step, and a batch that leaves no room for them fits mbtune and fails the user's loop.
+    outputs: Any = None
     for _ in range(config.steps):
         inputs, targets = workload.make_batch(config.batch_size, generator)
         inputs, targets = batch_to(inputs, device), targets.to(device)
         backend.synchronize()
         start = time.perf_counter()
         with autocast_for(config.precision, device):
-            loss = workload.loss(model(inputs), targets)
+            outputs = model(inputs)
+            loss = workload.loss(outputs, targets)
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(optimizer)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -23,7 +25,7 @@ def print_confirm(console: Console, result: ConfirmResult, fmt: str) -> None:
         print_json({**result.to_dict(), "exit_code": result.exit_code})
         return
     budget = result.memory_budget_bytes
-    table = Table(title=f"Confirm under {fmt_bytes(budget)} on {result.device}: {escape(' '.join(result.command))}",
+    table = Table(title=f"Confirm under {fmt_bytes(budget)} on {result.device}: {escape(shlex.join(result.command))}",
                   title_justify="left", box=box.SIMPLE_HEAD)
     for name in ("run", "outcome", "peak", "of budget", "exit code", "seconds", "cause"):
         table.add_column(name, justify="left" if name in ("outcome", "cause") else "right")
