@@ -39,6 +39,14 @@ def parse_bytes(text: str, *, name: str = "memory size", at_most: int | None = N
     return value
 
 
+def size_flag(size_bytes: int) -> str:
+    """A byte count as a flag takes it back, exactly: 512MiB, 3GiB, 1536KiB or 1000 (bytes)."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size_bytes >= scale and size_bytes % scale == 0:
+            return f"{size_bytes // scale}{unit}"
+    return str(size_bytes)
+
+
 def parse_device(text: str) -> str:
     """Normalise a device string ('auto', 'cpu', 'cuda', 'cuda:N'); presence is checked by device/."""
     match = _DEVICE_RE.fullmatch(str(text).strip().lower())

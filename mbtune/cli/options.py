@@ -71,7 +71,7 @@ LoadTimeout = Annotated[float, typer.Option("--load-timeout", help="Seconds to i
 TrialTimeout = Annotated[float, typer.Option("--trial-timeout", help="Seconds before a probe trial is killed.")]
 
 
-Confirm = Annotated[int, typer.Option("--confirm", help="Fresh runs the ceiling and the safe batch must each pass.")]
+Confirm = Annotated[int | None, typer.Option("--confirm", help="Fresh runs the ceiling and the safe batch must each pass (default: 1 on the CPU, where a size fits or fails the same way every run; 2 on CUDA).")]
 
 
 ProbeSteps = Annotated[int, typer.Option("--steps", help="Full training steps per probe trial (>= 2).")]

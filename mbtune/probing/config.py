@@ -82,7 +82,7 @@ class ProbeConfig:
     margin: float = DEFAULT_MARGIN
     granularity: int = 1
     max_batch: int | None = None
-    confirm: int = 2
+    confirm: int | None = None  # None: 1 on the CPU (a size's outcome is the same every run), 2 on CUDA
     resolution: int | None = None  # None: 1% of the ceiling, at least one granule; 1: the exact answer
     precision: str = "fp32"
     optimizer: str = "adamw"
@@ -110,7 +110,7 @@ class ProbeConfig:
         _require(self.granularity >= 1, "granularity", self.granularity, "an integer >= 1")
         _require(self.max_batch is None or self.max_batch >= self.granularity, "max_batch", self.max_batch,
                  f">= granularity ({self.granularity})")
-        _require(self.confirm >= 1, "confirm", self.confirm, "an integer >= 1")
+        _require(self.confirm is None or self.confirm >= 1, "confirm", self.confirm, "an integer >= 1")
         _require(self.resolution is None or self.resolution >= 1, "resolution", self.resolution, "an integer >= 1")
         check_at_most(self, MAX_SAMPLES, "granularity", "max_batch", "resolution")
         check_at_most(self, MAX_COUNT, "confirm")

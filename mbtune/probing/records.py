@@ -73,6 +73,16 @@ class MemoryModel(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CeilingPrediction(Record):
+    """Where the fake steps put the ceiling, before any trial."""
+
+    ceiling: int  # the largest size (a multiple of the granularity) whose predicted peak fits the budget
+    peak_bytes: int  # its predicted peak
+    fixed_bytes: float  # the line the sizes gave: fixed + per_sample x batch
+    per_sample_bytes: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecomputeCeiling(Record):
     """What the probe found with activation recompute set otherwise than its main search (ProbeResult's
     own fields), searched the same way right after it."""
@@ -118,6 +128,7 @@ class ProbeResult(Record):
     recompute: str = "none"  # activation recompute of the trials above (one of RECOMPUTE_MODES)
     recompute_ceilings: tuple[RecomputeCeiling, ...] = ()  # the other modes asked for
     mode: str = "train"  # train: full training steps | infer: forward passes only (mbtune serve's ceiling)
+    predicted: CeilingPrediction | None = None  # where the trial's steps on fake tensors put the ceiling
 
     @property
     def stopped_at_max_batch(self) -> bool:

@@ -15,10 +15,11 @@ from mbtune.errors import (
 )
 from mbtune.journal import REPLAYED
 from mbtune.probing.config import ProbeConfig
-from mbtune.probing.records import ProbeResult, RecomputeCeiling, TrialOutcome
+from mbtune.probing.records import CeilingPrediction, ProbeResult, RecomputeCeiling, TrialOutcome
 from mbtune.probing.trial import run_classified_trial
 from mbtune.progress import TrialProgress
-from mbtune.records import DeviceInfo
+from mbtune.records import OK, DeviceInfo
+from mbtune.settings import TRAIN
 
 if TYPE_CHECKING:
     from mbtune.journal import Journal
@@ -51,8 +52,11 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     warnings = list(config.warnings())
     budget = _budget(config, device, warnings)
     search_budget = budget if budget is not None else describe(device, config.trial_timeout_s).total_memory_bytes
-    trials = _Trials(replace(config, memory_budget_bytes=budget), device, progress, store, on_trial)
-    found, *others = [trials.search(mode, search_budget) for mode in config.recompute]  # one search per mode
+    confirm = config.confirm if config.confirm is not None else 1 if device == "cpu" else 2
+    config = replace(config, memory_budget_bytes=budget, confirm=confirm)
+    trials = _Trials(config, device, progress, store, on_trial)
+    predicted = {mode: _predicted(config, device, mode, search_budget, warnings, progress) for mode in config.recompute}
+    found, *others = [trials.search(mode, search_budget, predicted[mode]) for mode in config.recompute]
     for mode, other in zip(config.recompute[1:], others):
         warnings += [f"recompute {mode}: {w}" for w in other.warnings]
     return ProbeResult(
@@ -63,9 +67,9 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         safe_batch_verified=found.safe_batch_verified, memory_budget_bytes=budget,
         memory_model=found.memory_model, precision=config.precision, optimizer=config.optimizer,
         num_parameters=workload.num_parameters, flops_per_sample=workload.flops_per_sample,
-        max_batch=config.max_batch, confirm=config.confirm, steps=config.steps, resolution=found.resolution,
+        max_batch=config.max_batch, confirm=confirm, steps=config.steps, resolution=found.resolution,
         safe_batch_first=found.safe_batch_first, warnings=(*warnings, *workload.warnings, *found.warnings),
-        recompute=config.recompute[0], mode=config.mode,
+        recompute=config.recompute[0], mode=config.mode, predicted=predicted[config.recompute[0]],
         recompute_ceilings=tuple(_recompute_ceiling(mode, other) for mode, other in zip(config.recompute[1:], others)),
     )
 
@@ -79,14 +83,14 @@ class _Trials:
         self.config, self.device, self.progress, self.store, self.on_trial = config, device, progress, store, on_trial
         self.replay = deque(TrialOutcome.from_dict(r) for r in store.replayed(PROBE_TRIAL)) if store else deque()
 
-    def search(self, recompute: str, budget_bytes: int | None) -> SearchResult:
-        """The ceiling search with this recompute mode."""
+    def search(self, recompute: str, budget_bytes: int | None, predicted: CeilingPrediction | None) -> SearchResult:
+        """The ceiling search with this recompute mode, from the predicted ceiling where there is one."""
         from mbtune.probing.search import search_ceiling
 
         c = self.config
         return search_ceiling(lambda size: self.run(size, recompute), granularity=c.granularity,
-                              max_batch=c.max_batch, budget_bytes=budget_bytes, margin=c.margin, confirm=c.confirm,
-                              resolution=c.resolution)
+                              max_batch=c.max_batch, budget_bytes=budget_bytes, margin=c.margin, confirm=c.confirm or 1,
+                              resolution=c.resolution, start=predicted.ceiling if predicted else None)
 
     def run(self, batch_size: int, recompute: str) -> TrialOutcome:
         if self.progress:
@@ -115,6 +119,33 @@ class _Trials:
             raise ConfigError(f"the journal does not match this probe (it ran batch {outcome.batch_size} "
                               f"where this run asks for {batch_size})", hint="Run without --resume.")
         return outcome
+
+
+def _predicted(config: ProbeConfig, device: str, recompute: str, budget: int, warnings: list[str],
+               progress: TrialProgress | None) -> CeilingPrediction | None:
+    """The ceiling the trial's own steps on fake tensors predict (probing/predict.py), in a child process
+    (the workload is user code) under the load timeout; None, with a warning saying why, where they could
+    not run (the search then starts from one granule)."""
+    from mbtune.probing.predict import predict_ceiling
+    from mbtune.worker import run_isolated
+
+    if config.mode != TRAIN:
+        return None
+    if progress:
+        progress.start_trial(f"predicting the ceiling (recompute {recompute})" if len(config.recompute) > 1
+                             else "predicting the ceiling")
+    trial = config.trial(batch_size=config.granularity, device=device, recompute=recompute)
+    result = run_isolated(predict_ceiling, trial, budget, config.granularity, config.max_batch,
+                          timeout_s=config.load_timeout_s + config.trial_timeout_s)
+    if progress:
+        progress.end_trial(result.status, f"batch {result.value.ceiling}" if result.status == OK and result.value
+                           else "")
+    if result.status != OK:
+        cause = (result.error or result.status).strip().splitlines()[-1] if (result.error or result.status) else ""
+        warnings.append(f"the ceiling could not be predicted before the trials ({cause}); the search started "
+                        "from one granule")
+        return None
+    return result.value
 
 
 def _recompute_ceiling(recompute: str, found: SearchResult) -> RecomputeCeiling:

@@ -268,26 +268,44 @@ def _narrow(state: _State, guess: float | None) -> int:
 
 def search_ceiling(run_trial: RunTrial, *, granularity: int = 1, max_batch: int | None = None,
                    budget_bytes: int | None = None, margin: float = 0.15, confirm: int = 2,
-                   resolution: int | None = None) -> SearchResult:
+                   resolution: int | None = None, start: int | None = None) -> SearchResult:
     """Find the largest batch (a multiple of granularity) that runs, with the next size tried above it
     failing for memory no more than `resolution` above it; confirm it passed `confirm` times; find a safe
-    batch that passes `confirm` fresh runs."""
+    batch that passes `confirm` fresh runs.
+
+    `start`: a predicted ceiling. The search tries it first, then one resolution above it: where that
+    fails, the prediction was right and the bracket is closed in two trials; otherwise the search goes on
+    from what those two trials showed."""
     if max_batch is not None:
         max_batch = max(granularity, _round_down(max_batch, granularity))
     state = _State(granularity=granularity, max_batch=max_batch, budget_bytes=budget_bytes, resolution=resolution)
     size: int | None = granularity
+    if start is not None:
+        size = max(granularity, _round_down(start, granularity))
+        size = min(size, max_batch) if max_batch is not None else size
     while size is not None:
         outcome = _run(run_trial, size, state)
         state.record(outcome)
-        if not outcome.ok and not state.passes:
+        if not outcome.ok and not state.passes and size == granularity:
             raise BudgetTooSmallError(
                 f"batch {size} runs out of memory already ({outcome.error.splitlines()[0] if outcome.error else 'OOM'})")
-        size = _next_size(state)
+        size = _above_the_prediction(state) if start is not None and len(state.trials) == 1 else _next_size(state)
         if size is None and state.lo and state.passes.get(state.lo, 0) < confirm:
             size = state.lo
     if not state.lo:
         raise BudgetTooSmallError(f"no batch size of {granularity} or more ran reliably")
     return _finish(run_trial, state, margin, confirm)
+
+
+def _above_the_prediction(state: _State) -> int | None:
+    """After the predicted ceiling was tried: one resolution above it where it ran (None where that is
+    past max_batch); where it failed, the search's own next step down."""
+    if not state.lo:
+        return _next_size(state)
+    if state.max_batch is not None and state.lo >= state.max_batch:
+        return None
+    size = state.lo + state.stop_width()
+    return min(size, state.max_batch) if state.max_batch is not None else size
 
 
 def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
@@ -315,12 +333,12 @@ def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
 
 def _finish(run_trial: RunTrial, state: _State, margin: float, confirm: int) -> SearchResult:
     ceiling, first_failing, g = state.lo, state.hi, state.granularity
-    model = fit_memory_model(state.trials)
     first = min(safe_batch_for(ceiling, margin, g), ceiling)
     warnings = []
     if ceiling * (1.0 - margin) < g:
         warnings.append(f"the ceiling ({ceiling}) is so small that the safe batch is one granule ({first})")
     safe, failed_at = _verified_safe_batch(run_trial, state, first, margin, confirm)
+    model = fit_memory_model(state.trials)
     if failed_at:
         why = ("memory barely grows with the batch over these trials (the memory model is not resolved), so "
                "the margin buys little room" if model is None or not model.resolved else

@@ -44,7 +44,8 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
         workload = load_workload(config.workload, config.workload_options)
         if config.mode == INFER:
             step_times_s = _infer(workload, config)
-        for step, (step_s, loss) in enumerate(_train(workload, config, backend) if config.mode == TRAIN else (), 1):
+        for step, (step_s, loss_tensor) in enumerate(train_steps(workload, config, backend) if config.mode == TRAIN else (), 1):
+            loss = float(loss_tensor)
             if not math.isfinite(loss):
                 raise NonFiniteLossError(loss, step)
             step_times_s.append(step_s)
@@ -94,8 +95,9 @@ def _traceback_tail() -> str:
     return tail_lines(traceback.format_exc())
 
 
-def _train(workload: Workload, config: TrialConfig, backend: Any):
-    """Yield (step seconds, loss) for each full training step: forward, backward, optimizer step."""
+def train_steps(workload: Workload, config: TrialConfig, backend: Any):
+    """Yield (step seconds, the loss, detached) for each full training step: forward, backward, optimizer
+    step. `backend`: torch_device and synchronize() of the trial's device."""
     device = torch.device(backend.torch_device)
     model = workload.build(seed=config.seed, recompute=config.recompute).to(device)
     model.train()
@@ -126,7 +128,7 @@ def _train(workload: Workload, config: TrialConfig, backend: Any):
         optimizer.zero_grad(set_to_none=True)
         backend.synchronize()
         step_s = time.perf_counter() - start
-        yield step_s, float(loss.detach())
+        yield step_s, loss.detach()
         del inputs, targets, loss
 
 

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from mbtune.probing.records import MemoryModel, ProbeResult, TrialOutcome
 from mbtune.records import HARNESS_FAULT
+from mbtune.units import size_flag
 from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 
 _STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red", "killed": "red",
@@ -68,6 +69,11 @@ def summary_panel(result: ProbeResult) -> Panel:
                                 f"(resolution {result.resolution or result.granularity})")
     grid.add_row("margin", f"{result.margin:.0%}")
     grid.add_row("safe batch", f"[bold green]{result.safe_batch}[/] ({_verified(result)})")
+    if result.predicted is not None:
+        grid.add_row("predicted", predicted_text(result))
+    if result.memory_budget_bytes and result.mode == "train":
+        grid.add_row("your script", f"mbtune confirm --memory-budget {size_flag(result.memory_budget_bytes)} -- "
+                                    f"<your training command at batch {result.safe_batch}>")
     grid.add_row("memory model", memory_model_text(result.memory_model))
     grid.add_row("trials", str(len(result.trials)))
     if result.recompute != "none" or result.recompute_ceilings:
@@ -79,6 +85,18 @@ def summary_panel(result: ProbeResult) -> Panel:
                      f"[bold green]{other.safe_batch}[/]{verified}, peak {fmt_bytes(other.peak_memory_bytes)} at "
                      f"the ceiling ({other.trials} trials)")
     return Panel(grid, title="Probe result", title_align="left", expand=False)
+
+
+def predicted_text(result: ProbeResult) -> str:
+    """Where the fake steps put the ceiling before any trial, and how far that was from what the trials found."""
+    predicted = result.predicted
+    assert predicted is not None
+    off = predicted.ceiling - result.ceiling
+    verdict = ("exact" if off == 0 else
+               f"{off:+d} ({off / result.ceiling:+.1%}), within the resolution" if abs(off) < (result.resolution or 1)
+               else f"off by {off:+d} ({off / result.ceiling:+.1%})")
+    return (f"ceiling {predicted.ceiling} before any trial (peak {fmt_bytes(predicted.peak_bytes)} on fake tensors): "
+            f"{verdict}")
 
 
 def _verified(result: ProbeResult) -> str:

@@ -87,7 +87,7 @@ class ServeConfig:
     margin: float = DEFAULT_MARGIN
     granularity: int = 1
     max_batch: int | None = DEFAULT_SERVE_MAX_BATCH  # the inference probe grows no further
-    confirm: int = 2
+    confirm: int | None = None  # None: the probe's default (1 on the CPU, 2 on CUDA)
     resolution: int | None = None
     threads: int | None = None  # the model process's torch threads (default: all cores but one)
     window_s: float = 1.0  # a measurement window (open loop: long enough for 100 expected arrivals)

@@ -1,0 +1,81 @@
+"""The probe's ceiling, predicted before any trial runs: a trial's own training steps (trial.train_steps: the
+model as built, its optimizer and state, its outputs held into the next step) run on fake tensors, shapes
+and storages without memory or arithmetic, their live tensor bytes counted as the CPU budget counts them
+(device/tensor_bytes.py). A few sizes give the line bytes = fixed + per sample x batch; the largest size
+whose predicted peak fits the budget is checked on fake tensors too, and the probe starts there.
+
+On the CPU the prediction counts what the trial counts. On CUDA it predicts the allocated peak; the budget
+caps what the allocator reserves, which is more (its blocks, cuBLAS workspaces), so a CUDA probe starts at
+the prediction and the trials find how far it was.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from mbtune.probing.config import TrialConfig
+from mbtune.probing.records import CeilingPrediction
+from mbtune.workloads import Workload, load_workload
+
+# The sizes the line is fitted through, in granules: far enough apart that the fixed part (weights and
+# optimizer state) does not blur the slope, small enough to predict in a second or two.
+LINE_SIZES = (1, 9)
+MAX_CHECKS = 12  # fake steps spent walking to the largest size that fits, past the line's first guess
+
+
+class _FakeBackend:
+    """What train_steps needs of a device, on fake tensors."""
+
+    def __init__(self, device: str) -> None:
+        self.torch_device = device
+
+    def synchronize(self) -> None:
+        """Nothing runs: nothing to wait for."""
+
+
+def predict_trial_peak(config: TrialConfig, workload: Workload | None = None) -> int:
+    """The peak live tensor bytes of this trial's training steps, from the same steps on fake tensors.
+    `workload`: the config's, loaded already (a traced model is traced once, for real, on meta)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mbtune.device.tensor_bytes import TensorBytes
+    from mbtune.probing.trial import train_steps
+    if workload is None:
+        workload = load_workload(config.workload, config.workload_options)
+    device = "cuda" if config.device.startswith("cuda") else "cpu"
+    count = TensorBytes(device_type=device)
+    with FakeTensorMode(allow_non_fake_inputs=True), count, torch.random.fork_rng(devices=[]):
+        for _ in train_steps(workload, replace(config, memory_budget_bytes=None), _FakeBackend(config.device)):
+            pass
+    return count.peak_bytes
+
+
+def predict_ceiling(config: TrialConfig, budget_bytes: int, granularity: int,
+                    max_batch: int | None = None) -> CeilingPrediction | None:
+    """The largest size whose predicted peak fits `budget_bytes` (None: not even one granule fits)."""
+    peaks: dict[int, int] = {}
+    workload = load_workload(config.workload, config.workload_options)
+
+    def peak(size: int) -> int:
+        if size not in peaks:
+            peaks[size] = predict_trial_peak(replace(config, batch_size=size), workload)
+        return peaks[size]
+
+    small, large = (n * granularity for n in LINE_SIZES)
+    per_sample = max((peak(large) - peak(small)) / (large - small), 1.0)
+    fixed = peak(small) - per_sample * small
+    if peak(small) > budget_bytes:
+        return None
+    size = max(small, math.floor((budget_bytes - fixed) / per_sample / granularity) * granularity)
+    if max_batch is not None:
+        size = min(size, max(granularity, max_batch // granularity * granularity))
+    for _ in range(MAX_CHECKS):  # the line is exact for most models; where it is not, walk to the edge
+        if peak(size) > budget_bytes:
+            size -= granularity
+        elif (max_batch is None or size + granularity <= max_batch) and peak(size + granularity) <= budget_bytes:
+            size += granularity
+        else:
+            break
+    return CeilingPrediction(ceiling=size, peak_bytes=peak(size), fixed_bytes=fixed, per_sample_bytes=per_sample)
