@@ -39,6 +39,14 @@ def create_optimizer_state(params: list[torch.nn.Parameter], optimizer: torch.op
             state["step"] = 0
 
 
+def on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The module on the device; as it is where it is there already (a module of fake tensors, which
+    `.to` would try to swap, predicts memory: probing/predict.py, pipeline/predict.py)."""
+    if all(t.device == device for t in [*module.parameters(), *module.buffers()]):
+        return module
+    return module.to(device)
+
+
 def make_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
     """The optimizer a probe trial and every pipeline rank train with (the same state, so the same memory)."""
     if name == "sgd":

@@ -22,6 +22,7 @@ from torch import nn
 
 from mbtune.device.tensor_bytes import TensorBytes, paused
 from mbtune.errors import NonFiniteLossError
+from mbtune.training import on_device
 from mbtune.pipeline.rank_device import (
     count_memory,
     device_uuid,
@@ -183,7 +184,7 @@ class _RankRun:
         self.blocks = tuple(all_blocks[s] for s in self.stage_indices)
         if on_placed is not None:
             on_placed(tuple(b for blocks in self.blocks for b in blocks))
-        self.modules = [_on(workload.build(b, seed=spec.seed, recompute=spec.recompute), device) for b in self.blocks]
+        self.modules = [on_device(workload.build(b, seed=spec.seed, recompute=spec.recompute), device) for b in self.blocks]
         self.tied = _tie_across(workload, self.modules, self.blocks)
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_model_stages - 1 in self.stage_indices
@@ -374,14 +375,6 @@ def _tie_across(workload: Workload, modules: Sequence[nn.Module],
             setattr(other.get_submodule(owner), leaf, shared)
         tied[index] = shared
     return tied
-
-
-def _on(module: nn.Module, device: torch.device) -> nn.Module:
-    """The module on the device; as it is where it is there already (a module of fake tensors, which
-    `.to` would try to swap, predicts a rank's memory: planning/predict.py)."""
-    if all(t.device == device for t in [*module.parameters(), *module.buffers()]):
-        return module
-    return module.to(device)
 
 
 def _make_optimizer(spec: PipelineSpec, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer | None:

@@ -20,7 +20,7 @@ from mbtune.probing.config import TrialConfig
 from mbtune.probing.records import TrialOutcome
 from mbtune.records import ERROR, HARNESS_FAULT, NONFINITE, OK, OOM, WORKLOAD_FAULT
 from mbtune.settings import INFER, TRAIN, lr_for
-from mbtune.training import autocast_for, create_optimizer_state, make_optimizer
+from mbtune.training import autocast_for, create_optimizer_state, make_optimizer, on_device
 from mbtune.worker import failure_tail, run_isolated
 from mbtune.workloads import Workload, load_workload
 from mbtune.workloads.chain import batch_to, failed_block
@@ -99,7 +99,7 @@ def train_steps(workload: Workload, config: TrialConfig, backend: Any):
     """Yield (step seconds, the loss, detached) for each full training step: forward, backward, optimizer
     step. `backend`: torch_device and synchronize() of the trial's device."""
     device = torch.device(backend.torch_device)
-    model = workload.build(seed=config.seed, recompute=config.recompute).to(device)
+    model = on_device(workload.build(seed=config.seed, recompute=config.recompute), device)
     model.train()
     optimizer = make_optimizer(config.optimizer, list(model.parameters()), lr=lr_for(config.optimizer, config.lr))
     use_scaler = config.precision == "fp16"
