@@ -308,3 +308,31 @@ def test_a_misfit_at_small_sizes_does_not_widen_the_default_resolution():
     result = search_ceiling(run, budget_bytes=budget_for(1000))
     assert result.resolution == 10
     assert result.ceiling <= 1000 < result.first_failing <= result.ceiling + 10
+
+
+@pytest.mark.parametrize("limit", [7, 389, 1000])
+def test_a_prediction_within_the_resolution_is_confirmed_in_three_trials(limit):
+    run = fake_trials(below(limit))
+    result = search_ceiling(run, budget_bytes=budget_for(limit), confirm=1, start=limit)
+    assert (result.ceiling, result.first_failing) == (limit, limit + result.resolution)
+    assert run.sizes == [limit, limit + result.resolution, result.safe_batch]  # the top, above it, the safe batch
+
+
+@pytest.mark.parametrize(("limit", "start"), [(389, 300), (389, 500), (389, 2000), (7, 100), (1000, 1)])
+def test_a_wrong_prediction_still_ends_at_the_exact_ceiling(limit, start):
+    run = fake_trials(below(limit))
+    result = search_ceiling(run, budget_bytes=budget_for(limit), resolution=1, start=start)
+    assert (result.ceiling, result.first_failing) == (limit, limit + 1)
+
+
+def test_a_prediction_past_max_batch_starts_at_max_batch_and_stops_there():
+    run = fake_trials(below(1000))
+    result = search_ceiling(run, budget_bytes=budget_for(1000), max_batch=64, confirm=1, start=500)
+    assert result.ceiling == 64 and result.first_failing is None and run.sizes[0] == 64
+
+
+def test_a_first_size_that_fails_is_too_small_a_budget_only_at_one_granule():
+    run = fake_trials(below(0))
+    with pytest.raises(BudgetTooSmallError):
+        search_ceiling(run, budget_bytes=budget_for(0), start=50)
+    assert run.sizes[0] == 50 and run.sizes[-1] == 1
