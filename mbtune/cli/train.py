@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from mbtune.cli import support
 from mbtune.cli.options import (
     PROFILES,
     RECOMPUTE,
@@ -62,7 +63,6 @@ from mbtune.cli.options import (
     Workload,
     WorkloadOption,
 )
-from mbtune.cli import support
 from mbtune.cli.support import (
     check_run,
     finish,

@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Iterator
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch

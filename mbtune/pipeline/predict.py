@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -98,11 +99,11 @@ def _works_hold_their_tensors() -> Iterator[None]:
         tensors = [op.tensor for op in p2p_ops]
         return [_HeldWork(work, tensors) for work in works]
 
-    schedules._batch_p2p = held  # type: ignore[assignment]
+    schedules._batch_p2p = held
     try:
         yield
     finally:
-        schedules._batch_p2p = plain  # type: ignore[assignment]
+        schedules._batch_p2p = plain
 
 
 def _rank_peak(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],
@@ -117,7 +118,7 @@ def _rank_peak(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence
         with count, _works_hold_their_tensors():
             pipeline_group, replica_group = _groups(spec, rank)
             run = _RankRun(spec, rank, CPU, workload, tuple(tuple(b) for b in blocks), pipeline_group=pipeline_group,
-                           replica_group=replica_group, tie_groups=_tie_groups(spec, workload, blocks, rank),
+                           replica_group=replica_group, tie_groups=_tie_groups(spec, workload, tuple(tuple(b) for b in blocks), rank),
                            count=count, stage_shapes=shapes)
             take_shapes_as_given(run.schedule)
             run.read_losses = False

@@ -22,7 +22,6 @@ from torch import nn
 
 from mbtune.device.tensor_bytes import TensorBytes, paused
 from mbtune.errors import NonFiniteLossError
-from mbtune.training import on_device
 from mbtune.pipeline.rank_device import (
     count_memory,
     device_uuid,
@@ -37,6 +36,7 @@ from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.split import StageBlocks, split_blocks
 from mbtune.pipeline.theory import stage_to_rank, stages_of_rank
 from mbtune.pipeline.timeline import StageReport
+from mbtune.training import on_device
 from mbtune.workloads import Workload, load_workload
 from mbtune.workloads.chain import StageModule, batch_rows, batch_to, handover_keys
 

@@ -112,15 +112,19 @@ def _classify(code: int | None, reported: list[dict], output: str, wall_s: float
     raised = next((r["exception"] for r in reported if "OutOfMemoryError" in r.get("exception", "")), "")
     lines = [line for line in output.splitlines() if line.strip()]
     tail = "\n".join(lines[-TAIL_LINES:])
-    common = dict(exit_code=code, peak_bytes=max(peaks) if peaks else None, processes=len(reported), wall_s=wall_s)
+
+    def run(outcome: str, cause: str = "", output_tail: str = "") -> ConfirmRun:
+        return ConfirmRun(outcome=outcome, exit_code=code, peak_bytes=max(peaks) if peaks else None,
+                          processes=len(reported), wall_s=wall_s, cause=cause, output_tail=output_tail)
+
     if over or raised:
-        return ConfirmRun(outcome=OUT_OF_MEMORY, cause=over or raised, output_tail=tail, **common)
+        return run(OUT_OF_MEMORY, over or raised, tail)
     if code == 0:
-        return ConfirmRun(outcome=FITS, **common)
+        return run(FITS)
     if code is None:
         cause = f"still running after {timeout_s:g} s (--timeout): stopped"
     elif code < 0:
         cause = f"killed by signal {-code} ({signal.Signals(-code).name})" if -code in signal.valid_signals() else f"killed ({code})"
     else:
         cause = f"exit code {code}: {lines[-1].strip() if lines else 'no output'}"
-    return ConfirmRun(outcome=CRASHED, cause=cause, output_tail=tail, **common)
+    return run(CRASHED, cause, tail)

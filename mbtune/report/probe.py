@@ -11,8 +11,8 @@ from rich.text import Text
 
 from mbtune.probing.records import MemoryModel, ProbeResult, TrialOutcome
 from mbtune.records import HARNESS_FAULT
-from mbtune.units import size_flag
 from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
+from mbtune.units import size_flag
 
 _STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red", "killed": "red",
                  "nonfinite": "red"}

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import os
 
-from mbtune.probing.confirm import CAP_FOLDER, COUNTER_FILE, CRASHED, FITS, OUT_OF_MEMORY, ConfirmResult, ConfirmRun, \
-    _classify, cap_environment
+from mbtune.probing.confirm import (
+    CAP_FOLDER,
+    COUNTER_FILE,
+    CRASHED,
+    FITS,
+    OUT_OF_MEMORY,
+    ConfirmResult,
+    ConfirmRun,
+    _classify,
+    cap_environment,
+)
 
 
 def _report(peak=100, over="", exception=""):

@@ -24,8 +24,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _load_counter():
     spec = importlib.util.spec_from_file_location("_mbtune_tensor_bytes", os.environ["MBTUNE_CAP_COUNTER"])
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclass-free, but keep it findable for pickling and tracebacks
+    sys.modules[spec.name] = module  # findable for tracebacks and pickling
     spec.loader.exec_module(module)
     return module
 
