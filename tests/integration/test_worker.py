@@ -73,30 +73,3 @@ def test_no_process_outlives_its_trial():
     while alive(result.value) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(result.value)
-
-
-def reserved_arenas_after_a_new_thread_allocates(pin: bool) -> int:
-    """Count the untouched 64 MiB reservations glibc makes for malloc arenas, after one more thread allocates."""
-    import threading
-
-    from mbtune.device.cpu import share_one_malloc_arena
-
-    if pin:
-        share_one_malloc_arena()
-    thread = threading.Thread(target=lambda: [bytearray(1000) for _ in range(100)])
-    thread.start()
-    thread.join()
-    count = 0
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            span, perms = line.split()[:2]
-            start, end = (int(x, 16) for x in span.split("-"))
-            count += perms == "---p" and end - start > 32 * 2**20
-    return count
-
-
-def test_a_capped_trial_gains_no_malloc_arena_from_a_new_thread():
-    unpinned = run_isolated(reserved_arenas_after_a_new_thread_allocates, False, timeout_s=60)
-    pinned = run_isolated(reserved_arenas_after_a_new_thread_allocates, True, timeout_s=60)
-    assert unpinned.status == pinned.status == "ok", (unpinned.error, pinned.error)
-    assert pinned.value == unpinned.value - 1
