@@ -3,8 +3,8 @@ and Hugging Face Accelerate's `find_executable_batch_size`.
 
 Each peer runs once, whole, in its own fresh process forked from mbtune's forkserver (torch preloaded) and
 capped exactly as an mbtune CPU trial is: the peer's library is imported first, then the same
-`CpuBackend.limit_memory` call mbtune's trial makes (one malloc arena, RLIMIT_AS = start-up size +
-budget), then the workload is built and the peer searches the way it was written to: it catches each
+`CpuBackend.limit_memory` call mbtune's trial makes (the live tensor bytes of the process's main thread
+counted against the budget, torch.OutOfMemoryError past it), then the workload is built and the peer searches the way it was written to: it catches each
 OOM inside that one process and tries again. The optimizer and the training step are mbtune's own.
 
 Both peers decide "this was an OOM" by reading the exception's message. A wrapper around that check
@@ -34,7 +34,7 @@ from mbtune.worker import run_isolated
 
 PEERS = ("lightning", "accelerate")
 _MODULES = {"lightning": "lightning.pytorch", "accelerate": "accelerate"}
-# A message of the kind torch's CPU allocator raises under an address-space cap, for the static check.
+# A message of the kind torch's CPU allocator raises, for the static check.
 CPU_ALLOCATOR_MESSAGE = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
                          "memory: you tried to allocate 268435456 bytes. Error code 12 (Cannot allocate memory)")
 

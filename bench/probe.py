@@ -168,7 +168,7 @@ def print_settings(args: argparse.Namespace, config: ProbeConfig, trial, peers: 
           f"({config.memory_budget_bytes} bytes), granularity {config.granularity}, repeats {args.repeats}")
     print(f"training step: {trial.steps} steps of forward, loss, backward, {trial.optimizer} step, "
           f"precision {trial.precision}, torch threads {trial.threads or 'all cores'}; every process capped as "
-          f"mbtune's CPU trials are (RLIMIT_AS = start-up size + budget, malloc arenas pinned to one)")
+          f"mbtune's CPU trials are (live tensor bytes counted against the budget)")
     print(f"mbtune search_ceiling keywords: {probe_kwargs(config)}")
     print(f"peers: {', '.join(peers) or 'none'}" + "".join(f"; skipped {name}: {why}" for name, why in skipped.items()))
     if "lightning" in peers:

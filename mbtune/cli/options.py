@@ -98,6 +98,7 @@ Granularity = Annotated[int, typer.Option(help="Probe batch sizes are multiples 
 MaxBatch = Annotated[int | None, typer.Option("--max-batch", help="Stop the probe growing at this batch size.")]
 
 
+Predict = Annotated[bool, typer.Option("--predict/--no-predict", help="Start the search from the ceiling the trial's own steps on fake tensors predict (no memory, no trial); --no-predict grows from one granule.")]
 Resolution = Annotated[int | None, typer.Option(help="Stop the probe once [ceiling, first failing) is this narrow (default: 1% of the ceiling, at least one granule; 1: the exact answer).")]
 
 

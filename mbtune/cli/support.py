@@ -37,7 +37,7 @@ def probe_config_from(options: Mapping[str, Any], *, steps: str = "steps") -> Pr
     return ProbeConfig(
         workload=o["workload"], workload_options=parse_options(o["option"] or []), device=o["device"],
         memory_budget_bytes=budget, margin=o["margin"], granularity=o["granularity"], max_batch=o["max_batch"],
-        confirm=o["confirm"], resolution=o["resolution"], precision=o["precision"], optimizer=o["optimizer"],
+        confirm=o["confirm"], resolution=o["resolution"], predict=o["predict"], precision=o["precision"], optimizer=o["optimizer"],
         steps=o[steps], threads=o["threads"], trial_timeout_s=o["trial_timeout"], load_timeout_s=o["load_timeout"],
         lr=o["lr"], seed=o["seed"], recompute=parse_list(o["recompute"], name="--recompute", convert=str),
         command_line=command_line())

@@ -20,15 +20,14 @@ stage is built with them and torch's first-step shape exchange between ranks is 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from mbtune.device.tensor_bytes import TensorBytes
-from mbtune.pipeline.schedules import StageShapes, take_shapes_as_given
+from mbtune.pipeline.schedules import StageShapes, take_shapes_as_given, works_hold_their_tensors
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.workloads import Workload, load_workload
 from mbtune.workloads.chain import handover_keys
@@ -75,37 +74,6 @@ def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequen
     return shapes
 
 
-class _HeldWork:
-    """A fake process group's work that keeps its tensors alive for its own lifetime, as a real one does."""
-
-    def __init__(self, work: Any, tensors: list[torch.Tensor]) -> None:
-        self.work, self.tensors = work, tensors
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        return self.work.wait(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.work, name)
-
-
-@contextlib.contextmanager
-def _works_hold_their_tensors() -> Iterator[None]:
-    from torch.distributed.pipelining import schedules
-
-    plain = schedules._batch_p2p
-
-    def held(p2p_ops: list[dist.P2POp], desc: str | None = None) -> list[Any]:
-        works = plain(p2p_ops, desc)
-        tensors = [op.tensor for op in p2p_ops]
-        return [_HeldWork(work, tensors) for work in works]
-
-    schedules._batch_p2p = held
-    try:
-        yield
-    finally:
-        schedules._batch_p2p = plain
-
-
 def _rank_peak(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],
                shapes: dict[int, StageShapes], rank: int) -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -115,7 +83,7 @@ def _rank_peak(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec.world_size)
     try:
         count = TensorBytes()
-        with count, _works_hold_their_tensors():
+        with count, works_hold_their_tensors():
             pipeline_group, replica_group = _groups(spec, rank)
             run = _RankRun(spec, rank, CPU, workload, tuple(tuple(b) for b in blocks), pipeline_group=pipeline_group,
                            replica_group=replica_group, tie_groups=_tie_groups(spec, workload, tuple(tuple(b) for b in blocks), rank),

@@ -11,10 +11,11 @@ private lowering to send/recv actions (`_prepare_schedule_with_comms`) but keepi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,6 +63,37 @@ def take_shapes_as_given(schedule: Any) -> None:
             stage._inference_mode = InferenceMode.STATIC
 
     schedule._warmup_p2p = static
+
+
+class _HeldWork:
+    """A fake process group's work that keeps its tensors alive for its own lifetime, as a real one does."""
+
+    def __init__(self, work: Any, tensors: list[torch.Tensor]) -> None:
+        self.work, self.tensors = work, tensors
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
+
+
+@contextlib.contextmanager
+def works_hold_their_tensors() -> Iterator[None]:
+    """While inside, the schedules' sends and receives return works that hold their tensors for their
+    own lifetime, as a real process group's do (the fake one's hold nothing)."""
+    plain = torch_schedules._batch_p2p
+
+    def held(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
+        works = plain(p2p_ops, desc)
+        tensors = [op.tensor for op in p2p_ops]
+        return [_HeldWork(work, tensors) for work in works]
+
+    torch_schedules._batch_p2p = held
+    try:
+        yield
+    finally:
+        torch_schedules._batch_p2p = plain
 
 
 def build_schedule(schedule: str, stages: Sequence[PipelineStage], *, num_microbatches: int, loss_fn: LossFn) -> Any:

@@ -129,7 +129,7 @@ def _predicted(config: ProbeConfig, device: str, recompute: str, budget: int, wa
     from mbtune.probing.predict import predict_ceiling
     from mbtune.worker import run_isolated
 
-    if config.mode != TRAIN:
+    if config.mode != TRAIN or not config.predict:
         return None
     if progress:
         progress.start_trial(f"predicting the ceiling (recompute {recompute})" if len(config.recompute) > 1

@@ -59,7 +59,7 @@ def test_sighup_mid_probe_keeps_the_journal_and_resume_replays_it(tmp_path):
 def test_a_trial_killed_from_outside_runs_again_on_resume(tmp_path):
     marker = tmp_path / "killed"
     args = ["probe", "-w", "tests.fixtures.workloads:killed_once", "-O", f"marker={marker}", "-d", "cpu",
-            "--max-batch", "16", "--profiles-dir", str(tmp_path / "profiles")]
+            "--max-batch", "16", "--no-predict", "--profiles-dir", str(tmp_path / "profiles")]
     first = mbtune(*args)
     assert first.returncode == 3 and "killed" in first.stderr and "--resume runs it again" in first.stderr
     resumed = mbtune(*args, "--resume", "--format", "json")
@@ -110,7 +110,7 @@ def test_a_full_disk_at_save_time_keeps_the_journal_and_resume_saves(small_disk)
 def test_ctrl_c_mid_tune_then_resume_replays_probe_and_sweep(tmp_path):
     tag = uuid.uuid4().hex
     args = ["tune", *SMALL, "--memory-budget", "200MiB", "--max-batch", "64", "-p", "2", "--schedules", "gpipe",
-            "-m", "2,4", "--accum", "1", "--steps", "1", "--profiles-dir", str(tmp_path)]
+            "-m", "2,4", "--accum", "1", "--steps", "1", "--no-predict", "--profiles-dir", str(tmp_path)]
     process = start(args, tag)
     wait_for_lines(process, "trial 3:")
     process.send_signal(signal.SIGINT)

@@ -162,7 +162,7 @@ def test_quiet_verbose_and_output(tmp_path):
     args = ["probe", "-w", "mlp", "-O", "layers=1", "-O", "width=16", "-d", "cpu", "--max-batch", "8", "--no-save"]
     run = mbtune_here("-q", "-v", *args, "-f", "json", "-o", str(target))  # no progress lines, but the log
     assert run.returncode == 0 and "trial 1" not in run.stderr and run.stdout == ""
-    assert "batch 1: ok" in run.stderr
+    assert "batch 8: ok" in run.stderr  # the log: the predicted ceiling (--max-batch) first
     assert json.loads(target.read_text())["ceiling"] == 8
 
 
