@@ -4,8 +4,8 @@ and Hugging Face Accelerate's `find_executable_batch_size`.
 Each peer runs once, whole, in its own fresh process forked from mbtune's forkserver (torch preloaded) and
 capped exactly as an mbtune CPU trial is: the peer's library is imported first, then the same
 `CpuBackend.limit_memory` call mbtune's trial makes (the live tensor bytes of the process's main thread
-counted against the budget, torch.OutOfMemoryError past it), then the workload is built and the peer searches the way it was written to: it catches each
-OOM inside that one process and tries again. The optimizer and the training step are mbtune's own.
+counted against the budget, torch.OutOfMemoryError past it), then the workload is built and the peer
+searches the way it was written to: it catches each OOM inside that one process and tries again. The optimizer and the training step are mbtune's own.
 
 Both peers decide "this was an OOM" by reading the exception's message. A wrapper around that check
 records every exception it was shown and what the peer decided. Where the peer would miss an error that
