@@ -8,8 +8,11 @@
 #   probe-device    bf16 probe of a GPT of realistic size (~400M parameters, seq_len 1024), whole device
 #   probe-budget    the same under --memory-budget 16GiB
 #   sweep           a one-GPU sweep (gpipe and 1f1b, one stage) with NVML sampling
-#   summary         one JSON of every figure: ceiling, safe batch, throughput, MFU, NVML kernel-active share,
-#                   peak memory, CUDA-event against wall-clock step time
+#   summary         one JSON of every figure: ceiling, safe batch, the ceiling predicted on fake tensors before
+#                   any trial, throughput, MFU, NVML kernel-active share, peak memory, CUDA-event against
+#                   wall-clock step time
+# tests/gpu holds the CUDA checks of memory: a trial's predicted peak against its allocated peak, and
+# `mbtune confirm` holding a CUDA script to the per-process memory fraction.
 # Every output is a JSON file in $OUT (./gpu-check-out when OUT is unset); the summary is printed last.
 # The exit status is nonzero when any step failed.
 #
@@ -152,6 +155,8 @@ def probe_figures(probe):
         "peak_memory_bytes_at_ceiling": ceiling.peak_memory_bytes if ceiling else None,
         "peak_reserved_bytes_at_ceiling": ceiling.peak_reserved_bytes if ceiling else None,
         "samples_per_s_at_safe_batch": rate,
+        "predicted_ceiling": probe.predicted.ceiling if probe.predicted else None,
+        "predicted_peak_bytes": probe.predicted.peak_bytes if probe.predicted else None,
         "mfu_pct_at_safe_batch": 100.0 * probe.flops_per_sample * rate / peak
         if rate and peak and probe.flops_per_sample else None,
     }

@@ -40,11 +40,27 @@ def create_optimizer_state(params: list[torch.nn.Parameter], optimizer: torch.op
 
 
 def on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """The module on the device; as it is where it is there already (a module of fake tensors, which
-    `.to` would try to swap, predicts memory: probing/predict.py, pipeline/predict.py)."""
-    if all(t.device == device for t in [*module.parameters(), *module.buffers()]):
+    """The module on the device; as it is where it is there already. A module of fake tensors (a memory
+    prediction: probing/predict.py, pipeline/predict.py) is moved tensor by tensor, ties kept: `.to` would
+    try to swap them, which fake tensors refuse."""
+    tensors = [*module.parameters(), *module.buffers()]
+    if all(t.device == device for t in tensors):
         return module
-    return module.to(device)
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not any(isinstance(t, FakeTensor) for t in tensors):
+        return module.to(device)
+    moved: dict[int, torch.Tensor] = {}
+    for sub in module.modules():
+        for name, param in sub._parameters.items():
+            if param is not None:
+                if id(param) not in moved:
+                    moved[id(param)] = torch.nn.Parameter(param.detach().to(device), requires_grad=param.requires_grad)
+                sub._parameters[name] = moved[id(param)]  # type: ignore[assignment]
+        for name, buffer in sub._buffers.items():
+            if buffer is not None:
+                sub._buffers[name] = moved.setdefault(id(buffer), buffer.to(device))
+    return module
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float) -> torch.optim.Optimizer:

@@ -46,3 +46,17 @@ def test_training_after_the_state_is_created_is_a_fresh_optimizers_bit_for_bit(n
     _train(early, early_optimizer, 3)
     for a, b in zip(fresh.parameters(), early.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_module_of_fake_tensors_moves_tensor_by_tensor_with_its_ties():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mbtune.training import on_device
+
+    with FakeTensorMode():
+        model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+        model[1].weight = model[0].weight  # tied, as a language model's head and embedding
+        model.register_buffer("scale", torch.ones(1))
+        moved = on_device(model, torch.device("meta"))
+    assert {t.device.type for t in [*moved.parameters(), *moved.buffers()]} == {"meta"}
+    assert moved[0].weight is moved[1].weight and len(list(moved.parameters())) == 1

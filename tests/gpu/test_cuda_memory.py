@@ -1,0 +1,45 @@
+"""CUDA memory: a trial's peak predicted on fake tensors against the allocator's, and `mbtune confirm`
+holding a CUDA script to the per-process memory fraction (skipped where no CUDA device is visible)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from mbtune.probing.config import TrialConfig
+from mbtune.probing.confirm import FITS, OUT_OF_MEMORY, confirm_command
+from mbtune.probing.trial import run_trial
+from mbtune.worker import run_isolated
+
+pytestmark = pytest.mark.gpu
+
+ALLOCATE = ("import sys, torch; kept = [torch.empty(int(sys.argv[1]), dtype=torch.uint8, device='cuda') "
+            "for _ in range(4)]")
+
+
+def _predicted(config: TrialConfig) -> int:
+    from mbtune.probing.predict import predict_trial_peak
+
+    return predict_trial_peak(config)
+
+
+def test_a_cuda_trials_predicted_peak_is_near_its_allocated_peak():
+    config = TrialConfig(workload="gpt", device="cuda:0", batch_size=16, precision="bf16")
+    predicted = run_isolated(_predicted, config, timeout_s=300)
+    measured = run_trial(config, timeout_s=300)
+    assert predicted.status == "ok" and measured.ok, (predicted.error, measured.error)
+    # CUDA adds what the fake tensors cannot see (cuBLAS workspaces, the allocator's rounding of large blocks).
+    error = (predicted.value - measured.peak_memory_bytes) / measured.peak_memory_bytes
+    print(f"predicted {predicted.value}, allocated {measured.peak_memory_bytes}: {error:+.2%}")
+    assert abs(error) < 0.15
+
+
+def test_confirm_holds_a_cuda_script_to_the_memory_fraction():
+    budget = 1 << 30
+    fits = confirm_command([sys.executable, "-c", ALLOCATE, str(64 << 20)], memory_budget_bytes=budget, runs=1,
+                           device="cuda:0")
+    over = confirm_command([sys.executable, "-c", ALLOCATE, str(512 << 20)], memory_budget_bytes=budget, runs=1,
+                           device="cuda:0")
+    assert fits.runs[0].outcome == FITS and fits.runs[0].peak_bytes >= 4 * (64 << 20), fits
+    assert over.runs[0].outcome == OUT_OF_MEMORY and over.exit_code == 1, over
