@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from peers import PEERS, PeerRun, missing_reason, run_peer
 
 from mbtune.probing.config import ProbeConfig
+from mbtune.probing.predict import predict_ceiling
 from mbtune.probing.records import TrialOutcome
 from mbtune.probing.search import search_ceiling
 from mbtune.probing.trial import run_classified_trial
 from mbtune.records import OK
 from mbtune.units import parse_bytes, parse_options
+from mbtune.worker import run_isolated
 
 MBTUNE, DOUBLING = "mbtune probe", "doubling + bisection"
 PEER_ROWS = {"lightning": "lightning binsearch", "accelerate": "accelerate find_exec"}
@@ -78,7 +80,7 @@ def probe_kwargs(config: ProbeConfig) -> dict:
     """search_ceiling's keywords as this bench has always passed them, plus the config's value of any newer
     keyword the installed search_ceiling accepts."""
     kwargs = dict(granularity=config.granularity, budget_bytes=config.memory_budget_bytes, margin=config.margin,
-                  confirm=config.confirm)
+                  confirm=config.confirm or 1)  # as the probe resolves it on the CPU
     accepted = inspect.signature(search_ceiling).parameters
     for name in ("resolution",):
         if name in accepted:
@@ -130,10 +132,14 @@ def main() -> None:
     rows: dict[str, list[Found]] = {MBTUNE: [], DOUBLING: [], **{PEER_ROWS[name]: [] for name in peers}}
     for repeat in range(args.repeats):
         started = time.perf_counter()
-        found = search_ceiling(run, **probe_kwargs(config))
+        predicted = run_isolated(predict_ceiling, trial, config.memory_budget_bytes, config.granularity,
+                                 config.max_batch, timeout_s=config.load_timeout_s + config.trial_timeout_s)
+        start = predicted.value.ceiling if predicted.status == OK and predicted.value else None
+        predict_s = time.perf_counter() - started
+        found = search_ceiling(run, **probe_kwargs(config), start=start)
         rows[MBTUNE].append(Found(found.ceiling, len(found.trials), time.perf_counter() - started))
-        print(f"  repeat {repeat + 1}: mbtune probe -> {found.ceiling}, safe {found.safe_batch}; trials "
-              + " ".join(f"{t.batch_size}:{t.status}({t.wall_s:.1f}s)" for t in found.trials))
+        print(f"  repeat {repeat + 1}: mbtune probe -> {found.ceiling}, safe {found.safe_batch}; predicted {start} "
+              f"in {predict_s:.1f} s; trials " + " ".join(f"{t.batch_size}:{t.status}({t.wall_s:.1f}s)" for t in found.trials))
         started = time.perf_counter()
         ceiling, trials, first_oom = doubling_bisection(run, config.granularity)
         rows[DOUBLING].append(Found(ceiling, trials, time.perf_counter() - started))

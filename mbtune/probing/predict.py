@@ -12,6 +12,7 @@ the prediction and the trials find how far it was.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from mbtune.probing.config import TrialConfig
@@ -21,7 +22,7 @@ from mbtune.workloads import Workload, load_workload
 # The sizes the line is fitted through, in granules: far enough apart that the fixed part (weights and
 # optimizer state) does not blur the slope, small enough to predict in a second or two.
 LINE_SIZES = (1, 9)
-MAX_CHECKS = 12  # fake steps spent walking to the largest size that fits, past the line's first guess
+MAX_CHECKS = 16  # fake steps spent finding the largest size that fits, past the first two
 
 
 class _FakeBackend:
@@ -64,18 +65,41 @@ def predict_ceiling(config: TrialConfig, budget_bytes: int, granularity: int,
         return peaks[size]
 
     small, large = (n * granularity for n in LINE_SIZES)
-    per_sample = max((peak(large) - peak(small)) / (large - small), 1.0)
-    fixed = peak(small) - per_sample * small
     if peak(small) > budget_bytes:
         return None
-    size = max(small, math.floor((budget_bytes - fixed) / per_sample / granularity) * granularity)
-    if max_batch is not None:
-        size = min(size, max(granularity, max_batch // granularity * granularity))
-    for _ in range(MAX_CHECKS):  # the line is exact for most models; where it is not, walk to the edge
-        if peak(size) > budget_bytes:
-            size -= granularity
-        elif (max_batch is None or size + granularity <= max_batch) and peak(size + granularity) <= budget_bytes:
-            size += granularity
-        else:
-            break
+    per_sample = max((peak(large) - peak(small)) / (large - small), 1.0)
+    fixed = peak(small) - per_sample * small
+    top = None if max_batch is None else max(granularity, max_batch // granularity * granularity)
+    size = _largest_fitting(peak, budget_bytes, granularity, small, large, top)
     return CeilingPrediction(ceiling=size, peak_bytes=peak(size), fixed_bytes=fixed, per_sample_bytes=per_sample)
+
+
+def _largest_fitting(peak: Callable[[int], int], budget: int, granularity: int, small: int, large: int,
+                     top: int | None) -> int:
+    """The largest multiple of the granularity whose peak fits the budget, `small` known to fit: each step
+    aims where the line through the two sizes nearest the budget crosses it (the line from small sizes
+    bends: weights and state dominate there), inside the bracket found so far, and bisects where the
+    bracket did not halve."""
+    g = granularity
+    lo, hi = small, None  # fits / does not fit
+    near = [small, large]
+    for _ in range(MAX_CHECKS):
+        a, b = sorted(near[-2:])
+        slope = max((peak(b) - peak(a)) / (b - a), 1.0) if b != a else float(max(peak(a), 1)) / max(a, 1)
+        aim = math.floor((b + (budget - peak(b)) / slope) / g) * g
+        width = None if hi is None else hi - lo
+        if hi is not None and (aim <= lo or aim >= hi or (width is not None and width > 4 * g and len(near) % 2)):
+            aim = (lo + hi) // 2 // g * g  # the line is no help here, or every other step: bisect
+        size = max(lo + g, aim) if hi is None else min(max(lo + g, aim), hi - g)
+        if top is not None:
+            size = min(size, top)
+        if size <= lo:
+            break
+        if peak(size) <= budget:
+            lo = size
+        else:
+            hi = size
+        near.append(size)
+        if hi is not None and hi - lo <= g:
+            break
+    return lo
