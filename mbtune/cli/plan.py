@@ -12,18 +12,25 @@ from mbtune.cli.options import (
     RECOMPUTE,
     Format,
     MicroBatchSize,
+    Optimizer,
     Output,
     PlanGlobalBatch,
     Plot,
     Schedules,
     VirtualStages,
+    WorkloadOption,
 )
 from mbtune.cli.support import check_format, check_output, check_outputs, printing_to
 from mbtune.planning.defaults import DEFAULT_PLAN_RANKS, DEFAULT_PLAN_SCATTER, DEFAULT_PLAN_VALIDATION
 
 
 def plan(
-    profile: Annotated[Path, typer.Argument(help="A profile with a sweep (profiles/<device>/<workload>.json) to calibrate the simulator on.")],
+    profile: Annotated[Path | None, typer.Argument(help="A profile with a sweep (profiles/<device>/<workload>.json) to calibrate the simulator on; without one, --workload and --device-memory plan memory alone.", show_default=False)] = None,
+    workload: Annotated[str | None, typer.Option("--workload", "-w", help="Without a profile: the workload whose every stage's peak memory to predict (on fake tensors: no memory, no device).")] = None,
+    option: WorkloadOption = None,
+    device_memory: Annotated[str | None, typer.Option("--device-memory", help="Without a profile: each device's memory, e.g. 141GB or 80GiB; the plan gives the largest micro-batch size every stage holds in it.")] = None,
+    precision: Annotated[str, typer.Option("--precision", help="Without a profile: fp32 or bf16 (autocast).")] = "fp32",
+    optimizer: Optimizer = "adamw",
     stages: Annotated[int, typer.Option("--stages", "-p", help="Pipeline ranks to plan for (one GPU each).")] = DEFAULT_PLAN_RANKS,
     micro_batches: Annotated[str, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts.")] = PLAN_MICRO_BATCHES,
     schedules: Schedules = None,
@@ -44,7 +51,8 @@ def plan(
     format: Format = "table",
     output: Output = None,
 ) -> None:
-    """Predict configurations beyond this machine with a simulator calibrated on a saved sweep."""
+    """Predict configurations beyond this machine with a simulator calibrated on a saved sweep; without a
+    profile, predict every stage's peak memory and the largest micro-batch size each stage holds."""
     from mbtune.planning.api import plan_from_profile
     from mbtune.planning.config import PlanConfig
     from mbtune.report import make_console
@@ -54,6 +62,10 @@ def plan(
 
     fmt = check_output(check_format(format), output)
     check_outputs(plot_dir=plot, files=(trace,))
+    if profile is None:
+        _memory_plan(workload, option, device_memory, stages, micro_batches, schedules, data_parallel, accum,
+                     recompute, virtual_stages, precision, optimizer, fmt, output)
+        return
     config = PlanConfig(
         num_ranks=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),
         schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
@@ -71,3 +83,35 @@ def plan(
         print_plan(make_console(), report, fmt)
     if plot or trace:
         write_plan_artifacts(make_console(stderr=True), report, plot_dir=plot, trace_path=trace)
+
+
+def _memory_plan(workload: str | None, option: list[str] | None, device_memory: str | None, stages: int,
+                 micro_batches: str, schedules: str | None, data_parallel: int, accum: int, recompute: str,
+                 virtual_stages: int, precision: str, optimizer: str, fmt: str, output: Path | None) -> None:
+    from mbtune.errors import ConfigError
+    from mbtune.planning.memory_plan import MemoryPlanConfig, plan_memory
+    from mbtune.report import make_console
+    from mbtune.report.plan import print_memory_plan
+    from mbtune.settings import MAX_BUDGET_BYTES, OPTIMIZERS
+    from mbtune.sweeping.config import DEFAULT_SCHEDULES
+    from mbtune.units import parse_bytes, parse_list, parse_options
+
+    if workload is None or device_memory is None:
+        raise ConfigError("plan needs a saved profile, or --workload and --device-memory to plan memory alone",
+                          hint="mbtune plan profiles/<device>/<workload>.json, or mbtune plan --workload hf:llama "
+                               "--device-memory 141GB --stages 8")
+    for name, value, allowed in (("precision", precision, ("fp32", "bf16")), ("optimizer", optimizer, OPTIMIZERS)):
+        if value not in allowed:
+            raise ConfigError(f"--{name} {value!r} is not one of {', '.join(allowed)}", field=name)
+    if stages < 1 or data_parallel < 1 or accum < 1:
+        raise ConfigError("--stages, --data-parallel and --accum must be at least 1")
+    config = MemoryPlanConfig(
+        workload=workload, workload_options=parse_options(option or []),
+        device_memory_bytes=parse_bytes(device_memory, name="--device-memory", at_most=MAX_BUDGET_BYTES),
+        num_ranks=stages, schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
+        micro_batches=parse_list(micro_batches, name="--micro-batches"), data_parallel_size=data_parallel,
+        grad_accum_steps=accum, recompute=parse_list(recompute, name="--recompute", convert=str),
+        virtual_stages=virtual_stages, precision=precision, optimizer=optimizer)
+    plan = plan_memory(config)
+    with printing_to(output):
+        print_memory_plan(make_console(), plan, fmt)
