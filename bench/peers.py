@@ -183,6 +183,11 @@ def _search_lightning(lightning: Any, workload: Any, trial: TrialConfig, backend
         def __init__(self, module: LightningModule) -> None:
             self.module = module
 
+        def __len__(self) -> int:
+            # Lightning 2.6 asks a reloaded loader for its length before iterating it again after an OOM;
+            # an endless stream answers "more than any search needs".
+            return 2**20
+
         def __iter__(self):
             batch_size = self.module.batch_size
             log.start(batch_size)
