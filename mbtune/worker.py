@@ -53,6 +53,11 @@ class ChildResult:
     error_tail: str = ""  # the last lines of the target's traceback and of the child's stderr
     stderr_tail: str = ""  # the last lines the child wrote to stderr, whatever the status
 
+    @property
+    def cause(self) -> str:
+        """Why there is no value, in one line: the error's last line, or the status."""
+        return (self.error.strip() or self.status).splitlines()[-1]
+
 
 def process_context() -> multiprocessing.context.ForkServerContext:
     """The multiprocessing context of the process-wide forkserver, with torch preloaded."""

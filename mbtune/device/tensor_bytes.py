@@ -113,6 +113,14 @@ class TensorBytes(TorchDispatchMode):
         self.peak_bytes = self.live_bytes
 
 
+def fake_tensors() -> Any:
+    """A mode in which tensors are fake: real shapes, dtypes and storages, no memory, no arithmetic; the
+    operators of the device type they claim (what memory predictions run under)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
 @contextlib.contextmanager
 def paused(count: TensorBytes | None) -> Iterator[None]:
     """Tensors created inside are not counted (those counted before still count until they go)."""

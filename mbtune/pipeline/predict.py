@@ -21,25 +21,17 @@ stage is built with them and torch's first-step shape exchange between ranks is 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from mbtune.device.tensor_bytes import TensorBytes
+from mbtune.device.tensor_bytes import TensorBytes, fake_tensors
 from mbtune.pipeline.schedules import StageShapes, take_shapes_as_given, works_hold_their_tensors
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.workloads import Workload, load_workload
 from mbtune.workloads.chain import handover_keys
 
 CPU = torch.device("cpu")
-
-
-def fake_tensors() -> Any:
-    """A mode in which tensors are fake: real shapes, dtypes and storages, no memory, no arithmetic."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def predict_rank_peaks(spec: PipelineSpec, *, workload: Workload | None = None) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mbtune.errors import ConfigError
+from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.theory import check_point, stages_per_rank
 from mbtune.recordio import Record
@@ -46,15 +47,15 @@ class MemoryPlanConfig:
         for schedule in self.schedules:
             for m in self.micro_batches:
                 for recompute in self.recompute:
-                    stages = self.num_ranks * stages_per_rank(schedule, self.virtual_stages)
-                    why = check_point(schedule, stages, self.num_ranks, m)
-                    spec = None if why else PipelineSpec(
-                        workload=self.workload, workload_options=self.workload_options, schedule=schedule,
-                        num_ranks=self.num_ranks, data_parallel_size=self.data_parallel_size,
-                        virtual_stages=self.virtual_stages if stages_per_rank(schedule, self.virtual_stages) > 1
-                        and schedule != "zbv" else None, num_microbatches=m, micro_batch_size=1,
-                        grad_accum_steps=self.grad_accum_steps, recompute=recompute, precision=self.precision,
-                        optimizer=self.optimizer, measured_steps=1)
+                    per_rank = stages_per_rank(schedule, self.virtual_stages)
+                    why = check_point(schedule, self.num_ranks * per_rank, self.num_ranks, m)
+                    point = SweepPoint(schedule=schedule, num_ranks=self.num_ranks, num_microbatches=m,
+                                       grad_accum_steps=self.grad_accum_steps, micro_batch_size=1,
+                                       stages_per_rank=per_rank, data_parallel_size=self.data_parallel_size,
+                                       recompute=recompute)
+                    spec = None if why else PipelineSpec.for_point(
+                        point, workload=self.workload, workload_options=self.workload_options, device="cpu",
+                        precision=self.precision, optimizer=self.optimizer, measured_steps=1)
                     out.append((schedule, m, recompute, spec, why or ""))
         return out
 
@@ -94,8 +95,7 @@ def plan_memory(config: MemoryPlanConfig) -> MemoryPlan:
 
     result = run_isolated(_plan_here, config, timeout_s=config.timeout_s)
     if result.status != "ok":
-        raise WorkloadError(f"the memory plan could not be predicted: {(result.error or result.status).strip().splitlines()[-1]}",
-                            detail=result.error)
+        raise WorkloadError(f"the memory plan could not be predicted: {result.cause}", detail=result.error)
     return result.value
 
 

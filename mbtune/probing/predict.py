@@ -39,15 +39,14 @@ def predict_trial_peak(config: TrialConfig, workload: Workload | None = None) ->
     """The peak live tensor bytes of this trial's training steps, from the same steps on fake tensors.
     `workload`: the config's, loaded already (a traced model is traced once, for real, on meta)."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from mbtune.device.tensor_bytes import TensorBytes
+    from mbtune.device.tensor_bytes import TensorBytes, fake_tensors
     from mbtune.probing.trial import train_steps
     if workload is None:
         workload = load_workload(config.workload, config.workload_options)
     device = "cuda" if config.device.startswith("cuda") else "cpu"
     count = TensorBytes(device_type=device)
-    with FakeTensorMode(allow_non_fake_inputs=True), count, torch.random.fork_rng(devices=[]):
+    with fake_tensors(), count, torch.random.fork_rng(devices=[]):
         for _ in train_steps(workload, replace(config, memory_budget_bytes=None), _FakeBackend(config.device)):
             pass
     return count.peak_bytes
@@ -78,17 +77,16 @@ def _largest_fitting(peak: Callable[[int], int], budget: int, granularity: int, 
                      top: int | None) -> int:
     """The largest multiple of the granularity whose peak fits the budget, `small` known to fit: each step
     aims where the line through the two sizes nearest the budget crosses it (the line from small sizes
-    bends: weights and state dominate there), inside the bracket found so far, and bisects where the
-    bracket did not halve."""
+    bends: weights and state dominate there), inside the bracket found so far; it bisects where the line
+    points outside the bracket, and every other step while the bracket is wide."""
     g = granularity
     lo, hi = small, None  # fits / does not fit
     near = [small, large]
     for _ in range(MAX_CHECKS):
         a, b = sorted(near[-2:])
-        slope = max((peak(b) - peak(a)) / (b - a), 1.0) if b != a else float(max(peak(a), 1)) / max(a, 1)
+        slope = max((peak(b) - peak(a)) / (b - a), 1.0)  # every size tried is new: a < b
         aim = math.floor((b + (budget - peak(b)) / slope) / g) * g
-        width = None if hi is None else hi - lo
-        if hi is not None and (aim <= lo or aim >= hi or (width is not None and width > 4 * g and len(near) % 2)):
+        if hi is not None and (aim <= lo or aim >= hi or (hi - lo > 4 * g and len(near) % 2)):
             aim = (lo + hi) // 2 // g * g  # the line is no help here, or every other step: bisect
         size = max(lo + g, aim) if hi is None else min(max(lo + g, aim), hi - g)
         if top is not None:

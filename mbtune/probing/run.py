@@ -141,8 +141,7 @@ def _predicted(config: ProbeConfig, device: str, recompute: str, budget: int, wa
         progress.end_trial(result.status, f"batch {result.value.ceiling}" if result.status == OK and result.value
                            else "")
     if result.status != OK:
-        cause = (result.error or result.status).strip().splitlines()[-1] if (result.error or result.status) else ""
-        warnings.append(f"the ceiling could not be predicted before the trials ({cause}); the search started "
+        warnings.append(f"the ceiling could not be predicted before the trials ({result.cause}); the search started "
                         "from one granule")
         return None
     return result.value
