@@ -40,15 +40,17 @@ def create_optimizer_state(params: list[torch.nn.Parameter], optimizer: torch.op
 
 
 def on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """The module on the device; as it is where it is there already. A module of fake tensors (a memory
-    prediction: probing/predict.py, pipeline/predict.py) is moved tensor by tensor, ties kept: `.to` would
-    try to swap them, which fake tensors refuse."""
+    """The module on the device; as it is where it is there already. In a memory prediction
+    (probing/predict.py, pipeline/predict.py) its tensors (fake, or meta ones becoming fake) are moved tensor
+    by tensor, ties kept: `.to` would try to swap fake tensors, which they refuse, and would give each holder
+    of a tied meta tensor a parameter of its own."""
     tensors = [*module.parameters(), *module.buffers()]
     if all(t.device == device for t in tensors):
         return module
+    from torch._guards import detect_fake_mode
     from torch._subclasses.fake_tensor import FakeTensor
 
-    if not any(isinstance(t, FakeTensor) for t in tensors):
+    if detect_fake_mode() is None and not any(isinstance(t, FakeTensor) for t in tensors):
         return module.to(device)
     moved: dict[int, torch.Tensor] = {}
     for sub in module.modules():

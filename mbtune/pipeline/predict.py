@@ -28,6 +28,7 @@ import torch.distributed as dist
 from mbtune.device.tensor_bytes import TensorBytes, fake_tensors
 from mbtune.pipeline.schedules import StageShapes, take_shapes_as_given, works_hold_their_tensors
 from mbtune.pipeline.spec import PipelineSpec
+from mbtune.training import on_device
 from mbtune.workloads import Workload, load_workload
 from mbtune.workloads.chain import handover_keys
 
@@ -38,27 +39,47 @@ def predict_rank_peaks(spec: PipelineSpec, *, workload: Workload | None = None) 
     """Peak live tensor bytes of every pipeline rank (of the first replica; the others hold the same), in
     rank order, over one optimizer step that follows the optimizer's state being created. `workload`: the
     spec's, loaded already (a traced model is traced once, for real, on the meta device)."""
-    from mbtune.pipeline.runner import stage_blocks
-
     if workload is None:
         workload = load_workload(spec.workload, spec.workload_options)
-    with fake_tensors():
-        blocks = stage_blocks(spec, workload)
-        shapes = stage_shapes(spec, workload, blocks)
-        return tuple(_rank_peak(spec, workload, blocks, shapes, rank) for rank in range(spec.num_ranks))
+    return RankPeaks(workload)(spec)
 
 
-def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]]) -> dict[int, StageShapes]:
+class RankPeaks:
+    """Predicts the ranks' peaks of many specs of one workload; what does not depend on the spec (the blocks'
+    handover keys, a trace of the whole chain) is found once."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self._keys: dict[int, tuple[tuple[str, ...] | None, ...]] = {}
+
+    def keys(self, spec: PipelineSpec) -> tuple[tuple[str, ...] | None, ...]:
+        if spec.num_model_stages == 1:
+            return ()
+        if spec.seed not in self._keys:
+            self._keys[spec.seed] = handover_keys(self.workload, spec.seed)
+        return self._keys[spec.seed]
+
+    def __call__(self, spec: PipelineSpec) -> tuple[int, ...]:
+        from mbtune.pipeline.runner import stage_blocks
+
+        keys = self.keys(spec)
+        with fake_tensors():
+            blocks = stage_blocks(spec, self.workload)
+            shapes = stage_shapes(spec, self.workload, blocks, keys)
+            return tuple(_rank_peak(spec, self.workload, blocks, shapes, keys, rank) for rank in range(spec.num_ranks))
+
+
+def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],
+                 keys: Sequence[tuple[str, ...] | None]) -> dict[int, StageShapes]:
     """Per model stage, its inputs and outputs of one micro-batch (from one forward of the chain)."""
     from mbtune.pipeline.runner import stage_module, step_batch
 
-    keys = handover_keys(workload, spec.seed) if spec.num_model_stages > 1 else ()
     inputs, _ = step_batch(workload, spec.micro_batch_size, seed=spec.seed, step_index=0, accum_index=0)
     args = tuple(inputs) if isinstance(inputs, tuple) else (inputs,)
     shapes: dict[int, StageShapes] = {}
     for stage, stage_blocks in enumerate(blocks):
-        module = stage_module(spec, workload.build(stage_blocks, seed=spec.seed, recompute="none"), stage_blocks,
-                              keys, CPU, last=stage == len(blocks) - 1)
+        built = on_device(workload.build(stage_blocks, seed=spec.seed, recompute="none"), CPU)
+        module = stage_module(spec, built, stage_blocks, keys, CPU, last=stage == len(blocks) - 1)
         out = module(*args)
         outputs = tuple(out) if isinstance(out, tuple | list) else (out,)
         shapes[stage] = (args, outputs)
@@ -67,7 +88,7 @@ def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequen
 
 
 def _rank_peak(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],
-               shapes: dict[int, StageShapes], rank: int) -> int:
+               shapes: dict[int, StageShapes], keys: Sequence[tuple[str, ...] | None], rank: int) -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from mbtune.pipeline.runner import _groups, _RankRun, _StepTimes, _tie_groups
@@ -77,9 +98,10 @@ def _rank_peak(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence
         count = TensorBytes()
         with count, works_hold_their_tensors():
             pipeline_group, replica_group = _groups(spec, rank)
-            run = _RankRun(spec, rank, CPU, workload, tuple(tuple(b) for b in blocks), pipeline_group=pipeline_group,
-                           replica_group=replica_group, tie_groups=_tie_groups(spec, workload, tuple(tuple(b) for b in blocks), rank),
-                           count=count, stage_shapes=shapes)
+            all_blocks = tuple(tuple(b) for b in blocks)
+            run = _RankRun(spec, rank, CPU, workload, all_blocks, pipeline_group=pipeline_group,
+                           replica_group=replica_group, tie_groups=_tie_groups(spec, workload, all_blocks, rank),
+                           count=count, stage_shapes=shapes, keys=keys)
             take_shapes_as_given(run.schedule)
             run.read_losses = False
             run._optimizer_step(0, _StepTimes(), timed_step=None, capture=False)

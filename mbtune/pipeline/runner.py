@@ -176,7 +176,8 @@ class _RankRun:
                  pipeline_group: dist.ProcessGroup | None = None,
                  replica_group: dist.ProcessGroup | None = None,
                  tie_groups: dict[int, dist.ProcessGroup] | None = None, count: TensorBytes | None = None,
-                 stage_shapes: dict[int, StageShapes] | None = None) -> None:
+                 stage_shapes: dict[int, StageShapes] | None = None,
+                 keys: Sequence[tuple[str, ...] | None] | None = None) -> None:
         self.spec, self.device, self.workload, self.count = spec, device, workload, count
         self.rank, self.replica = spec.place(process)
         self.replica_group, self.tie_groups = replica_group, tie_groups or {}
@@ -189,8 +190,9 @@ class _RankRun:
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_model_stages - 1 in self.stage_indices
         self.timer = ActionTimer(new_event=timing_event if device.type == "cuda" else None)
-        with paused(count):  # a trace of shapes, not training memory
-            keys = handover_keys(workload, spec.seed) if spec.num_model_stages > 1 else ()
+        if keys is None:
+            with paused(count):  # a trace of shapes, not training memory
+                keys = handover_keys(workload, spec.seed) if spec.num_model_stages > 1 else ()
         stages = [build_stage(stage_module(spec, m, b, keys, device, last=s == spec.num_model_stages - 1), stage_index=s,
                               num_model_stages=spec.num_model_stages, device=device, group=pipeline_group,
                               shapes=(stage_shapes or {}).get(s))

@@ -106,7 +106,10 @@ def _plan_here(config: MemoryPlanConfig) -> MemoryPlan:
     workload = load_workload(config.workload, config.workload_options)
     if config.num_ranks > workload.num_blocks:
         raise ConfigError(f"the workload has {workload.num_blocks} blocks, too few for {config.num_ranks} stages")
-    rows = [_row(*planned, config, workload) for planned in config.specs()]
+    from mbtune.pipeline.predict import RankPeaks
+
+    predict = RankPeaks(workload)
+    rows = [_row(*planned, config, predict) for planned in config.specs()]
     return MemoryPlan(workload=config.workload, workload_options=dict(config.workload_options),
                       device_memory_bytes=config.device_memory_bytes, num_ranks=config.num_ranks,
                       data_parallel_size=config.data_parallel_size, grad_accum_steps=config.grad_accum_steps,
@@ -115,27 +118,29 @@ def _plan_here(config: MemoryPlanConfig) -> MemoryPlan:
 
 
 def _row(schedule: str, m: int, recompute: str, spec: PipelineSpec | None, why: str, config: MemoryPlanConfig,
-         workload: Any) -> MemoryPlanRow:
-    from mbtune.pipeline.predict import predict_rank_peaks
-
+         predict: Any) -> MemoryPlanRow:
     if spec is None:
         return MemoryPlanRow(schedule=schedule, num_microbatches=m, recompute=recompute, micro_batch_size=0,
                              global_batch=0, binding_rank=None, skipped=why)
     started = time.perf_counter()
     memory = config.device_memory_bytes
 
+    known: dict[int, tuple[int, ...]] = {}
+
     def peaks(size: int) -> tuple[int, ...]:
-        return predict_rank_peaks(replace(spec, micro_batch_size=size), workload=workload)
+        if size not in known:
+            known[size] = predict(replace(spec, micro_batch_size=size))
+        return known[size]
 
     one, two = peaks(1), peaks(2)
     limits = tuple(_largest(memory, a, b) for a, b in zip(one, two, strict=True))
     size = min(limits)
-    at = one if size <= 1 else peaks(size)
+    at = peaks(max(size, 1))
     for _ in range(MAX_STEPS_DOWN):
         if size <= 1 or max(at) <= memory:
             break
         size -= 1
-        at = one if size == 1 else peaks(size)
+        at = peaks(size)
     if max(at) > memory:
         size = 0
     binding = min(range(len(limits)), key=lambda r: (limits[r], -at[r]))

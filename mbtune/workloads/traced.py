@@ -220,12 +220,16 @@ def from_module(build: Callable[[], nn.Module], *, make_batch: Callable[..., Any
 
 
 def _meta_or_seed0(piece: Piece, traced: Traced, weights: _Weights) -> Callable[[], nn.Module]:
-    return lambda: _meta(piece) if _building_on_meta() else _real(piece, traced, weights.at(0))
+    return lambda: _meta(piece) if _without_values() else _real(piece, traced, weights.at(0))
 
 
-def _building_on_meta() -> bool:
-    """Whether blocks are being built under torch.device("meta") (counting parameters or FLOPs)."""
-    return torch.empty(0).device.type == "meta"
+def _without_values() -> bool:
+    """Whether blocks are being built where tensors hold no values: under torch.device("meta") (counting
+    parameters or FLOPs) or on fake tensors (a memory prediction). Their meta weights serve; building the
+    model's own (the whole model's initialisation, on fake tensors) would cost time and change nothing."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode() is not None or torch.empty(0).device.type == "meta"
 
 
 def _meta(piece: Piece) -> nn.Module:
@@ -233,12 +237,34 @@ def _meta(piece: Piece) -> nn.Module:
 
 
 def _copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
-    """A deep copy of a traced (meta) piece; where tensors are fake (a memory prediction), its meta tensors
-    are copied as they are, not as fakes."""
+    """A copy of a traced (meta) piece that shares its graphs and generated code and holds its own modules,
+    parameters and containers (`memo`: each original module's id -> its copy). A deep copy would regenerate
+    and compile every graph's code (a second or more per block of a large model); the graphs are never
+    changed after tracing. Where tensors are fake (a memory prediction), the meta tensors are copied as
+    they are, not as fakes."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    memo = {} if memo is None else memo
     with unset_fake_temporarily():
-        return copy.deepcopy(module, memo)
+        return _copy_module(module, memo)
+
+
+def _copy_module(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
+    if id(module) in memo:
+        return memo[id(module)]
+    new = object.__new__(type(module))  # a GraphModule's class is its own, generated forward included
+    memo[id(module)] = new
+    for key, value in module.__dict__.items():
+        new.__dict__[key] = copy.copy(value) if isinstance(value, dict | list | set) else value
+    for name, value in new._parameters.items():
+        if value is not None:
+            if id(value) not in memo:
+                memo[id(value)] = nn.Parameter(value.detach(), requires_grad=value.requires_grad)
+            new._parameters[name] = memo[id(value)]
+    for name, child in new._modules.items():
+        if child is not None:
+            new._modules[name] = _copy_module(child, memo)
+    return new
 
 
 def _real(piece: Piece, traced: Traced, tensors: dict[str, torch.Tensor]) -> nn.Module:
@@ -265,7 +291,7 @@ class TracedWorkload(Workload):
 
     def _block(self, index: int, seed: int) -> nn.Module:
         piece = self.traced.pieces[index]
-        return _meta(piece) if _building_on_meta() else _real(piece, self.traced, self.weights.at(seed))
+        return _meta(piece) if _without_values() else _real(piece, self.traced, self.weights.at(seed))
 
     def compute_weights(self) -> list[int]:
         """Per block, the parameters that do arithmetic on every sample: those the traced graphs use other
