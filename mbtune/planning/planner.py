@@ -51,7 +51,7 @@ from mbtune.planning.records import (
     StageCost,
     Validation,
 )
-from mbtune.planning.simulate import Jitter, Overheads, simulate
+from mbtune.planning.simulate import Jitter, Overheads, simulate_draws
 
 SPREAD_SAMPLES = 15  # simulated steps behind one prediction where the spread is known
 SAMPLED_ACTIONS = 150_000  # at most this many simulated actions per prediction (but 3 steps at least): a huge
@@ -184,15 +184,16 @@ def simulate_point(model: CostModel, point: SweepPoint, *, link: Link | None = N
     orders = orders_of(point)
     costs = stage_costs(model, split, size, point.recompute)
 
-    def run(jitter: Jitter | None) -> Simulation:
-        return simulate(orders, stage_to_rank=owners, stage_costs=costs, overheads=overheads,
-                        num_accum=point.grad_accum_steps, keep_timeline=keep_timeline, jitter=jitter)
+    def run(jitters: Sequence[Jitter | None], keep: bool) -> list[Simulation]:
+        return simulate_draws(orders, stage_to_rank=owners, stage_costs=costs, overheads=overheads,
+                              num_accum=point.grad_accum_steps, keep_timeline=keep, jitters=jitters)
 
     if not model.spread.known:
-        return run(None)
+        return run([None], keep_timeline)[0]
     seeds = [seed] if seed is not None else range(spread_samples(sum(map(len, orders)) * point.grad_accum_steps))
-    steps = sorted((replace(run(Jitter(model.spread, s)), seed=s) for s in seeds), key=lambda sim: sim.pipeline_s)
-    return steps[len(steps) // 2]
+    steps = sorted(run([Jitter(model.spread, s) for s in seeds], False), key=lambda sim: sim.pipeline_s)
+    median = steps[len(steps) // 2]
+    return run([Jitter(model.spread, median.seed)], True)[0] if keep_timeline and median.seed is not None else median
 
 
 def spread_samples(actions: int) -> int:

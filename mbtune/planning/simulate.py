@@ -1,4 +1,5 @@
-"""A dependency-driven event simulation of one pipeline step over per-rank action orders. Pure: no torch.
+"""One pipeline step simulated over per-rank action orders: the longest path through its dependency graph.
+Pure: numpy, no torch.
 
 Every rank runs its actions in the order its schedule gives (torch's own `pipeline_order`, see orders.py);
 an action starts when its rank is free and its inputs have arrived:
@@ -14,44 +15,22 @@ An input from another rank arrives `send_s` (the sender posting it) plus the bou
 the producing action ends; from the same rank it is there at once. With free communication and equal costs
 this reproduces the textbook bubbles exactly (tests/unit/test_plan_simulate.py).
 
-Given a Jitter, every compute action, hand-over and rank gap is scaled by a factor drawn from the measured
-spread: one simulated step of a machine whose actions scatter as the measured ones did.
+The step is computed in vectorised passes over the graph's levels (step_graph.py), not one event at a time,
+and for many draws of the costs at once: given Jitters, every compute action, hand-over and rank gap is
+scaled by a factor drawn from the measured spread, one column of draws per Jitter.
 """
 
 from __future__ import annotations
 
-import functools
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mbtune.actions import (
-    BACKWARD,
-    BACKWARD_INPUT,
-    BACKWARD_WEIGHT,
-    COMPUTE_KINDS,
-    FORWARD,
-    LOSS,
-    input_stage,
-    output_stage,
-)
+import numpy as np
+
+from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.planning.records import OrderedAction, Simulation, Spread, StageCost
+from mbtune.planning.step_graph import KINDS, StepGraph, build_graph, longest_path
 from mbtune.records import TimelineAction
-
-_GRAD = "grad"  # the key of a backward (full or input part): what the previous stage waits for
-_WEIGHT = "weight"
-
-Neighbours = dict[str, tuple[int | None, ...]]  # kind -> per stage, the neighbour stage (None: none)
-
-
-@functools.lru_cache(maxsize=64)
-def _neighbours(num_model_stages: int) -> tuple[Neighbours, Neighbours]:
-    """Per compute kind and stage, input_stage and output_stage, looked up once per model depth rather
-    than called for every simulated action."""
-    last = num_model_stages - 1
-    stages = range(num_model_stages)
-    return ({kind: tuple(input_stage(kind, s, last) for s in stages) for kind in COMPUTE_KINDS},
-            {kind: tuple(output_stage(kind, s, last) for s in stages) for kind in COMPUTE_KINDS})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,23 +47,36 @@ class Overheads:
 
 
 class Jitter:
-    """Factors drawn from a Spread by a seeded generator, so a simulation with the same seed repeats."""
+    """Factors drawn from a Spread by a seeded generator, one per action (compute), per hand-over from
+    another rank (transfer) and per gap after an action: the same seed draws the same step."""
 
     def __init__(self, spread: Spread, seed: int) -> None:
         self.spread = spread
-        self.rng = random.Random(seed)
+        self.seed = seed
 
-    def _draw(self, quantiles: tuple[float, ...]) -> float:
-        return self.rng.choice(quantiles) if quantiles else 1.0
+    def draws(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        picks = rng.random((3, size))
+        return tuple(np.asarray(q, dtype=float)[(pick * len(q)).astype(np.int64)] if q else np.ones(size)  # type: ignore[return-value]
+                     for pick, q in zip(picks, (self.spread.compute, self.spread.transfer, self.spread.gap), strict=True))
 
-    def compute(self) -> float:
-        return self._draw(self.spread.compute)
 
-    def transfer(self) -> float:
-        return self._draw(self.spread.transfer)
+_GRAPHS: dict[tuple, tuple[object, StepGraph]] = {}  # recent graphs by their orders' identity
+_GRAPHS_KEPT = 32
 
-    def gap(self) -> float:
-        return self._draw(self.spread.gap)
+
+def step_graph(orders: Sequence[Sequence[OrderedAction]], stage_to_rank: Sequence[int], num_accum: int) -> StepGraph:
+    """The orders' graph, built once for a run of simulations of the same orders (schedule_orders caches
+    them, so the same point's orders are the same object)."""
+    key = (id(orders), tuple(stage_to_rank), num_accum)
+    held = _GRAPHS.get(key)
+    if held is not None and held[0] is orders:
+        return held[1]
+    graph = build_graph(orders, stage_to_rank, num_accum)
+    if len(_GRAPHS) >= _GRAPHS_KEPT:
+        _GRAPHS.pop(next(iter(_GRAPHS)))
+    _GRAPHS[key] = (orders, graph)
+    return graph
 
 
 def simulate(orders: Sequence[Sequence[OrderedAction]], *, stage_to_rank: Sequence[int],
@@ -96,140 +88,111 @@ def simulate(orders: Sequence[Sequence[OrderedAction]], *, stage_to_rank: Sequen
     `jitter` scatters the costs (None: every action costs exactly its stage cost).
     ValueError when the orders deadlock (an action waits for one that never runs before it).
     """
-    run = _Run(orders, stage_to_rank, stage_costs, overheads or Overheads(), num_accum, keep_timeline,
-               jitter or Jitter(Spread(), 0))  # an empty spread draws 1.0
-    run.execute()
-    return run.result()
+    return simulate_draws(orders, stage_to_rank=stage_to_rank, stage_costs=stage_costs, overheads=overheads,
+                          num_accum=num_accum, keep_timeline=keep_timeline, jitters=[jitter])[0]
 
 
-class _Run:
-    """The state of one simulation: per-rank cursors, finish times, and who waits for what."""
+def simulate_draws(orders: Sequence[Sequence[OrderedAction]], *, stage_to_rank: Sequence[int],
+                   stage_costs: Sequence[StageCost], overheads: Overheads | None = None, num_accum: int = 1,
+                   keep_timeline: bool = False, jitters: Sequence[Jitter | None] = (None,)) -> list[Simulation]:
+    """`simulate` for several draws of the costs in one pass, a Simulation per jitter (None: no scatter)."""
+    if len(stage_costs) != len(stage_to_rank):
+        raise ValueError(f"{len(stage_costs)} stage costs for {len(stage_to_rank)} stages")
+    graph = step_graph(orders, stage_to_rank, num_accum)
+    if graph.stuck is not None:
+        n = graph.stuck
+        raise ValueError(f"the action order deadlocks: rank {graph.rank[n]} waits forever at {KINDS[graph.kind[n]]} "
+                         f"of stage {graph.stage[n]}, micro-batch {graph.microbatch[n]} (accumulation step "
+                         f"{graph.accum[n]})")
+    over = overheads or Overheads()
+    duration, lead, after, arrival = _costs(graph, stage_to_rank, stage_costs, over, jitters)
+    start, end = longest_path(graph, duration, lead, after, arrival)
+    busy = np.zeros((graph.num_ranks, len(jitters)))
+    ranks, first = np.unique(graph.rank, return_index=True)  # a rank's nodes are contiguous
+    if graph.size:
+        busy[ranks] = np.add.reduceat(end - start, first, axis=0)
+    pipeline = end.max(axis=0) if graph.size else np.zeros(len(jitters))
+    held = held_in_flight(graph)
+    out = []
+    for column, jitter in enumerate(jitters):
+        pipeline_s = float(pipeline[column])
+        ranks = max(1, graph.num_ranks)
+        bubble = 1.0 - float(busy[:, column].sum()) / (ranks * pipeline_s) if pipeline_s > 0 else 0.0
+        timeline = _timeline(graph, stage_costs, start[:, column], end[:, column]) if keep_timeline else ()
+        out.append(Simulation(pipeline_s=pipeline_s, busy_s=tuple(float(b) for b in busy[:, column]),
+                              bubble=min(1.0, max(0.0, bubble)), peak_in_flight=held, timeline=timeline,
+                              seed=None if jitter is None else jitter.seed))
+    return out
 
-    def __init__(self, orders: Sequence[Sequence[OrderedAction]], stage_to_rank: Sequence[int],
-                 stage_costs: Sequence[StageCost], overheads: Overheads, num_accum: int, keep: bool,
-                 jitter: Jitter) -> None:
-        if len(stage_costs) != len(stage_to_rank):
-            raise ValueError(f"{len(stage_costs)} stage costs for {len(stage_to_rank)} stages")
-        self.orders = [tuple(order) for order in orders]
-        self.owner = tuple(stage_to_rank)
-        self.costs = tuple(stage_costs)
-        self.over = overheads
-        self.num_accum = num_accum
-        self.keep = keep
-        self.jitter = jitter
-        self.last_stage = len(self.owner) - 1
-        self.source, self.target = _neighbours(len(self.owner))
-        num_ranks = len(self.orders)
-        self.cursor = [0] * num_ranks
-        self.free_s = [overheads.start_s] * num_ranks
-        self.busy_s = [0.0] * num_ranks
-        self.end_s: dict[tuple, float] = {}
-        self.waiting: dict[tuple, list[int]] = {}
-        self.timeline: list[TimelineAction] = []
-        self.length = [len(order) * num_accum for order in self.orders]
 
-    def action(self, rank: int, position: int) -> tuple[int, OrderedAction]:
-        per_step = len(self.orders[rank])
-        return position // per_step, self.orders[rank][position % per_step]
+def _costs(graph: StepGraph, stage_to_rank: Sequence[int], stage_costs: Sequence[StageCost], over: Overheads,
+           jitters: Sequence[Jitter | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per node and draw: its duration (the loss added to the last stage's forward), the time its rank
+    spends after it, and the extra time a neighbour's result takes to reach it; per node, the lead before it."""
+    owner = np.asarray(stage_to_rank, dtype=np.int64)
+    per_kind = np.array([[c.of(kind) for kind in KINDS] for c in stage_costs], dtype=float).reshape(-1, len(KINDS))
+    loss = np.array([c.loss_s for c in stage_costs], dtype=float)
+    stage, kind, size = graph.stage, graph.kind, graph.size
+    compute = per_kind[stage, kind] if size else np.zeros(0)
+    last = len(stage_to_rank) - 1
+    with_loss = np.where((kind == 0) & (stage == last) & (loss[stage] > 0), loss[stage], 0.0) if size else compute
+    target = np.where(kind == 0, stage + 1, np.where(kind == 3, -1, stage - 1))
+    target_rank = np.where((target >= 0) & (target <= last), owner[np.clip(target, 0, last)], -1)
+    sends = (target_rank >= 0) & (target_rank != graph.rank)
+    source = np.minimum(graph.nbr, size - 1) if size else graph.nbr
+    crossing = (graph.nbr < size) & (graph.nbr >= 0) & (graph.rank[source] != graph.rank) if size else sends
+    boundary = np.where(kind == 0, stage - 1, stage)  # the boundary between stages s and s+1 is boundary s
+    transfer = np.array([over.transfer(b) for b in range(max(0, last))] + [0.0])[np.clip(boundary, 0, max(0, last))]
+    draws = [j.draws(size) if j is not None else (np.ones(size),) * 3 for j in jitters]
+    duration = np.stack([compute * c + with_loss for c, _, _ in draws], axis=1)
+    step = np.where(sends, over.send_s, over.gap_s)
+    after = np.stack([step * g for _, _, g in draws], axis=1)
+    arrival = np.stack([np.where(crossing, over.send_s + transfer * t, 0.0) for _, t, _ in draws], axis=1)
+    lead = np.where(graph.step_start, over.start_s, 0.0)
+    return duration, lead, after, arrival
 
-    def execute(self) -> None:
-        ready = list(range(len(self.orders)))
-        while ready:
-            rank = ready.pop()
-            while self.cursor[rank] < self.length[rank]:
-                accum, act = self.action(rank, self.cursor[rank])
-                deps = self.needs(accum, act)
-                missing = next((key for key in deps if key not in self.end_s), None)
-                if missing is not None:
-                    self.waiting.setdefault(missing, []).append(rank)
-                    break
-                if accum > 0 and self.cursor[rank] % len(self.orders[rank]) == 0:
-                    self.free_s[rank] += self.over.start_s  # each pipeline step starts afresh
-                ready.extend(self.run(rank, accum, act, deps))
-                self.cursor[rank] += 1
-        stuck = [r for r in range(len(self.orders)) if self.cursor[r] < self.length[r]]
-        if stuck:
-            accum, act = self.action(stuck[0], self.cursor[stuck[0]])
-            raise ValueError(f"the action order deadlocks: rank {stuck[0]} waits forever at {act.kind} of stage "
-                             f"{act.stage}, micro-batch {act.microbatch} (accumulation step {accum})")
 
-    def needs(self, accum: int, act: OrderedAction) -> list[tuple]:
-        """The results an action waits for: the earlier part on its own stage (a backward its forward, a
-        weight part its input part), then the neighbour stage's result it takes as input, if any."""
-        kind, s, i = act.kind, act.stage, act.microbatch
-        if kind not in self.source:
-            raise ValueError(f"unknown action kind {kind!r}")
-        source = self.source[kind][s]
-        if kind == FORWARD:
-            return [] if source is None else [(FORWARD, source, accum, i)]
-        own = (_GRAD if kind == BACKWARD_WEIGHT else FORWARD, s, accum, i)
-        return [own] if source is None else [own, (_GRAD, source, accum, i)]
-
-    def arrival(self, key: tuple, rank: int, stage: int) -> float:
-        """When a result is there for `rank` to run an action of `stage`: at once from its own rank, else
-        after the send and the hand-over across the boundary between the two (neighbour) stages."""
-        source = key[1]
-        end = self.end_s[key]
-        if self.owner[source] == rank:
-            return end
-        boundary = min(source, stage)  # the boundary between stages s and s+1 is boundary s
-        return end + self.over.send_s + self.over.transfer(boundary) * self.jitter.transfer()
-
-    def run(self, rank: int, accum: int, act: OrderedAction, deps: list[tuple]) -> list[int]:
-        """Schedule one action whose inputs are all done; return the ranks its result wakes up."""
-        start = self.free_s[rank]
-        for key in deps:
-            start = max(start, self.arrival(key, rank, act.stage))
-        cost = self.costs[act.stage]
-        duration = cost.of(act.kind) * self.jitter.compute()
-        end = start + duration
-        self.record(rank, act, accum, start, end, act.kind)
-        if act.kind == FORWARD and act.stage == self.last_stage and cost.loss_s > 0:
-            self.record(rank, act, accum, end, end + cost.loss_s, LOSS)
-            end += cost.loss_s
-        self.busy_s[rank] += end - start
-        key = (FORWARD if act.kind == FORWARD else _WEIGHT if act.kind == BACKWARD_WEIGHT else _GRAD,
-               act.stage, accum, act.microbatch)
-        self.end_s[key] = end
-        self.free_s[rank] = end + (self.over.send_s if self.sends(rank, act) else self.over.gap_s) * self.jitter.gap()
-        return self.waiting.pop(key, [])
-
-    def sends(self, rank: int, act: OrderedAction) -> bool:
-        """Whether the action's result goes to another rank (the rank then posts a send)."""
-        target = self.target[act.kind][act.stage]
-        return target is not None and self.owner[target] != rank
-
-    def record(self, rank: int, act: OrderedAction, accum: int, start: float, end: float, kind: str) -> None:
-        if self.keep:
-            self.timeline.append(TimelineAction(rank=rank, stage=act.stage, kind=kind, microbatch=act.microbatch,
-                                                accum=accum, start_s=start, end_s=end))
-
-    def result(self) -> Simulation:
-        ends = list(self.end_s.values())
-        pipeline_s = max(ends) if ends else 0.0
-        ranks = max(1, len(self.orders))
-        bubble = 1.0 - sum(self.busy_s) / (ranks * pipeline_s) if pipeline_s > 0 else 0.0
-        return Simulation(pipeline_s=pipeline_s, busy_s=tuple(self.busy_s), bubble=min(1.0, max(0.0, bubble)),
-                          peak_in_flight=peak_in_flight(self.orders, len(self.owner)),
-                          timeline=tuple(sorted(self.timeline, key=lambda a: (a.start_s, a.rank))))
+def _timeline(graph: StepGraph, stage_costs: Sequence[StageCost], start: np.ndarray,
+              end: np.ndarray) -> tuple[TimelineAction, ...]:
+    last = len(stage_costs) - 1
+    actions = []
+    for n in range(graph.size):
+        rank, stage, kind = int(graph.rank[n]), int(graph.stage[n]), KINDS[graph.kind[n]]
+        accum, microbatch = int(graph.accum[n]), int(graph.microbatch[n])
+        loss = stage_costs[stage].loss_s if kind == FORWARD and stage == last else 0.0
+        finish = float(end[n]) - loss if loss > 0 else float(end[n])
+        actions.append(TimelineAction(rank=rank, stage=stage, kind=kind, microbatch=microbatch, accum=accum,
+                                      start_s=float(start[n]), end_s=finish))
+        if loss > 0:
+            actions.append(TimelineAction(rank=rank, stage=stage, kind=LOSS, microbatch=microbatch, accum=accum,
+                                          start_s=finish, end_s=float(end[n])))
+    return tuple(sorted(actions, key=lambda a: (a.start_s, a.rank)))
 
 
 def peak_in_flight(orders: Sequence[Sequence[OrderedAction]], num_model_stages: int) -> tuple[int, ...]:
     """Per stage, the most micro-batches whose activations are held at once: a micro-batch is held from its
     forward until its backward is done (the weight part, where the backward is split). Exact for any timing,
     since a stage's actions run in its rank's order."""
-    splits = {(a.stage, a.microbatch) for order in orders for a in order if a.kind == BACKWARD_WEIGHT}
-    held = [0] * num_model_stages
-    peak = [0] * num_model_stages
-    for order in orders:
-        for a in order:
-            if a.kind == FORWARD:
-                held[a.stage] += 1
-                peak[a.stage] = max(peak[a.stage], held[a.stage])
-            elif a.kind == BACKWARD_WEIGHT or (a.kind in (BACKWARD, BACKWARD_INPUT)
-                                               and (a.stage, a.microbatch) not in splits):
-                held[a.stage] -= 1
-    return tuple(peak)
+    return held_in_flight(step_graph(orders, tuple(range(num_model_stages)), 1))
+
+
+def held_in_flight(graph: StepGraph) -> tuple[int, ...]:
+    """peak_in_flight from the graph's first pipeline step, in whole-array passes."""
+    one = graph.accum == 0
+    stage, kind, microbatch = graph.stage[one], graph.kind[one], graph.microbatch[one]
+    if not stage.size:
+        return (0,) * graph.num_stages
+    split = np.zeros((graph.num_stages, int(microbatch.max()) + 1), dtype=bool)
+    split[stage[kind == 3], microbatch[kind == 3]] = True
+    release = (kind == 3) | (((kind == 1) | (kind == 2)) & ~split[stage, microbatch])
+    change = (kind == 0).astype(np.int64) - release
+    order = np.argsort(stage, kind="stable")  # a stage's actions in its rank's order
+    running = np.cumsum(change[order])
+    stages, first = np.unique(stage[order], return_index=True)
+    before = np.concatenate([[0], running])[first]  # the running count where each stage's actions begin
+    peaks = np.zeros(graph.num_stages, dtype=np.int64)
+    peaks[stages] = np.maximum.reduceat(running - np.repeat(before, np.diff(np.append(first, len(order)))), first)
+    return tuple(int(max(0, x)) for x in peaks)
 
 
 def uniform_costs(num_model_stages: int, *, forward_s: float = 1.0, backward_s: float = 2.0,
