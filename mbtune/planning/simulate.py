@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
+from mbtune.actions import FORWARD, LOSS
 from mbtune.planning.records import OrderedAction, Simulation, Spread, StageCost
 from mbtune.planning.step_graph import KINDS, StepGraph, build_graph, longest_path
 from mbtune.records import TimelineAction
