@@ -108,9 +108,9 @@ def simulate_draws(orders: Sequence[Sequence[OrderedAction]], *, stage_to_rank: 
     duration, lead, after, arrival = _costs(graph, stage_to_rank, stage_costs, over, jitters)
     start, end = longest_path(graph, duration, lead, after, arrival)
     busy = np.zeros((graph.num_ranks, len(jitters)))
-    ranks, first = np.unique(graph.rank, return_index=True)  # a rank's nodes are contiguous
+    holders, first = np.unique(graph.rank, return_index=True)  # a rank's nodes are contiguous
     if graph.size:
-        busy[ranks] = np.add.reduceat(end - start, first, axis=0)
+        busy[holders] = np.add.reduceat(end - start, first, axis=0)
     pipeline = end.max(axis=0) if graph.size else np.zeros(len(jitters))
     held = held_in_flight(graph)
     out = []
@@ -192,7 +192,7 @@ def held_in_flight(graph: StepGraph) -> tuple[int, ...]:
     before = np.concatenate([[0], running])[first]  # the running count where each stage's actions begin
     peaks = np.zeros(graph.num_stages, dtype=np.int64)
     peaks[stages] = np.maximum.reduceat(running - np.repeat(before, np.diff(np.append(first, len(order)))), first)
-    return tuple(int(max(0, x)) for x in peaks)
+    return tuple(int(x) for x in np.maximum(peaks, 0))
 
 
 def uniform_costs(num_model_stages: int, *, forward_s: float = 1.0, backward_s: float = 2.0,
