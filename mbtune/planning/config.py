@@ -4,13 +4,14 @@ Limits, measured on a shared 2-core CPU machine with `mbtune plan` on a gpt prof
 plan is importing torch, reading the blocks on the meta device, calibrating and validating, whatever the grid:
 
 - MAX_SIMULATED_ACTIONS: a plan simulates, for every point of the grid, every compute action of one
-  optimizer step, 3 to 15 times where it draws costs from the measured scatter (planner.spread_samples),
-  once with scatter none. A simulated action costs 7-18 us. Whole plans: the design's example, the four
-  default schedules at p=64 m=256 (819k simulated), 10-12 s; four looped schedules at p=512 m=8 (640k)
-  13.5 s; gpipe p=128 m=1024 (786k) 11.5 s; the default p=8 m=8,16,32, 4.4 s. Past the limit: gpipe
-  p=1024 m=1024 (6.3M) took 43 s and 1 GB, and --micro-batches 10000000 grew past 14 GB. Memory follows
-  the actions, about 330 bytes for each one the grid holds (orders are cached, the largest point
-  simulated), so under this limit a plan stays within a few hundred MB (380-530 MB measured, with torch).
+  optimizer step, 3 to 15 draws of the costs where it draws them from the measured scatter
+  (planner.spread_samples), once with scatter none. The simulator takes a step's dependency graph a level
+  at a time (planning/step_graph.py): 4-5M simulated actions a second for one draw, 9-11M for 15 draws at
+  once (bench/simulator.py, p=64 m=256); the six schedules at p=64 m=256 from scratch in 2.7 s. 100M
+  actions are then 10-25 s.
+- MAX_HELD_BYTES: memory, not time, bounds the largest points. The orders of every point stay cached
+  (about 150 bytes an action), and the point being simulated holds its graph (about 300 bytes an action)
+  and its draws (about 160 bytes an action and draw): gpipe p=512 m=4096 (4.2M actions) held 1.7 GB.
 - MAX_MODEL_STAGES and MAX_BLOCKS: a weighted split of blocks over stages costs about the square of the
   blocks in time and blocks x stages in memory (pipeline/split.py): 1024 blocks split in 0.1-0.2 s, 4096 in
   1-2.5 s, 8192 in 16 s; 20000 stages of one block each took 94 s and 6.4 GB. Without num_blocks a point is
@@ -48,11 +49,14 @@ from mbtune.records import RECOMPUTE_MODES
 from mbtune.sweeping.config import DEFAULT_SCHEDULES
 from mbtune.validation import check_types, require, require_unique
 
-MAX_SIMULATED_ACTIONS = 1_000_000
+MAX_SIMULATED_ACTIONS = 100_000_000
+MAX_HELD_BYTES = 6 * 10**9
 MAX_MODEL_STAGES = 1024
 MAX_BLOCKS = 1024
 MAX_COUNT = 2**31 - 1
-BYTES_PER_HELD_ACTION = 330  # measured: cached orders plus the simulation's own state, per action
+BYTES_PER_ORDERED_ACTION = 150  # measured: a cached order's action
+BYTES_PER_GRAPH_ACTION = 300  # measured: the simulated point's graph, per action
+BYTES_PER_DRAWN_ACTION = 160  # measured: the simulated point's state, per action and draw
 
 assert DEFAULT_PLAN_VALIDATION == LEAVE_ONE_OUT and DEFAULT_PLAN_SCATTER == SCATTER_MEASURED
 
@@ -62,13 +66,14 @@ class PlanWork:
     """What simulating a grid costs: the actions simulated (time) and held (memory), and its largest point."""
 
     simulated_actions: int
-    held_actions: int
+    held_actions: int  # cached orders: every point's actions
     largest: SweepPoint | None = None
+    largest_held_bytes: int = 0  # the point that holds the most while it is simulated
 
     @property
     def memory_bytes(self) -> int:
         """About the memory the simulation holds beyond the fixed cost of a plan."""
-        return BYTES_PER_HELD_ACTION * self.held_actions
+        return BYTES_PER_ORDERED_ACTION * self.held_actions + self.largest_held_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,6 +167,10 @@ class PlanConfig:
                 f"at most {MAX_SIMULATED_ACTIONS // per_count} (at {self.num_ranks} stages x {self.grad_accum_steps} "
                 "accumulation steps, more is too much to simulate)")
         work = self.work()
+        if work.memory_bytes > MAX_HELD_BYTES:
+            raise ConfigError(
+                f"the grid would hold ~{work.memory_bytes / 1e9:.3g} GB of simulation state (limit "
+                f"{MAX_HELD_BYTES / 1e9:.3g} GB)", hint="Plan fewer stages, micro-batches, accumulation steps or schedules.")
         if work.simulated_actions > MAX_SIMULATED_ACTIONS:
             largest = work.largest
             assert largest is not None
@@ -194,7 +203,9 @@ class PlanConfig:
         if not points:
             return PlanWork(simulated_actions=0, held_actions=0)
         index = max(range(len(points)), key=simulated.__getitem__)
-        return PlanWork(simulated_actions=sum(simulated), held_actions=sum(held) + max(held), largest=points[index])
+        largest = max(BYTES_PER_GRAPH_ACTION * a + BYTES_PER_DRAWN_ACTION * s for a, s in zip(held, simulated, strict=True))
+        return PlanWork(simulated_actions=sum(simulated), held_actions=sum(held), largest=points[index],
+                        largest_held_bytes=largest)
 
 
 def _count(value: int) -> str:

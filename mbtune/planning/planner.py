@@ -54,7 +54,7 @@ from mbtune.planning.records import (
 from mbtune.planning.simulate import Jitter, Overheads, simulate_draws
 
 SPREAD_SAMPLES = 15  # simulated steps behind one prediction where the spread is known
-SAMPLED_ACTIONS = 150_000  # at most this many simulated actions per prediction (but 3 steps at least): a huge
+SAMPLED_ACTIONS = 1_500_000  # at most this many simulated actions per prediction (but 3 steps at least): a huge
 # pipeline joins so many actions that one simulated step already shows most of what the scatter costs
 
 

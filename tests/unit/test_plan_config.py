@@ -14,6 +14,7 @@ from mbtune.planning.api import plan_from_profile
 from mbtune.planning.calibrate import point_orders
 from mbtune.planning.config import (
     MAX_COUNT,
+    MAX_HELD_BYTES,
     MAX_MODEL_STAGES,
     MAX_SIMULATED_ACTIONS,
     PlanConfig,
@@ -41,7 +42,7 @@ BAD = [
     ("validation_method", "maybe"), ("validation_method", "none"), ("scatter", "sometimes"),
     # bounds: more than the simulation answers in seconds
     ("num_ranks", 100_000), ("num_ranks", MAX_MODEL_STAGES + 1), ("micro_batches", (8, 10_000_000)),
-    ("grad_accum_steps", 10**6), ("virtual_stages", 10**6),
+    ("grad_accum_steps", 10**8), ("virtual_stages", 10**6),
 ]
 
 
@@ -79,22 +80,31 @@ def test_stages_in_all_are_bounded(schedules, stages, expected) -> None:
 
 
 def test_a_grid_too_large_to_simulate_is_refused_with_how_to_shrink_it() -> None:
-    grid = {"num_ranks": 64, "micro_batches": (256, 512, 1024), "schedules": ("gpipe", "1f1b")}
-    with pytest.raises(ConfigError, match=r"the grid needs ~1.51M simulated actions \(limit 1M; gpipe p=64 m=1024 "
-                                          r"alone 393k\)") as info:
+    counts = tuple(range(32, 32 * 81, 32))  # 80 micro-batch counts, 32 to 2560
+    grid = {"num_ranks": 32, "micro_batches": counts, "schedules": ("gpipe", "1f1b", "zero-bubble")}
+    with pytest.raises(ConfigError, match=r"the grid needs ~275M simulated actions \(limit 100M; zero-bubble p=32 "
+                                          r"m=1952 alone 1.87M\)") as info:
         PlanConfig(**grid)
     assert "fewer stages, micro-batches, accumulation steps or schedules" in info.value.one_line()
     # Average costs simulate each point once, so the same grid fits.
-    assert PlanConfig(**grid, scatter="none").work().simulated_actions == 2 * 2 * 64 * (256 + 512 + 1024)
+    assert PlanConfig(**grid, scatter="none").work().simulated_actions == (2 + 2 + 3 * 2) * 32 * sum(counts)
+
+
+def test_a_grid_whose_simulation_would_not_fit_in_memory_is_refused() -> None:
+    grid = {"num_ranks": 512, "micro_batches": (4096,), "schedules": ("zero-bubble",)}
+    with pytest.raises(ConfigError, match=r"the grid would hold ~11.7 GB of simulation state \(limit 6 GB\)"):
+        PlanConfig(**grid)
+    assert PlanConfig(num_ranks=512, micro_batches=(1024,), schedules=("zero-bubble",)).work().memory_bytes < MAX_HELD_BYTES
 
 
 def test_the_work_counts_what_the_planner_simulates() -> None:
     # The design's example: 64 ranks, 256 micro-batches, the default schedules (v=2, zero-bubble splits backward).
     work = PlanConfig(num_ranks=64, micro_batches=(256,)).work()
     gpipe, looped, split = 2 * 64 * 256, 2 * 128 * 256, 3 * 128 * 256
-    assert [spread_samples(a) for a in (gpipe, looped, split)] == [5, 3, 3]
-    assert work.simulated_actions == 2 * 5 * gpipe + 3 * looped + 3 * split <= MAX_SIMULATED_ACTIONS
-    assert work.held_actions == 2 * gpipe + looped + 2 * split and work.memory_bytes > 0
+    assert [spread_samples(a) for a in (gpipe, looped, split)] == [15, 15, 15]
+    assert work.simulated_actions == 15 * (2 * gpipe + looped + split) <= MAX_SIMULATED_ACTIONS
+    assert work.held_actions == 2 * gpipe + looped + split
+    assert work.memory_bytes == 150 * work.held_actions + 300 * split + 160 * 15 * split
     assert replace(PlanConfig(num_ranks=64, micro_batches=(256,)), keep_timeline=True).work() == work
     # Points that cannot run are not simulated: 1f1b needs as many micro-batches as ranks.
     assert PlanConfig(num_ranks=512, micro_batches=(8,), schedules=("1f1b",)).work().simulated_actions == 0
@@ -123,7 +133,7 @@ def test_a_valid_config_plans() -> None:
 @pytest.mark.parametrize("options", [
     ("--validation", "maybe"), ("--accum", "0"), ("--virtual-stages", "0"), ("--stages", "100000"),
     ("--micro-batches", "10000000"), ("--micro-batches", "8,16,8"), ("--schedules", "gpipe,gpipe"),
-    ("--stages", "64", "--micro-batches", "256,512,1024"),
+    ("--stages", "512", "--micro-batches", "4096", "--schedules", "zero-bubble"),
 ])
 def test_the_cli_refuses_a_bad_plan_in_one_line_before_simulating(options, tmp_path) -> None:
     from mbtune.profiles import write_profile
