@@ -14,6 +14,7 @@ Run: .venv/bin/python bench/simulator.py [--repeats 5] [--skip-theory]
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -64,10 +65,10 @@ def speed(repeats: int) -> None:
         started = time.perf_counter()
         step_graph(orders, owners, 1)
         built = time.perf_counter() - started
-        one = _timed(lambda: simulate_draws(orders, stage_to_rank=owners, stage_costs=costs, overheads=over), repeats)
         jitters = [Jitter(SPREAD, seed) for seed in range(DRAWS)]
-        many = _timed(lambda: simulate_draws(orders, stage_to_rank=owners, stage_costs=costs, overheads=over,
-                                             jitters=jitters), repeats)
+        simulated = functools.partial(simulate_draws, orders, stage_to_rank=owners, stage_costs=costs, overheads=over)
+        one = _timed(simulated, repeats)
+        many = _timed(functools.partial(simulated, jitters=jitters), repeats)
         print(f"{schedule:18s} {actions:8d} {read:9.2f} {built:8.3f} {one[0]:6.3f} ({one[1]:.3f}-{one[2]:.3f}) "
               f"{actions / one[0] / 1e6:8.1f} {many[0]:6.3f} ({many[1]:.3f}-{many[2]:.3f}) "
               f"{DRAWS * actions / many[0] / 1e6:8.1f}")
