@@ -25,14 +25,15 @@ from mbtune.planning.orders import schedule_orders
 from mbtune.planning.records import Spread
 from mbtune.planning.simulate import Jitter, Overheads, simulate_draws, step_graph, uniform_costs
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv")  # p=64 m=256: the six the design names
 SPREAD = Spread(compute=(0.9, 0.95, 1.0, 1.05, 1.2), transfer=(0.8, 1.0, 1.5), gap=(1.0, 2.0))
 DRAWS = 15
 # (schedule, p, m): every schedule at p=512 and at m=4096, and the largest both where the orders allow.
 THEORY = [
     ("gpipe", 512, 4096), ("gpipe", 8, 4096), ("1f1b", 512, 1024), ("1f1b", 64, 4096),
     ("interleaved-1f1b", 512, 512), ("interleaved-1f1b", 4, 4096), ("looped-bfs", 512, 256), ("looped-bfs", 4, 4096),
-    ("zero-bubble", 512, 512), ("zero-bubble", 4, 4096), ("zbv", 512, 1024), ("zbv", 4, 4096),
+    ("zero-bubble", 512, 512), ("zero-bubble", 4, 4096), ("zb-h1", 512, 512), ("zb-h1", 4, 4096),
+    ("zbv", 512, 1024), ("zbv", 4, 4096), ("dualpipev", 512, 1024), ("dualpipev", 4, 4096),
 ]
 
 

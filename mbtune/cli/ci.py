@@ -41,6 +41,7 @@ from mbtune.cli.support import (
     with_progress,
 )
 from mbtune.errors import EXIT_CHECK_FAILED
+from mbtune.pipeline.theory import SCHEDULE_NAMES
 from mbtune.qualifying.spec import QualifySpec
 
 
@@ -136,7 +137,7 @@ def check(
     option: WorkloadOption = None,
     device: Device = C.device,
     stages: Stages = C.num_ranks,
-    schedule: Annotated[str, typer.Option("--schedule", help="One schedule: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble or zbv.")] = C.schedule,
+    schedule: Annotated[str, typer.Option("--schedule", help=f"One schedule: {', '.join(SCHEDULE_NAMES[:-1])} or {SCHEDULE_NAMES[-1]}.")] = C.schedule,
     micro_batches: Annotated[int, typer.Option("--micro-batches", "-m", help="Micro-batches per pipeline step.")] = C.num_microbatches,
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = C.grad_accum_steps,
     data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline (gradients all-reduced).")] = C.data_parallel_size,

@@ -9,6 +9,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from mbtune.checking.config import CheckConfig
+from mbtune.pipeline.theory import SCHEDULE_NAMES
 from mbtune.planning.defaults import DEFAULT_PLAN_MICRO_BATCHES
 from mbtune.probing.config import ProbeConfig
 from mbtune.sweeping.config import SweepConfig
@@ -128,7 +129,7 @@ ConfigFile = Annotated[Path | None, typer.Option("--config", is_eager=True, call
 Stages = Annotated[int, typer.Option("--stages", "-p", help="Pipeline stages (one process each; one GPU each on CUDA).")]
 
 
-Schedules = Annotated[str | None, typer.Option("--schedules", help="Comma list of gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble, zbv (default: gpipe,1f1b,interleaved-1f1b,zero-bubble).")]
+Schedules = Annotated[str | None, typer.Option("--schedules", help=f"Comma list of {', '.join(SCHEDULE_NAMES)} (default: gpipe,1f1b,interleaved-1f1b,zero-bubble).")]
 
 
 MicroBatches = Annotated[str | None, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts (default: p,2p,4p).")]

@@ -25,7 +25,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
-from mbtune.pipeline.theory import SINGLE, schedule_info
+from mbtune.pipeline.theory import schedule_info
 from mbtune.pipeline.timeline import ActionRecord
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -104,7 +104,7 @@ def build_schedule(schedule: str, stages: Sequence[PipelineStage], *, num_microb
     steps. The caller scales the loss instead.
     """
     cls = schedule_class(schedule)
-    if schedule_info(schedule).layout == SINGLE:
+    if not schedule_info(schedule).stage_list:
         if len(stages) != 1:
             raise ValueError(f"{schedule} takes one stage per rank, got {len(stages)}")
         return cls(stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
@@ -331,7 +331,7 @@ def schedule_action_orders(schedule: str, *, num_ranks: int, num_microbatches: i
     cls = _order_only_class(schedule_class(schedule))
     loss_fn = _no_loss
     try:
-        if schedule_info(schedule).layout == SINGLE:
+        if not schedule_info(schedule).stage_list:
             built = cls(stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
         else:
             built = cls(stages, num_microbatches, loss_fn=loss_fn, scale_grads=False)

@@ -26,15 +26,18 @@ class ScheduleInfo:
     layout: str
     splits_backward: bool  # runs backward-input and backward-weight as separate actions
     description: str
+    stage_list: bool = True  # torch's constructor takes a list of the rank's stages (all but gpipe and 1f1b)
 
 
 SCHEDULES: dict[str, ScheduleInfo] = {
     info.name: info
     for info in (
         ScheduleInfo(name="gpipe", torch_class="ScheduleGPipe", layout=SINGLE, splits_backward=False,
-                     description="all forwards, then all backwards (fill-drain)"),
+                     description="all forwards, then all backwards (fill-drain)", stage_list=False),
         ScheduleInfo(name="1f1b", torch_class="Schedule1F1B", layout=SINGLE, splits_backward=False,
-                     description="one forward, one backward in steady state"),
+                     description="one forward, one backward in steady state", stage_list=False),
+        ScheduleInfo(name="zb-h1", torch_class="ScheduleInterleavedZeroBubble", layout=SINGLE, splits_backward=True,
+                     description="ZB-H1: 1F1B with one stage per rank, weight gradients fill its bubble"),
         ScheduleInfo(name="interleaved-1f1b", torch_class="ScheduleInterleaved1F1B", layout=LOOP,
                      splits_backward=False, description="1F1B over v looped virtual stages per rank, depth first"),
         ScheduleInfo(name="looped-bfs", torch_class="ScheduleLoopedBFS", layout=LOOP, splits_backward=False,
@@ -43,6 +46,8 @@ SCHEDULES: dict[str, ScheduleInfo] = {
                      splits_backward=True, description="interleaved ZB-H1: weight gradients fill the bubble"),
         ScheduleInfo(name="zbv", torch_class="ScheduleZBVZeroBubble", layout=V_SHAPE, splits_backward=True,
                      description="zero-bubble V: two stages per rank in a V, split backward"),
+        ScheduleInfo(name="dualpipev", torch_class="ScheduleDualPipeV", layout=V_SHAPE, splits_backward=True,
+                     description="DualPipeV: two stages per rank in a V, a forward overlapped with a backward"),
     )
 }
 SCHEDULE_NAMES = tuple(SCHEDULES)
@@ -93,7 +98,7 @@ def _layout_reason(schedule: str, per_rank: int) -> str | None:
     if layout == SINGLE and per_rank != 1:
         return f"{schedule} runs one stage per rank, not {per_rank}"
     if layout == V_SHAPE and per_rank != 2:
-        return f"zbv needs exactly two stages per rank (a V), not {per_rank}"
+        return f"{schedule} needs exactly two stages per rank (a V), not {per_rank}"
     if layout == LOOP and per_rank < 2:
         return f"{schedule} needs at least two stages per rank; with one it degenerates to gpipe/1f1b"
     return None
@@ -102,7 +107,9 @@ def _layout_reason(schedule: str, per_rank: int) -> str | None:
 def _microbatch_reason(schedule: str, num_ranks: int, num_microbatches: int) -> str | None:
     if schedule == "1f1b" and num_microbatches < num_ranks:
         return f"1f1b needs at least as many micro-batches as stages ({num_ranks}), got {num_microbatches}"
-    if schedule in ("interleaved-1f1b", "zero-bubble"):
+    if schedule == "dualpipev" and num_microbatches < 2 * num_ranks:
+        return f"dualpipev needs at least as many micro-batches as stages ({2 * num_ranks}), got {num_microbatches}"
+    if schedule in ("interleaved-1f1b", "zero-bubble", "zb-h1"):
         # torch runs max(1, m // p) rounds and needs the micro-batches to split evenly into them.
         rounds = max(1, num_microbatches // num_ranks)
         if num_microbatches % rounds:
@@ -151,12 +158,15 @@ def theoretical_bubble(
     - interleaved-1f1b, looped-bfs: a rank waits (p-1) virtual-stage slots of t/v, so (p-1) / (v*m + p-1)
       (Narayanan et al. 2021's (p-1)/(v*m) is the same bubble relative to compute, not to the step).
       When m < p each loop also stalls for the pipe to refill, which adds (v-1)(p-m) slots.
-    - zero-bubble (torch's interleaved ZB-H1): with forward = backward-input = backward-weight, the bubble is
-      a third of interleaved 1F1B's (Qi et al. 2024, table 3): (p-1) / (3*v*m + p-1).
-    - zbv: with m >= 2p-1 and equal F/B/W costs ZB-V keeps every rank busy in steady state (the paper's
-      "zero bubble"); what remains, measured as above, is the fill while the first micro-batch travels
-      down the V: p-1 slots of each rank's 6m, so (p-1) / (6m + p-1). With fewer micro-batches torch runs
-      the 2p-1 schedule with slots left empty, so at least 1 - m/(2p-1).
+    - zero-bubble (torch's interleaved ZB-H1) and zb-h1 (the same schedule, one stage per rank: the Zero
+      Bubble paper's ZB-H1): with forward = backward-input = backward-weight, the bubble is a third of
+      1F1B's (Qi et al. 2024, Table 2): (p-1) / (3*v*m + p-1), v = 1 for zb-h1.
+    - zbv and dualpipev: with m >= 2p-1 and equal F/B/W costs ZB-V keeps every rank busy in steady state
+      (the paper's "zero bubble"); what remains, measured as above, is the fill while the first
+      micro-batch travels down the V: p-1 slots of each rank's 6m, so (p-1) / (6m + p-1). With fewer
+      micro-batches torch runs the 2p-1 schedule with slots left empty, so at least 1 - m/(2p-1).
+      DualPipeV (DeepSeek-V3's DualPipe cut to one V) runs the same V with a forward and a backward
+      overlapped; in sequence, as here, its bubble is ZB-V's (torch needs m >= 2p for it).
     """
     p, m = num_ranks, num_microbatches
     if p < 1 or m < 1:
@@ -167,6 +177,6 @@ def theoretical_bubble(
     if schedule in ("interleaved-1f1b", "looped-bfs"):
         idle_slots = (p - 1) + (v - 1) * max(0, p - m)
         return idle_slots / (v * m + idle_slots)
-    if schedule == "zero-bubble":
+    if schedule in ("zero-bubble", "zb-h1"):
         return (p - 1) / (3 * v * m + p - 1)
     return max((p - 1) / (6 * m + p - 1), 1.0 - m / (2 * p - 1))

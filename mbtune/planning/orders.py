@@ -1,6 +1,6 @@
 """Per-rank action orders of the schedules: what each rank computes in one pipeline step, in order.
 
-The looped and zero-bubble schedules (interleaved-1f1b, looped-bfs, zero-bubble, zbv, and any other
+The looped and zero-bubble schedules (interleaved-1f1b, looped-bfs, zero-bubble, zb-h1, zbv, dualpipev, and any other
 `_PipelineScheduleRuntime` schedule) execute torch's own `pipeline_order`, so that is read from torch
 (pipeline/schedules.py builds the schedule without modules or a process group). GPipe and 1F1B run
 hand-written loops in torch (`_step_microbatches`); their published `pipeline_order` is descriptive only,
@@ -54,9 +54,9 @@ _PURE = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
 @functools.lru_cache(maxsize=256)
 def schedule_orders(schedule: str, *, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> RankOrders:
     """Per rank, the actions the schedule runs in one pipeline step. ValueError where the point cannot run."""
-    if schedule_info(schedule).layout == SINGLE:
-        if stages_per_rank != 1:
-            raise ValueError(f"{schedule} runs one stage per rank, not {stages_per_rank}")
+    if schedule_info(schedule).layout == SINGLE and stages_per_rank != 1:
+        raise ValueError(f"{schedule} runs one stage per rank, not {stages_per_rank}")
+    if schedule in _PURE:
         return _PURE[schedule](num_ranks, num_microbatches)
     return torch_orders(schedule, num_ranks=num_ranks, num_microbatches=num_microbatches,
                         stages_per_rank=stages_per_rank)

@@ -204,7 +204,8 @@ def spread_samples(actions: int) -> int:
 
 def point_actions(point: SweepPoint) -> int:
     """Compute actions one optimizer step of a point simulates: a forward and a backward (split in an input
-    and a weight part by the zero-bubble schedules) per stage and micro-batch, every accumulation step."""
+    and a weight part by the zero-bubble schedules) per stage and micro-batch, every accumulation step (at
+    most, for dualpipev, which splits some of its backwards)."""
     kinds = 3 if schedule_info(point.schedule).splits_backward else 2
     return kinds * point.num_ranks * point.stages_per_rank * point.num_microbatches * point.grad_accum_steps
 

@@ -10,13 +10,14 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 
 from mbtune.pipeline.point import SweepPoint
+from mbtune.pipeline.theory import SCHEDULES
 from mbtune.planning.records import BlockFacts, QuickResult, QuickRound
 from mbtune.sweeping.records import PointResult
 
 # (results measured so far, candidate points) -> predicted samples/s per candidate (None: cannot tell)
 Predictor = Callable[[Sequence[PointResult], Sequence[SweepPoint]], Sequence[float | None]]
 
-SPLIT_BACKWARD = ("zero-bubble", "zbv")
+SPLIT_BACKWARD = tuple(name for name, info in SCHEDULES.items() if info.splits_backward)
 
 
 def quick_search(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint], PointResult], *,
@@ -140,7 +141,7 @@ def calibration_points(points: Sequence[SweepPoint], count: int) -> list[SweepPo
     """`count` points spread over the grid: the j-th takes the j-th of `count` evenly spaced values of the
     micro-batch size, a shifted spacing of micro-batches, accumulation and replicas, and the schedules in
     turn, so the first fit sees several sizes, depths, replica counts and schedules; with fewer points than schedules, a split-backward
-    schedule (zero-bubble, zbv) is among them where the grid has one, so its input and weight parts get
+    schedule (zero-bubble, zb-h1, zbv, dualpipev) is among them where the grid has one, so its input and weight parts get
     measured."""
     if count <= 0 or not points:
         return []

@@ -133,7 +133,7 @@ def test_check_point_knows_the_block_count() -> None:
 # --- layout --------------------------------------------------------------------------------------------------
 
 def test_stages_per_rank() -> None:
-    assert [stages_per_rank(s) for s in SCHEDULE_NAMES] == [1, 1, 2, 2, 2, 2]
+    assert [stages_per_rank(s) for s in SCHEDULE_NAMES] == [1, 1, 1, 2, 2, 2, 2, 2]
     assert stages_per_rank("interleaved-1f1b", 3) == 3
     assert stages_per_rank("zbv", 3) == 2
     with pytest.raises(ValueError, match="unknown schedule"):

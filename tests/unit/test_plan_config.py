@@ -115,7 +115,11 @@ def test_the_work_counts_what_the_planner_simulates() -> None:
 def test_point_actions_are_the_actions_of_the_schedule_orders(schedule, virtual) -> None:
     point = SweepPoint(schedule=schedule, num_ranks=4, num_microbatches=8, grad_accum_steps=2, micro_batch_size=1,
                        stages_per_rank=stages_per_rank(schedule, virtual))
-    assert point_actions(point) == 2 * sum(len(order) for order in point_orders(point))
+    ordered = 2 * sum(len(order) for order in point_orders(point))
+    if schedule == "dualpipev":  # it splits some backwards, not all: the count bounds it from above
+        assert 2 * 2 * 4 * 2 * 8 < ordered <= point_actions(point)
+    else:
+        assert point_actions(point) == ordered
 
 
 def test_a_valid_config_plans() -> None:

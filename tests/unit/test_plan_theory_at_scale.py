@@ -16,7 +16,8 @@ from mbtune.planning.simulate import simulate, uniform_costs
     ("gpipe", 512, 512), ("gpipe", 8, 4096), ("1f1b", 512, 512), ("1f1b", 8, 4096),
     ("interleaved-1f1b", 512, 128), ("interleaved-1f1b", 4, 4096),
     ("looped-bfs", 512, 64), ("looped-bfs", 4, 4096),  # fewer micro-batches than ranks: each loop refills
-    ("zero-bubble", 256, 256), ("zero-bubble", 4, 4096), ("zbv", 256, 512), ("zbv", 4, 4096),
+    ("zero-bubble", 256, 256), ("zero-bubble", 4, 4096), ("zb-h1", 256, 256), ("zb-h1", 4, 4096),
+    ("zbv", 256, 512), ("zbv", 4, 4096), ("dualpipev", 128, 256), ("dualpipev", 4, 4096),
 ])
 def test_every_schedules_bubble_is_its_closed_form_at_scale(schedule: str, p: int, m: int) -> None:
     v = stages_per_rank(schedule)
