@@ -28,7 +28,8 @@ def plan(
     profile: Annotated[Path | None, typer.Argument(help="A profile with a sweep (profiles/<device>/<workload>.json) to calibrate the simulator on; without one, --workload and --device-memory plan memory alone.", show_default=False)] = None,
     workload: Annotated[str | None, typer.Option("--workload", "-w", help="Without a profile: the workload whose every stage's peak memory to predict (on fake tensors: no memory, no device).")] = None,
     option: WorkloadOption = None,
-    device_memory: Annotated[str | None, typer.Option("--device-memory", help="Without a profile: each device's memory, e.g. 141GB or 80GiB; the plan gives the largest micro-batch size every stage holds in it.")] = None,
+    device_memory: Annotated[str | None, typer.Option("--device-memory", help="Each device's memory, e.g. 141GB or 80GiB: with a profile, what every rank's memory is checked against (default: the probed ceiling); without one, the plan gives the largest micro-batch size every stage holds in it.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="Plan a cluster of this many GPUs: every pipeline depth x data-parallel replicas, micro-batch size, count and accumulation that make --global-batch, every schedule (--schedules) and recompute none and full (--recompute), ranked by predicted throughput.")] = None,
     precision: Annotated[str, typer.Option("--precision", help="Without a profile: fp32 or bf16 (autocast).")] = "fp32",
     optimizer: Optimizer = "adamw",
     stages: Annotated[int, typer.Option("--stages", "-p", help="Pipeline ranks to plan for (one GPU each).")] = DEFAULT_PLAN_RANKS,
@@ -38,7 +39,7 @@ def plan(
     micro_batch_size: MicroBatchSize = None,
     global_batch: PlanGlobalBatch = None,
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = 1,
-    recompute: Annotated[str, typer.Option("--recompute", help="Comma list of none, full: plan each point with and without activation recompute (memory: each block's input held; compute: the forward again in each backward).")] = RECOMPUTE,
+    recompute: Annotated[str | None, typer.Option("--recompute", help="Comma list of none, full: plan each point with and without activation recompute (memory: each block's input held; compute: the forward again in each backward). Default: none; both with --gpus.")] = None,
     blocks: Annotated[int | None, typer.Option("--blocks", help="Plan a model of this many of the workload's blocks (default: the profiled model's count).")] = None,
     virtual_stages: VirtualStages = 2,
     link_bandwidth: Annotated[str | None, typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
@@ -53,25 +54,30 @@ def plan(
 ) -> None:
     """Predict configurations beyond this machine with a simulator calibrated on a saved sweep; without a
     profile, predict every stage's peak memory and the largest micro-batch size each stage holds."""
+    from mbtune.pipeline.theory import SCHEDULE_NAMES
     from mbtune.planning.api import plan_from_profile
     from mbtune.planning.config import PlanConfig
     from mbtune.report import make_console
     from mbtune.report.plan import print_plan, write_plan_artifacts
+    from mbtune.settings import MAX_BUDGET_BYTES
     from mbtune.sweeping.config import DEFAULT_SCHEDULES
-    from mbtune.units import parse_duration, parse_list, parse_rate
+    from mbtune.units import parse_bytes, parse_duration, parse_list, parse_rate
 
     fmt = check_output(check_format(format), output)
     check_outputs(plot_dir=plot, files=(trace,))
     if profile is None:
         _memory_plan(workload, option, device_memory, stages, micro_batches, schedules, data_parallel, accum,
-                     recompute, virtual_stages, precision, optimizer, fmt, output)
+                     recompute or RECOMPUTE, virtual_stages, precision, optimizer, fmt, output)
         return
+    cluster = gpus is not None
     config = PlanConfig(
         num_ranks=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),
-        schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
+        schedules=parse_list(schedules, name="--schedules", convert=str) or (SCHEDULE_NAMES if cluster else DEFAULT_SCHEDULES),
         data_parallel_size=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
         grad_accum_steps=accum, num_blocks=blocks, virtual_stages=virtual_stages,
-        recompute=parse_list(recompute, name="--recompute", convert=str),
+        recompute=parse_list(recompute or ("none,full" if cluster else RECOMPUTE), name="--recompute", convert=str),
+        num_gpus=gpus, device_memory_bytes=parse_bytes(device_memory, name="--device-memory", at_most=MAX_BUDGET_BYTES)
+        if device_memory else None,
         link_bandwidth_bytes_per_s=parse_rate(link_bandwidth, name="--link-bandwidth") if link_bandwidth else None,
         link_latency_s=parse_duration(link_latency, name="--link-latency") if link_latency else None,
         ranks_per_node=ranks_per_node,

@@ -14,9 +14,10 @@ from typing import Any
 
 from mbtune.errors import ProfileError
 from mbtune.pipeline.point import SweepPoint
-from mbtune.planning.calibrate import calibrate
+from mbtune.planning.calibrate import calibrate, point_orders
+from mbtune.planning.cluster import plan_cluster
 from mbtune.planning.config import PlanConfig
-from mbtune.planning.planner import Link, deepen, plan, predict, without_per_sample_memory
+from mbtune.planning.planner import Link, deepen, plan, plan_notes, predict, with_scatter, without_per_sample_memory
 from mbtune.planning.quick import quick_search, simulator_predictor
 from mbtune.planning.records import (
     SCATTER_MEASURED,
@@ -213,12 +214,47 @@ def plan_from_profile(profile: Profile | str | Path, config: PlanConfig | None =
     if config.link_bandwidth_bytes_per_s is None and config.link_latency_s is None:
         warnings.append("no link given: stage-to-stage hand-overs cost what they cost on the profiled machine")
     limit, source = memory_limit(profile)
-    report = plan(model, grid, link=config.link(), memory_limit_bytes=limit, memory_limit_source=source,
-                  tokens_per_sample=_tokens_per_sample(sweep.results), validation=validation, warnings=warnings,
-                  scatter=config.scatter, per_sample_memory=per_sample)
+    if config.device_memory_bytes is not None:
+        limit, source = float(config.device_memory_bytes), "each device's memory (--device-memory)"
+    if config.num_gpus is not None:
+        report = _plan_cluster(model, config, memory_limit_bytes=limit, memory_limit_source=source,
+                               tokens_per_sample=_tokens_per_sample(sweep.results), validation=validation,
+                               warnings=warnings, per_sample_memory=per_sample)
+    else:
+        report = plan(model, grid, link=config.link(), memory_limit_bytes=limit, memory_limit_source=source,
+                      tokens_per_sample=_tokens_per_sample(sweep.results), validation=validation, warnings=warnings,
+                      scatter=config.scatter, per_sample_memory=per_sample)
     report = replace(report, device=sweep.device)
     recommended = recommended_timeline(report) if config.keep_timeline else None
     return replace(report, recommended_timeline=recommended.timeline) if recommended is not None else report
+
+
+def _plan_cluster(model: CostModel, config: PlanConfig, *, memory_limit_bytes: float | None, memory_limit_source: str,
+                  tokens_per_sample: int | None, validation: Validation | None, warnings: list[str],
+                  per_sample_memory: bool) -> PlanReport:
+    """plan --gpus: every split of the GPUs estimated, the best simulated and ranked (planning/cluster.py)."""
+    if config.num_blocks is not None:
+        model = deepen(model, config.num_blocks)
+    model = with_scatter(model, config.scatter)
+    link = config.link()
+    grid = config.cluster_grid()
+    ranked, skipped, enumerated, simulated = plan_cluster(model, grid, link=link, memory_limit_bytes=memory_limit_bytes,
+                                                          tokens_per_sample=tokens_per_sample, orders_of=point_orders)
+    notes = [*warnings, f"{enumerated} ways to split {grid.num_gpus} GPUs for global batch {grid.global_batch} "
+                        f"estimated in closed form; the best {simulated} simulated and ranked here",
+             *plan_notes(model, data_parallel=any(p.point.data_parallel_size > 1 for p in ranked), link=link,
+                         scatter=config.scatter, memory_limit_bytes=memory_limit_bytes)]
+    if model.facts.num_blocks < grid.num_gpus:
+        notes.append(f"the model has {model.facts.num_blocks} blocks: pipelines deeper than that are not planned "
+                     "(plan a deeper model of the same blocks with --blocks)")
+    return PlanReport(workload=model.workload, workload_options=dict(model.workload_options), model=model,
+                      num_blocks=model.facts.num_blocks, scatter=config.scatter, per_sample_memory=per_sample_memory,
+                      predictions=tuple(ranked), skipped=tuple(skipped),
+                      recommended=0 if ranked and ranked[0].fits is not False else None, validation=validation,
+                      warnings=tuple(notes), memory_limit_bytes=memory_limit_bytes,
+                      memory_limit_source=memory_limit_source, link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+                      link_latency_s=link.latency_s, ranks_per_node=link.ranks_per_node, num_gpus=grid.num_gpus,
+                      num_candidates=enumerated, num_simulated=simulated)
 
 
 def per_sample_memory(profile: Profile) -> tuple[bool, list[str]]:

@@ -30,6 +30,7 @@ from mbtune.pipeline.theory import (
     SCHEDULE_NAMES,
     stages_per_rank,
 )
+from mbtune.planning.cluster import ClusterGrid, cluster_points
 from mbtune.planning.defaults import (
     DEFAULT_PLAN_MICRO_BATCHES,
     DEFAULT_PLAN_RANKS,
@@ -54,6 +55,8 @@ MAX_HELD_BYTES = 6 * 10**9
 MAX_MODEL_STAGES = 1024
 MAX_BLOCKS = 1024
 MAX_COUNT = 2**31 - 1
+MAX_GPUS = 65536
+MAX_CANDIDATES = 200_000  # a cluster plan's configurations, each estimated in closed form (about 20 us each)
 BYTES_PER_ORDERED_ACTION = 150  # measured: a cached order's action
 BYTES_PER_GRAPH_ACTION = 300  # measured: the simulated point's graph, per action
 BYTES_PER_DRAWN_ACTION = 160  # measured: the simulated point's state, per action and draw
@@ -104,6 +107,10 @@ class PlanConfig:
     scatter: str = DEFAULT_PLAN_SCATTER
     keep_timeline: bool = False
     recompute: tuple[str, ...] = ("none",)  # activation recompute modes, every point in each
+    # A cluster plan: every split of this many GPUs into pipeline ranks x replicas for global_batch (the
+    # grid's num_ranks, micro_batches, data_parallel_size and grad_accum_steps are then enumerated).
+    num_gpus: int | None = None
+    device_memory_bytes: int | None = None  # each device's memory (None: the profile's probed ceiling)
 
     def __post_init__(self) -> None:
         for name in ("micro_batches", "schedules", "recompute"):
@@ -112,7 +119,10 @@ class PlanConfig:
         check_types(self)
         self._check_grid()
         self._check_settings()
-        self._check_size()
+        if self.num_gpus is None:
+            self._check_size()
+        else:
+            self._check_cluster()
 
     def _check_grid(self) -> None:
         require(1 <= self.num_ranks <= MAX_MODEL_STAGES, "num_ranks", self.num_ranks,
@@ -179,6 +189,23 @@ class PlanConfig:
                 f"{_count(MAX_SIMULATED_ACTIONS)}; {largest.schedule} p={largest.num_ranks} "
                 f"m={largest.num_microbatches} alone {_count(simulated_actions(largest, self.scatter))})",
                 hint="Plan fewer stages, micro-batches, accumulation steps or schedules.")
+
+    def _check_cluster(self) -> None:
+        require(1 <= self.num_gpus <= MAX_GPUS, "num_gpus", self.num_gpus, f"an integer from 1 to {MAX_GPUS}")  # type: ignore[operator]
+        if self.global_batch is None:
+            raise ConfigError("a cluster plan needs the global batch to split over the GPUs", field="global_batch",
+                              hint="Give it: mbtune plan PROFILE --gpus 64 --global-batch 1024.")
+        require(self.device_memory_bytes is None or self.device_memory_bytes > 0, "device_memory_bytes",
+                self.device_memory_bytes, "bytes above 0")
+        candidates = len(cluster_points(self.cluster_grid(), MAX_BLOCKS)[0])
+        require(candidates <= MAX_CANDIDATES, "global_batch", self.global_batch,
+                f"a batch with fewer splits: {candidates} configurations to estimate (limit {MAX_CANDIDATES})")
+
+    def cluster_grid(self) -> ClusterGrid:
+        """What a cluster plan enumerates (see planning/cluster.py)."""
+        assert self.num_gpus is not None and self.global_batch is not None
+        return ClusterGrid(num_gpus=self.num_gpus, global_batch=self.global_batch, schedules=self.schedules,
+                           recompute=self.recompute, virtual_stages=(self.virtual_stages, 2 * self.virtual_stages))
 
     def grid(self) -> PlanGrid:
         """The configurations to predict (micro-batch size still None where neither it nor the global batch

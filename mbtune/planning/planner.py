@@ -344,10 +344,27 @@ def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_l
             skipped.append(SkippedPoint(point=point, reason=getattr(exc, "message", str(exc))))
     ranked = sorted(predictions, key=lambda p: ({True: 0, None: 1, False: 2}[p.fits], -p.samples_per_s))
     recommended = 0 if ranked and ranked[0].fits is not False else None
-    notes = list(warnings) + _depth_notes(model, ranked) + list(model.notes)
+    notes = list(warnings) + _depth_notes(model, ranked) + plan_notes(
+        model, data_parallel=grid.data_parallel_size > 1, link=link, scatter=scatter,
+        memory_limit_bytes=memory_limit_bytes)
+    return PlanReport(workload=model.workload, workload_options=dict(model.workload_options), model=model,
+                      num_blocks=model.facts.num_blocks, scatter=scatter, per_sample_memory=per_sample_memory,
+                      predictions=tuple(ranked), skipped=tuple(skipped),
+                      recommended=recommended, validation=validation, warnings=tuple(notes),
+                      memory_limit_bytes=memory_limit_bytes, memory_limit_source=memory_limit_source,
+                      link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s if link else None,
+                      link_latency_s=link.latency_s if link else None,
+                      ranks_per_node=link.ranks_per_node if link else None)
+
+
+def plan_notes(model: CostModel, *, data_parallel: bool, link: Link | None, scatter: str,
+               memory_limit_bytes: float | None) -> list[str]:
+    """What a plan says of its own inputs: the model's notes, the scatter, where the all-reduce and the
+    hand-overs between nodes come from, and whether memory is checked."""
+    notes = list(model.notes)
     if scatter == SCATTER_MEASURED and not model.spread.known:
         notes.append("no scatter measured: predictions use the average costs")
-    if grid.data_parallel_size > 1 and (link is None or link.bandwidth_bytes_per_s is None):
+    if data_parallel and (link is None or link.bandwidth_bytes_per_s is None):
         if model.allreduce_bytes_per_s:
             notes.append(f"data-parallel all-reduce charged at {model.allreduce_bytes_per_s / 1e9:.2f} GB/s, the "
                          f"effective ring bandwidth measured over {model.allreduce_points} data-parallel point(s)")
@@ -363,14 +380,7 @@ def plan(model: CostModel, grid: PlanGrid, *, link: Link | None = None, memory_l
         notes.append(f"{link.ranks_per_node} pipeline rank(s) per node: hand-overs between nodes cost {across}")
     if memory_limit_bytes is None:
         notes.append("no probed ceiling: memory per rank is predicted but not checked")
-    return PlanReport(workload=model.workload, workload_options=dict(model.workload_options), model=model,
-                      num_blocks=model.facts.num_blocks, scatter=scatter, per_sample_memory=per_sample_memory,
-                      predictions=tuple(ranked), skipped=tuple(skipped),
-                      recommended=recommended, validation=validation, warnings=tuple(notes),
-                      memory_limit_bytes=memory_limit_bytes, memory_limit_source=memory_limit_source,
-                      link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s if link else None,
-                      link_latency_s=link.latency_s if link else None,
-                      ranks_per_node=link.ranks_per_node if link else None)
+    return notes
 
 
 def _depth_notes(model: CostModel, predictions: Sequence[Prediction]) -> list[str]:

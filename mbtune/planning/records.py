@@ -193,11 +193,17 @@ class Prediction(Record):
     fits: bool | None = None  # None when no limit is known
     timeline: tuple[TimelineAction, ...] = ()
     seed: int | None = None  # the scatter draw whose simulated step is the prediction (None: average costs)
+    lost_because: str = ""  # in a ranking, the part of its step time that lost most to the first's
 
     @property
     def max_memory_bytes(self) -> float:
         """The busiest rank's predicted memory."""
         return max(self.memory_bytes) if self.memory_bytes else 0.0
+
+    @property
+    def binding_rank(self) -> int | None:
+        """The rank whose memory binds (the busiest)."""
+        return max(range(len(self.memory_bytes)), key=self.memory_bytes.__getitem__) if self.memory_bytes else None
 
     @property
     def num_blocks(self) -> int:
@@ -279,6 +285,9 @@ class PlanReport(Record):
     validation: Validation | None = None  # the simulator against the points the profile's sweep ran
     warnings: tuple[str, ...] = ()
     recommended_timeline: tuple[TimelineAction, ...] = ()  # simulated, where the plan was asked to keep it
+    num_gpus: int | None = None  # a cluster plan (plan --gpus): every split of this many GPUs
+    num_candidates: int = 0  # a cluster plan's configurations estimated
+    num_simulated: int = 0  # ... and those simulated
 
     @property
     def best(self) -> Prediction | None:

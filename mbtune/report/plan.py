@@ -51,13 +51,23 @@ def predictions_table(report: PlanReport, *, limit: int | None = 20) -> Table:
                ("bubble", "right"), ("mem/rank", "right"), ("fits", "left")]
     if len(depths) > 1:
         columns.insert(2, ("blocks", "right"))
+    cluster = report.num_gpus is not None
+    if cluster:
+        table.title = (f"Plan: {report.workload} on {report.num_gpus} GPUs, {blocks}: the best of "
+                       f"{report.num_candidates} splits, predicted by the calibrated simulator (scatter: {report.scatter})")
+        columns[6:6] = [("acc", "right")]
+        columns += [("all-reduce", "right"), ("binds", "right"), ("lost to #1 by", "left")]
     for header, justify in columns:
-        table.add_column(header, justify=justify, no_wrap=True)
+        table.add_column(header, justify=justify, no_wrap=header != "lost to #1 by")
     shown = report.predictions if limit is None else report.predictions[:limit]
     for index, p in enumerate(shown):
         row = _prediction_row(index + 1, p)
         if len(depths) > 1:
             row.insert(2, str(p.num_blocks))
+        if cluster:
+            row[6:6] = [str(p.point.grad_accum_steps)]
+            share = p.allreduce_s / p.step_time_s if p.step_time_s > 0 else 0.0
+            row += [_pct(share), f"rank {p.binding_rank}" if p.binding_rank is not None else "", p.lost_because]
         table.add_row(*row, style="bold green" if index == report.recommended else "")
     hidden = len(report.predictions) - len(shown)
     memory = "the busiest rank" + ("" if report.per_sample_memory else ", no per-sample memory")
@@ -183,7 +193,8 @@ def plan_frame(report: PlanReport) -> Any:
              "global_batch": p.point.global_batch, "samples_per_s": p.samples_per_s, "step_time_s": p.step_time_s,
              "bubble": p.bubble, "bubble_theoretical": p.bubble_theoretical,
              "memory_bytes_max": p.max_memory_bytes, "fits": p.fits, "recommended": i == report.recommended,
-             "scatter": report.scatter}
+             "scatter": report.scatter, "grad_accum_steps": p.point.grad_accum_steps, "recompute": p.point.recompute,
+             "allreduce_s": p.allreduce_s, "binding_rank": p.binding_rank, "lost_because": p.lost_because}
             for i, p in enumerate(report.predictions)]
     return pd.DataFrame(rows)
 

@@ -187,7 +187,9 @@ def write_plan_plots(report: PlanReport, directory: str | os.PathLike[str], *,
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     written = []
-    if report.predictions:
+    if report.num_gpus is not None and report.predictions:
+        written.append(_depth_plot(report, target / "plan_depth.png"))
+    elif report.predictions:
         written.append(_throughput_plot(report.predictions, target / "plan_throughput.png", predicted=True,
                                         title=f"Predicted throughput: {report.workload}, "
                                               f"{report.predictions[0].point.num_ranks} ranks"))
@@ -204,6 +206,27 @@ def write_plan_plots(report: PlanReport, directory: str | os.PathLike[str], *,
     if report.validation is not None and report.validation.rows:
         written.append(_validation_plot(report.validation, target / "validation.png"))
     return written
+
+
+def _depth_plot(report: PlanReport, path: Path) -> Path:
+    """A cluster plan's predicted throughput against pipeline depth: the best of every depth simulated."""
+    best: dict[int, Prediction] = {}
+    for p in report.predictions:
+        if p.fits is not False and (p.point.num_ranks not in best or p.samples_per_s > best[p.point.num_ranks].samples_per_s):
+            best[p.point.num_ranks] = p
+    depths = sorted(best)
+    figure = _figure(8.0, 4.5)
+    ax = figure.subplots()
+    ax.plot(depths, [best[d].samples_per_s for d in depths], marker="o")
+    for d in depths:
+        ax.annotate(f"{best[d].point.schedule}\nm={best[d].point.num_microbatches} dp={best[d].point.data_parallel_size}",
+                    (d, best[d].samples_per_s), fontsize="x-small", textcoords="offset points", xytext=(4, 4))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("pipeline depth (ranks); replicas = GPUs / depth")
+    ax.set_ylabel("samples/s (predicted)")
+    ax.set_title(f"Best predicted throughput per depth: {report.workload} on {report.num_gpus} GPUs")
+    ax.grid(True, alpha=0.3)
+    return _save(figure, path)
 
 
 def _plan_bubble_plot(predictions: Sequence[Any], path: Path) -> Path:

@@ -78,3 +78,23 @@ def test_plan_bad_input_is_one_line(swept):
     result = mbtune("plan", str(profile), "--link-bandwidth", "fast")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_cluster_plan_splits_the_gpus_every_way_for_the_global_batch(swept, tmp_path):
+    root, _ = swept
+    profile = next((root / "profiles").rglob("*.json"))
+    result = mbtune("plan", str(profile), "--gpus", "8", "--global-batch", "64", "--blocks", "16",
+                    "--device-memory", "1GiB", "--link-bandwidth", "10GB/s", "--validation", "none", "--format", "json",
+                    "--plot", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["num_gpus"] == 8 and plan["num_candidates"] > plan["num_simulated"] >= len(plan["predictions"]) > 1
+    for p in plan["predictions"]:
+        point = p["point"]
+        assert point["num_ranks"] * point["data_parallel_size"] == 8
+        assert point["micro_batch_size"] * point["num_microbatches"] * point["grad_accum_steps"] * point["data_parallel_size"] == 64
+        assert p["memory_limit_bytes"] == 2**30
+    assert plan["recommended"] == 0 and plan["predictions"][0]["lost_because"] == ""
+    assert all(p["lost_because"] for p in plan["predictions"][1:])
+    assert {r for r in plan["summary"]} >= {"recommended"}
+    assert {"plan_depth.png", "plan_memory.png"} <= {p.name for p in tmp_path.iterdir()}
