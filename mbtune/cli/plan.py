@@ -29,6 +29,7 @@ def plan(
     workload: Annotated[str | None, typer.Option("--workload", "-w", help="Without a profile: the workload whose every stage's peak memory to predict (on fake tensors: no memory, no device).")] = None,
     option: WorkloadOption = None,
     device_memory: Annotated[str | None, typer.Option("--device-memory", help="Each device's memory, e.g. 141GB or 80GiB: with a profile, what every rank's memory is checked against (default: the probed ceiling); without one, the plan gives the largest micro-batch size every stage holds in it.")] = None,
+    target_device: Annotated[str | None, typer.Option("--target-device", help="Plan for another device than the profiled one (e.g. H200): compute times scaled by the two devices' dense peak FLOP/s, the profiled efficiency carried over, labelled as an estimate; memory is unchanged (--device-memory).")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="Plan a cluster of this many GPUs: every pipeline depth x data-parallel replicas, micro-batch size, count and accumulation that make --global-batch, every schedule (--schedules) and recompute none and full (--recompute), ranked by predicted throughput.")] = None,
     precision: Annotated[str, typer.Option("--precision", help="Without a profile: fp32 or bf16 (autocast).")] = "fp32",
     optimizer: Optimizer = "adamw",
@@ -76,7 +77,7 @@ def plan(
         data_parallel_size=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
         grad_accum_steps=accum, num_blocks=blocks, virtual_stages=virtual_stages,
         recompute=parse_list(recompute or ("none,full" if cluster else RECOMPUTE), name="--recompute", convert=str),
-        num_gpus=gpus, device_memory_bytes=parse_bytes(device_memory, name="--device-memory", at_most=MAX_BUDGET_BYTES)
+        num_gpus=gpus, target_device=target_device, device_memory_bytes=parse_bytes(device_memory, name="--device-memory", at_most=MAX_BUDGET_BYTES)
         if device_memory else None,
         link_bandwidth_bytes_per_s=parse_rate(link_bandwidth, name="--link-bandwidth") if link_bandwidth else None,
         link_latency_s=parse_duration(link_latency, name="--link-latency") if link_latency else None,

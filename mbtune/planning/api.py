@@ -12,12 +12,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mbtune.errors import ProfileError
+from mbtune.errors import ConfigError, ProfileError
 from mbtune.pipeline.point import SweepPoint
 from mbtune.planning.calibrate import calibrate, point_orders
 from mbtune.planning.cluster import plan_cluster
 from mbtune.planning.config import PlanConfig
-from mbtune.planning.planner import Link, deepen, plan, plan_notes, predict, with_scatter, without_per_sample_memory
+from mbtune.planning.planner import (
+    Link,
+    deepen,
+    on_device,
+    plan,
+    plan_notes,
+    predict,
+    with_scatter,
+    without_per_sample_memory,
+)
 from mbtune.planning.quick import quick_search, simulator_predictor
 from mbtune.planning.records import (
     SCATTER_MEASURED,
@@ -204,6 +213,12 @@ def plan_from_profile(profile: Profile | str | Path, config: PlanConfig | None =
     optimizer = _optimizer(profile)
     model = calibrate(sweep.results, facts, workload=sweep.workload, workload_options=sweep.workload_options,
                       device=sweep.device.name, optimizer=optimizer)
+    if config.target_device is not None:
+        try:
+            model, note = on_device(model, sweep.device.name, config.target_device, sweep.precision)
+        except ValueError as exc:
+            raise ConfigError(str(exc), field="target_device") from None
+        warnings.append(note)
     validation = None if config.validation_method is None else validate(
         sweep.results, lambda runs: calibrate(runs, facts, workload=sweep.workload, optimizer=optimizer),
         method=config.validation_method, scatter=config.scatter)
@@ -224,7 +239,7 @@ def plan_from_profile(profile: Profile | str | Path, config: PlanConfig | None =
         report = plan(model, grid, link=config.link(), memory_limit_bytes=limit, memory_limit_source=source,
                       tokens_per_sample=_tokens_per_sample(sweep.results), validation=validation, warnings=warnings,
                       scatter=config.scatter, per_sample_memory=per_sample)
-    report = replace(report, device=sweep.device)
+    report = replace(report, device=sweep.device, estimated_for=config.target_device or "")
     recommended = recommended_timeline(report) if config.keep_timeline else None
     return replace(report, recommended_timeline=recommended.timeline) if recommended is not None else report
 

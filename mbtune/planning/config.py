@@ -111,6 +111,7 @@ class PlanConfig:
     # grid's num_ranks, micro_batches, data_parallel_size and grad_accum_steps are then enumerated).
     num_gpus: int | None = None
     device_memory_bytes: int | None = None  # each device's memory (None: the profile's probed ceiling)
+    target_device: str | None = None  # plan for this device: compute scaled by its peak FLOP/s (an estimate)
 
     def __post_init__(self) -> None:
         for name in ("micro_batches", "schedules", "recompute"):

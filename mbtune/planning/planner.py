@@ -102,6 +102,32 @@ def with_scatter(model: CostModel, scatter: str) -> CostModel:
     return replace(model, spread=Spread()) if scatter == SCATTER_NONE and model.spread.known else model
 
 
+def on_device(model: CostModel, profiled: str, target: str, precision: str) -> tuple[CostModel, str]:
+    """The model with its compute on another device: every action and the update take the profiled device's
+    time x its dense peak FLOP/s over the target's (the efficiency measured on the profiled device carried
+    over), and the note that says so. ValueError where either peak is unknown (the efficiency cannot carry)."""
+    from mbtune.device.peak_flops import peak_flops
+
+    here, there = peak_flops(profiled, precision), peak_flops(target, precision)
+    if there is None:
+        raise ValueError(f"no {precision} peak FLOP/s is known for {target!r}: name a device of the table "
+                         "(H200, H100, A100, L40S, A10, V100), or profile on it")
+    if here is None:
+        raise ValueError(f"the profiled device ({profiled or 'unknown'}) has no known {precision} peak FLOP/s, so "
+                         f"its efficiency cannot carry over to {target}: profile on a GPU of the peak-FLOPs table")
+    factor = here / there
+
+    def scaled(cost: LinearCost) -> LinearCost:
+        return cost.scaled(factor)
+
+    blocks = tuple(BlockCost(**{kind: scaled(getattr(b, kind)) for kind in COMPUTE_KINDS}) for b in model.blocks)
+    moved = replace(model, blocks=blocks, loss=scaled(model.loss), update_fixed_s=model.update_fixed_s * factor,
+                    update_per_parameter_s=model.update_per_parameter_s * factor, device=target)
+    return moved, (f"estimate for {target}: compute and update times are {profiled}'s x {factor:.3g} (dense "
+                   f"{precision} peak {here / 1e12:.0f} against {there / 1e12:.0f} TFLOP/s, the efficiency measured "
+                   f"on {profiled} carried over); hand-overs and all-reduce as measured or given")
+
+
 def without_per_sample_memory(facts: BlockFacts) -> BlockFacts:
     """The facts with no activation bytes per sample: a calibration over them takes each measured peak less
     parameter state as the base, and predicted memory per rank is that base plus parameter state."""

@@ -288,6 +288,7 @@ class PlanReport(Record):
     num_gpus: int | None = None  # a cluster plan (plan --gpus): every split of this many GPUs
     num_candidates: int = 0  # a cluster plan's configurations estimated
     num_simulated: int = 0  # ... and those simulated
+    estimated_for: str = ""  # a device the times were scaled to by peak FLOP/s (an estimate); "": as profiled
 
     @property
     def best(self) -> Prediction | None:

@@ -52,9 +52,12 @@ def predictions_table(report: PlanReport, *, limit: int | None = 20) -> Table:
     if len(depths) > 1:
         columns.insert(2, ("blocks", "right"))
     cluster = report.num_gpus is not None
+    if report.estimated_for:
+        table.title = f"{table.title} (times estimated for {report.estimated_for})"
     if cluster:
         table.title = (f"Plan: {report.workload} on {report.num_gpus} GPUs, {blocks}: the best of "
-                       f"{report.num_candidates} splits, predicted by the calibrated simulator (scatter: {report.scatter})")
+                       f"{report.num_candidates} splits, predicted by the calibrated simulator (scatter: {report.scatter})"
+                       + (f" (times estimated for {report.estimated_for})" if report.estimated_for else ""))
         columns[6:6] = [("acc", "right")]
         columns += [("all-reduce", "right"), ("binds", "right"), ("lost to #1 by", "left")]
     for header, justify in columns:

@@ -207,3 +207,24 @@ def test_the_plan_counts_the_optimizer_state_of_the_optimizer_the_sweep_trained_
     for optimizer in ("adamw", "sgd"):
         report = plan_from_profile(replace(base, sweep=replace(base.sweep, optimizer=optimizer)), grid)
         assert report.model.state_bytes_per_parameter == STATE_BYTES_PER_PARAMETER[optimizer]
+
+
+def test_another_device_scales_compute_by_peak_flops_and_says_it_is_an_estimate() -> None:
+    on_a100 = profile()
+    assert on_a100.sweep is not None
+    on_a100 = replace(on_a100, sweep=replace(on_a100.sweep, device=DeviceInfo(backend="cuda", name="NVIDIA A100-SXM4-80GB")))
+    config = PlanConfig(num_ranks=2, micro_batches=(4,), schedules=("gpipe",), validation_method=None, scatter="none")
+    here = plan_from_profile(on_a100, config).predictions[0]
+    there = plan_from_profile(on_a100, replace(config, target_device="H200"))
+    moved = there.predictions[0]
+    assert there.estimated_for == "H200" and any("estimate for H200" in w for w in there.warnings)
+    factor = 19.5e12 / 67e12  # fp32 dense peaks: A100 against H200
+    assert moved.update_s == pytest.approx(here.update_s * factor)
+    assert moved.memory_bytes == here.memory_bytes  # memory never needs the device
+    # Compute shrinks by the factor; hand-overs and gaps do not, so the step shrinks by less.
+    assert here.step_time_s * factor < moved.step_time_s < here.step_time_s
+    with pytest.raises(ConfigError, match="no known fp32 peak") as info:
+        plan_from_profile(profile(), replace(config, target_device="H200"))  # profiled on a CPU
+    assert info.value.field == "target_device"
+    with pytest.raises(ConfigError, match="no fp32 peak FLOP/s is known for 'TPU v9'"):
+        plan_from_profile(on_a100, replace(config, target_device="TPU v9"))
