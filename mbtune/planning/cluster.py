@@ -24,7 +24,7 @@ from mbtune.planning.orders import RankOrders
 from mbtune.planning.planner import Link, _allreduce_s, predict, stage_memory_bytes
 from mbtune.planning.records import CostModel, Prediction, SkippedPoint
 
-FINALISTS = 10  # configurations simulated for real, besides the best of every depth
+FINALISTS = 8  # configurations simulated for real, besides the best of every depth
 
 
 @dataclass(frozen=True, kw_only=True)
