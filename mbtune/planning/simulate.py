@@ -29,7 +29,7 @@ import numpy as np
 
 from mbtune.actions import FORWARD, LOSS
 from mbtune.planning.records import OrderedAction, Simulation, Spread, StageCost
-from mbtune.planning.step_graph import KINDS, StepGraph, build_graph, longest_path
+from mbtune.planning.step_graph import KINDS, Layout, StepGraph, build_graph, layout, longest_path
 from mbtune.records import TimelineAction
 
 
@@ -54,11 +54,11 @@ class Jitter:
         self.spread = spread
         self.seed = seed
 
-    def draws(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def draws(self, size: int) -> tuple[np.ndarray | float, np.ndarray | float, np.ndarray | float]:
+        """Compute, transfer and gap factors for `size` actions (1.0 where that part has no spread)."""
         rng = np.random.default_rng(self.seed)
-        picks = rng.random((3, size))
-        return tuple(np.asarray(q, dtype=float)[(pick * len(q)).astype(np.int64)] if q else np.ones(size)  # type: ignore[return-value]
-                     for pick, q in zip(picks, (self.spread.compute, self.spread.transfer, self.spread.gap), strict=True))
+        return tuple(np.asarray(q, dtype=float)[rng.integers(0, len(q), size)] if q else 1.0  # type: ignore[return-value]
+                     for q in (self.spread.compute, self.spread.transfer, self.spread.gap))
 
 
 _GRAPHS: dict[tuple, tuple[object, StepGraph]] = {}  # recent graphs by their orders' identity
@@ -105,12 +105,13 @@ def simulate_draws(orders: Sequence[Sequence[OrderedAction]], *, stage_to_rank: 
                          f"of stage {graph.stage[n]}, micro-batch {graph.microbatch[n]} (accumulation step "
                          f"{graph.accum[n]})")
     over = overheads or Overheads()
-    duration, lead, after, arrival = _costs(graph, stage_to_rank, stage_costs, over, jitters)
-    start, end = longest_path(graph, duration, lead, after, arrival)
-    busy = np.zeros((graph.num_ranks, len(jitters)))
-    holders, first = np.unique(graph.rank, return_index=True)  # a rank's nodes are contiguous
-    if graph.size:
-        busy[holders] = np.add.reduceat(end - start, first, axis=0)
+    places = layout(graph)
+    duration, after, arrival = _costs(graph, places, stage_to_rank, stage_costs, over, jitters)
+    start, end = longest_path(places, duration, after, arrival, over.start_s)
+    ranks_of = graph.rank[places.order]
+    took = end - start
+    busy = np.stack([np.bincount(ranks_of, weights=took[:, column], minlength=graph.num_ranks)
+                     for column in range(len(jitters))], axis=1) if graph.size else np.zeros((graph.num_ranks, len(jitters)))
     pipeline = end.max(axis=0) if graph.size else np.zeros(len(jitters))
     held = held_in_flight(graph)
     out = []
@@ -118,54 +119,59 @@ def simulate_draws(orders: Sequence[Sequence[OrderedAction]], *, stage_to_rank: 
         pipeline_s = float(pipeline[column])
         ranks = max(1, graph.num_ranks)
         bubble = 1.0 - float(busy[:, column].sum()) / (ranks * pipeline_s) if pipeline_s > 0 else 0.0
-        timeline = _timeline(graph, stage_costs, start[:, column], end[:, column]) if keep_timeline else ()
+        timeline = _timeline(graph, places, stage_costs, start[:, column], end[:, column]) if keep_timeline else ()
         out.append(Simulation(pipeline_s=pipeline_s, busy_s=tuple(float(b) for b in busy[:, column]),
                               bubble=min(1.0, max(0.0, bubble)), peak_in_flight=held, timeline=timeline,
                               seed=None if jitter is None else jitter.seed))
     return out
 
 
-def _costs(graph: StepGraph, stage_to_rank: Sequence[int], stage_costs: Sequence[StageCost], over: Overheads,
-           jitters: Sequence[Jitter | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per node and draw: its duration (the loss added to the last stage's forward), the time its rank
-    spends after it, and the extra time a neighbour's result takes to reach it; per node, the lead before it."""
+def _costs(graph: StepGraph, places: Layout, stage_to_rank: Sequence[int], stage_costs: Sequence[StageCost],
+           over: Overheads, jitters: Sequence[Jitter | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per position (level order) and draw: its duration (the loss added to the last stage's forward), the
+    time its rank spends after it (the start of the rank's next step included), and the extra time a
+    neighbour's result takes to reach it."""
+    order, size = places.order, graph.size
     owner = np.asarray(stage_to_rank, dtype=np.int64)
     per_kind = np.array([[c.of(kind) for kind in KINDS] for c in stage_costs], dtype=float).reshape(-1, len(KINDS))
     loss = np.array([c.loss_s for c in stage_costs], dtype=float)
-    stage, kind, size = graph.stage, graph.kind, graph.size
-    compute = per_kind[stage, kind] if size else np.zeros(0)
+    stage, kind, rank, nbr = graph.stage[order], graph.kind[order], graph.rank[order], graph.nbr[order]
     last = len(stage_to_rank) - 1
-    with_loss = np.where((kind == 0) & (stage == last) & (loss[stage] > 0), loss[stage], 0.0) if size else compute
+    compute = per_kind[stage, kind]
+    with_loss = np.where((kind == 0) & (stage == last), loss[stage], 0.0)
     target = np.where(kind == 0, stage + 1, np.where(kind == 3, -1, stage - 1))
     target_rank = np.where((target >= 0) & (target <= last), owner[np.clip(target, 0, last)], -1)
-    sends = (target_rank >= 0) & (target_rank != graph.rank)
-    source = np.minimum(graph.nbr, size - 1) if size else graph.nbr
-    crossing = (graph.nbr < size) & (graph.nbr >= 0) & (graph.rank[source] != graph.rank) if size else sends
+    sends = (target_rank >= 0) & (target_rank != rank)
+    crossing = (nbr < size) & (nbr >= 0) & (graph.rank[np.clip(nbr, 0, max(0, size - 1))] != rank)
     boundary = np.where(kind == 0, stage - 1, stage)  # the boundary between stages s and s+1 is boundary s
     transfer = np.array([over.transfer(b) for b in range(max(0, last))] + [0.0])[np.clip(boundary, 0, max(0, last))]
-    draws = [j.draws(size) if j is not None else (np.ones(size),) * 3 for j in jitters]
-    duration = np.stack([compute * c + with_loss for c, _, _ in draws], axis=1)
     step = np.where(sends, over.send_s, over.gap_s)
-    after = np.stack([step * g for _, _, g in draws], axis=1)
-    arrival = np.stack([np.where(crossing, over.send_s + transfer * t, 0.0) for _, t, _ in draws], axis=1)
-    lead = np.where(graph.step_start, over.start_s, 0.0)
-    return duration, lead, after, arrival
+    lead = np.where(places.before_step, over.start_s, 0.0)
+    sent = np.where(crossing, over.send_s, 0.0)
+    moved = np.where(crossing, transfer, 0.0)
+    duration, after, arrival = (np.empty((size, len(jitters))) for _ in range(3))
+    for column, jitter in enumerate(jitters):
+        c, t, g = jitter.draws(size) if jitter is not None else (1.0, 1.0, 1.0)
+        duration[:, column] = compute * c + with_loss
+        after[:, column] = step * g + lead
+        arrival[:, column] = sent + moved * t
+    return duration, after, arrival
 
 
-def _timeline(graph: StepGraph, stage_costs: Sequence[StageCost], start: np.ndarray,
+def _timeline(graph: StepGraph, places: Layout, stage_costs: Sequence[StageCost], start: np.ndarray,
               end: np.ndarray) -> tuple[TimelineAction, ...]:
     last = len(stage_costs) - 1
     actions = []
-    for n in range(graph.size):
+    for position, n in enumerate(places.order.tolist()):
         rank, stage, kind = int(graph.rank[n]), int(graph.stage[n]), KINDS[graph.kind[n]]
         accum, microbatch = int(graph.accum[n]), int(graph.microbatch[n])
         loss = stage_costs[stage].loss_s if kind == FORWARD and stage == last else 0.0
-        finish = float(end[n]) - loss if loss > 0 else float(end[n])
+        finish = float(end[position]) - loss if loss > 0 else float(end[position])
         actions.append(TimelineAction(rank=rank, stage=stage, kind=kind, microbatch=microbatch, accum=accum,
-                                      start_s=float(start[n]), end_s=finish))
+                                      start_s=float(start[position]), end_s=finish))
         if loss > 0:
             actions.append(TimelineAction(rank=rank, stage=stage, kind=LOSS, microbatch=microbatch, accum=accum,
-                                          start_s=finish, end_s=float(end[n])))
+                                          start_s=finish, end_s=float(end[position])))
     return tuple(sorted(actions, key=lambda a: (a.start_s, a.rank)))
 
 

@@ -42,7 +42,7 @@ class StepGraph:
     nbr: np.ndarray
     levels: tuple[np.ndarray, ...]
     stuck: int | None  # the first node that never runs (the orders deadlock), None: all run
-    layout: tuple[np.ndarray, list[tuple[int, int]], np.ndarray] | None = None  # longest_path's, once
+    layout: Layout | None = None  # made once (see layout())
 
     @property
     def size(self) -> int:
@@ -133,65 +133,59 @@ def _levels(preds: np.ndarray, size: int, rank: np.ndarray) -> tuple[tuple[np.nd
     return tuple(levels), int(waiting[np.argmin(rank[waiting] * size + waiting)])
 
 
-def longest_path(graph: StepGraph, duration: np.ndarray, lead: np.ndarray, after: np.ndarray,
-                 arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end of every node, a column per draw of the costs: a node starts when its rank is free
-    (the previous node's end + its `after`, + `lead` before a pipeline step's first action) and its inputs
-    are there (own stage's: at its end; neighbour's: at its end + `arrival`); it lasts `duration`. Arrays
-    are (nodes, draws), `lead` (nodes,).
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """The nodes in level order (a level is a slice of positions), what each position waits on, and which
+    positions come right before their rank starts another pipeline step."""
 
-    The nodes are laid out level by level, so a level is a slice; what a level waits for is one gather from
-    `ready`: every node's end (rows 0..n-1), when its rank is free after it (rows n..2n-1), the start of a
-    rank's first step (row 2n) and nothing (row 2n+1, zero)."""
-    size, draws = graph.size, duration.shape[1]
-    order, bounds, waits = _layout(graph)
-    lead = lead[order]
-    duration, arrival = duration[order], arrival[order]
-    after = after[order]
-    # A step's lead is the time its rank spends before its first action: charge it to the action before.
-    nxt = np.full(size, -1)
-    positions = np.arange(size)
-    has_prev = graph.prev[order] < size
-    nxt[_position(graph, order)[graph.prev[order][has_prev]]] = positions[has_prev]
-    after = after + np.where(nxt >= 0, lead[np.maximum(nxt, 0)], 0.0)[:, None]
-    first_lead = float(lead[~has_prev].max()) if (~has_prev).any() else 0.0
-    ready = np.zeros((2 * size + 2, draws))
-    ready[2 * size] = first_lead
-    end, free = ready[:size], ready[size:2 * size]
-    for a, b in bounds:
-        found = ready[waits[a:b]]  # (level, 3, draws): rank free, own stage's end, neighbour's end
-        found[:, 2] += arrival[a:b]
-        begin = found.max(axis=1)
-        np.add(begin, duration[a:b], out=end[a:b])
-        np.add(end[a:b], after[a:b], out=free[a:b])
-        duration[a:b] = begin  # the start, kept in place of the duration it no longer needs
-    start = np.empty((size, draws))
-    start[order] = duration
-    finish = np.empty((size, draws))
-    finish[order] = end
-    return start, finish
+    order: np.ndarray  # position -> node
+    bounds: tuple[tuple[int, int], ...]  # each level's [start, end) of positions
+    waits: np.ndarray  # (positions, 3): the rows of longest_path's `ready` (rank free, own stage's, neighbour's)
+    before_step: np.ndarray  # bool: the rank's next action is the first of a pipeline step
 
 
-def _position(graph: StepGraph, order: np.ndarray) -> np.ndarray:
-    """Node -> its position in the level layout (the sentinel `size` -> `size`)."""
-    position = np.empty(graph.size + 1, dtype=np.int64)
-    position[order] = np.arange(graph.size)
-    position[graph.size] = graph.size
-    return position
-
-
-def _layout(graph: StepGraph) -> tuple[np.ndarray, list[tuple[int, int]], np.ndarray]:
-    """The nodes in level order, each level's slice, and per position the three rows of `ready` it waits
-    on (see longest_path)."""
+def layout(graph: StepGraph) -> Layout:
+    """The graph's level layout, made once and kept on the graph."""
     if graph.layout is not None:
         return graph.layout
-    order = np.concatenate(graph.levels) if graph.levels else np.zeros(0, np.int64)
-    sizes = np.cumsum([0, *(len(level) for level in graph.levels)])
-    bounds = list(zip(sizes[:-1].tolist(), sizes[1:].tolist(), strict=True))
     size = graph.size
-    position = _position(graph, order)
+    order = np.concatenate(graph.levels) if graph.levels else np.zeros(0, np.int64)
+    sizes = np.cumsum([0, *(len(level) for level in graph.levels)]).tolist()
+    position = np.empty(size + 1, dtype=np.int64)
+    position[order] = np.arange(size)
+    position[size] = size
     prev, own, nbr = (position[np.where(x[order] < 0, size, x[order])] for x in (graph.prev, graph.own, graph.nbr))
     waits = np.stack([np.where(prev < size, size + prev, 2 * size), np.where(own < size, own, 2 * size + 1),
                       np.where(nbr < size, nbr, 2 * size + 1)], axis=1)
-    object.__setattr__(graph, "layout", (order, bounds, waits))
-    return order, bounds, waits
+    before_step = np.zeros(size, dtype=bool)
+    starts = graph.step_start[order] & (prev < size)
+    before_step[prev[starts]] = True
+    made = Layout(order=order, bounds=tuple(zip(sizes[:-1], sizes[1:], strict=True)), waits=waits,
+                  before_step=before_step)
+    object.__setattr__(graph, "layout", made)
+    return made
+
+
+def longest_path(places: Layout, duration: np.ndarray, after: np.ndarray, arrival: np.ndarray,
+                 start_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of every position (level order), a column per draw of the costs: a node starts when
+    its rank is free (the previous node's end + its `after`; `start_s` before a rank's first step) and its
+    inputs are there (own stage's: at its end; neighbour's: at its end + `arrival`); it lasts `duration`.
+    Arrays are (positions, draws); `after` already holds the `start_s` before each later step.
+
+    What a level waits for is one gather from `ready`: every position's end (rows 0..n-1), when its rank is
+    free after it (rows n..2n-1), the start of a rank's first step (row 2n) and nothing (row 2n+1, zero)."""
+    size, draws = duration.shape
+    ready = np.zeros((2 * size + 2, draws))
+    ready[2 * size] = start_s
+    end, free = ready[:size], ready[size:2 * size]
+    start = np.empty((size, draws))
+    waits = places.waits
+    for a, b in places.bounds:
+        found = ready[waits[a:b]]  # (level, 3, draws): rank free, own stage's end, neighbour's end
+        found[:, 2] += arrival[a:b]
+        begin = found.max(axis=1)
+        start[a:b] = begin
+        np.add(begin, duration[a:b], out=end[a:b])
+        np.add(end[a:b], after[a:b], out=free[a:b])
+    return start, end.copy()
