@@ -6,9 +6,9 @@ plan is importing torch, reading the blocks on the meta device, calibrating and 
 - MAX_SIMULATED_ACTIONS: a plan simulates, for every point of the grid, every compute action of one
   optimizer step, 3 to 15 draws of the costs where it draws them from the measured scatter
   (planner.spread_samples), once with scatter none. The simulator takes a step's dependency graph a level
-  at a time (planning/step_graph.py): 4-5M simulated actions a second for one draw, 9-11M for 15 draws at
-  once (bench/simulator.py, p=64 m=256); the six schedules at p=64 m=256 from scratch in 2.7 s. 100M
-  actions are then 10-25 s.
+  at a time (planning/step_graph.py): 2-5M simulated actions a second for one draw, 7.5-14M for 15 draws
+  at once (bench/simulator.py, p=64 m=256); the six schedules at p=64 m=256 from scratch in 2.5 s. 100M
+  actions are then 10-40 s.
 - MAX_HELD_BYTES: memory, not time, bounds the largest points. The orders of every point stay cached
   (about 150 bytes an action), and the point being simulated holds its graph (about 300 bytes an action)
   and its draws (about 160 bytes an action and draw): gpipe p=512 m=4096 (4.2M actions) held 1.7 GB.
