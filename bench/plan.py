@@ -14,7 +14,10 @@ against the exhaustive grid.
    comparison is cheap and sees exactly the numbers the exhaustive sweep saw) and prints the fraction of
    the grid it ran and the best it found against the exhaustive best.
 
-Run: .venv/bin/python bench/plan.py [--repeats 2] [--save grid.json] [--load grid.json]
+0. First, the simulator's speed and its textbook bubbles at scale (bench/simulator.py; --skip-simulator
+   leaves them out, --simulator-only prints them alone).
+
+Run: .venv/bin/python bench/plan.py [--repeats 2] [--save grid.json] [--load grid.json] [--simulator-only]
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import simulator  # noqa: E402 - bench/simulator.py, beside this file
 
 from mbtune.pipeline.launch import run_pipeline_point
 from mbtune.pipeline.point import SweepPoint
@@ -142,7 +149,16 @@ def main() -> None:
                         help="times every point is measured, each in fresh processes (>= 2 for the between-run noise floor)")
     parser.add_argument("--save", help="write the measured grid to this JSON file")
     parser.add_argument("--load", help="analyse a grid saved by --save instead of measuring")
+    parser.add_argument("--simulator-only", action="store_true",
+                        help="print the simulator's speed and theory tables (bench/simulator.py) and stop")
+    parser.add_argument("--skip-simulator", action="store_true", help="leave the simulator's tables out")
     args = parser.parse_args()
+    if not args.skip_simulator:
+        simulator.speed(repeats=5)
+        simulator.theory()
+        print()
+    if args.simulator_only:
+        return
     if args.load:
         with open(args.load) as handle:
             results = [PointResult.from_dict(r) for r in json.load(handle)]

@@ -21,7 +21,7 @@ from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.theory import LOOP, SINGLE, check_point, schedule_info, stage_to_rank, theoretical_bubble
 from mbtune.planning.memory import point_split
 from mbtune.planning.orders import RankOrders
-from mbtune.planning.planner import Link, _allreduce_s, predict, stage_memory_bytes
+from mbtune.planning.planner import Link, allreduce_s, predict, stage_memory_bytes
 from mbtune.planning.records import CostModel, Prediction, SkippedPoint
 
 FINALISTS = 8  # configurations simulated for real, besides the best of every depth
@@ -136,7 +136,8 @@ def estimate(table: CostTable, point: SweepPoint, link: Link | None) -> Estimate
                                 virtual_stages=point.stages_per_rank)
     pipeline = point.num_microbatches * max(busy) / max(1e-9, 1 - bubble)
     update = model.update_fixed_s + model.update_per_parameter_s * max(params)
-    step = point.grad_accum_steps * pipeline + _allreduce_s(max(params), point.data_parallel_size, link, model) + update
+    reduce = allreduce_s(max(params), point.data_parallel_size, link, model, num_ranks=point.num_ranks)
+    step = point.grad_accum_steps * pipeline + reduce + update
     held = [_held_at_least(point, stage, owners[stage]) for stage in range(len(split))]
     memory = [model.base_bytes] * point.num_ranks
     for stage, stage_bytes in enumerate(stage_memory_bytes(model, split, held, point.micro_batch_size, point.recompute)):

@@ -267,7 +267,7 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
     params = [0] * point.num_ranks
     for stage, blocks in enumerate(split):
         params[owners[stage]] += sum(model.facts.parameters[b] for b in blocks)
-    allreduce = _allreduce_s(max(params), point.data_parallel_size, link, model)
+    allreduce = allreduce_s(max(params), point.data_parallel_size, link, model, num_ranks=point.num_ranks)
     update = model.update_fixed_s + model.update_per_parameter_s * max(params)
     step = sim.pipeline_s + allreduce + update
     per_stage = stage_memory_bytes(model, split, sim.peak_in_flight, point.micro_batch_size, point.recompute)
@@ -289,13 +289,27 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
     )
 
 
-def _allreduce_s(parameters: int, replicas: int, link: Link | None, model: CostModel) -> float:
+def allreduce_s(parameters: int, replicas: int, link: Link | None, model: CostModel, *, num_ranks: int = 1) -> float:
     """Ring all-reduce of one rank's gradients over the replicas: the given link's bandwidth and latency
     (2(d-1) hops) where it has a bandwidth, else the effective bandwidth calibrated from measured
-    data-parallel points, else free (the plan says so)."""
+    data-parallel points, else free (the plan says so).
+
+    With pipeline ranks per node (`link.ranks_per_node`, k) and a link bandwidth, the replicas a node holds
+    (k // num_ranks of them where the pipeline is shorter than a node) reduce among themselves first at the
+    bandwidth measured here (or the link's), and only their share crosses the nodes over the link: the
+    hierarchical all-reduce NCCL runs across nodes."""
     if replicas <= 1:
         return 0.0
     volume = allreduce_volume_bytes(parameters, replicas)
+    per_node = link.ranks_per_node if link is not None else None
+    if link is not None and link.bandwidth_bytes_per_s and per_node:
+        local = max(1, min(replicas, per_node // max(1, num_ranks)))
+        nodes = -(-replicas // local)
+        inside = model.allreduce_bytes_per_s or link.bandwidth_bytes_per_s
+        within = allreduce_volume_bytes(parameters, local) / inside if local > 1 else 0.0
+        across = (allreduce_volume_bytes(parameters, nodes) / local / link.bandwidth_bytes_per_s
+                  + 2 * (nodes - 1) * (link.latency_s or 0.0)) if nodes > 1 else 0.0
+        return within + across
     if link is not None and link.bandwidth_bytes_per_s:
         return volume / link.bandwidth_bytes_per_s + 2 * (replicas - 1) * (link.latency_s or 0.0)
     if model.allreduce_bytes_per_s:

@@ -98,3 +98,19 @@ def test_a_cluster_plan_needs_a_global_batch_and_a_sane_size() -> None:
     config = PlanConfig(num_gpus=64, global_batch=1024, schedules=SCHEDULE_NAMES, recompute=("none", "full"))
     assert config.cluster_grid().virtual_stages == (2, 4)
     assert deepen(MODEL, 64).facts.num_blocks == 64
+
+
+def test_the_all_reduce_crosses_nodes_with_the_share_each_node_reduced_first() -> None:
+    from mbtune.planning.planner import allreduce_s
+
+    params, inside, across = 10**6, 100e9, 10e9
+    model = replace(MODEL, allreduce_bytes_per_s=inside)
+    flat = allreduce_s(params, 16, Link(bandwidth_bytes_per_s=across), model)
+    assert flat == pytest.approx(2 * 15 / 16 * 4 * params / across)
+    # 8 GPUs a node, one pipeline rank per replica: 8 replicas reduce in a node, 2 nodes exchange an eighth.
+    nodes = allreduce_s(params, 16, Link(bandwidth_bytes_per_s=across, ranks_per_node=8), model, num_ranks=1)
+    assert nodes == pytest.approx(2 * 7 / 8 * 4 * params / inside + 2 * 1 / 2 * 4 * params / 8 / across)
+    # A pipeline as long as a node: every replica on nodes of its own, all of it across.
+    deep = allreduce_s(params, 16, Link(bandwidth_bytes_per_s=across, ranks_per_node=8), model, num_ranks=8)
+    assert deep == pytest.approx(flat)
+    assert nodes < flat
