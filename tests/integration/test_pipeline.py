@@ -221,8 +221,12 @@ def _torch_accepts(schedule: str, ranks: int, per_rank: int, microbatches: int) 
     order = getattr(built, "pipeline_order_with_comms", None)
     if order is None:
         return True  # gpipe and 1f1b are hand-written loops; their constructors check everything
+    def flat(actions):  # dualpipev overlaps a forward with a backward: one action holding both
+        for a in actions:
+            yield from flat(a.sub_actions) if getattr(a, "sub_actions", None) else (a,)
+
     compute_and_comms = {
-        rank: [a for a in actions if a.computation_type in (
+        rank: [a for a in flat(actions) if a.computation_type in (
             torch_schedules.F, torch_schedules.B, torch_schedules.I, torch_schedules.W, torch_schedules.SEND_F,
             torch_schedules.RECV_F, torch_schedules.SEND_B, torch_schedules.RECV_B)]
         for rank, actions in order.items()
