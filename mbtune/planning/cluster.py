@@ -21,10 +21,13 @@ from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.theory import LOOP, SINGLE, check_point, schedule_info, stage_to_rank, theoretical_bubble
 from mbtune.planning.memory import point_split
 from mbtune.planning.orders import RankOrders
-from mbtune.planning.planner import Link, allreduce_s, predict, stage_memory_bytes
+from mbtune.planning.planner import Link, allreduce_s, point_actions, predict, stage_memory_bytes
 from mbtune.planning.records import CostModel, Prediction, SkippedPoint
 
 FINALISTS = 8  # configurations simulated for real, besides the best of every depth
+# A configuration past this many actions a step is estimated, not simulated: torch's own orders for it alone
+# would take longer than the whole plan should (about 0.4 s every 50k actions).
+MAX_FINALIST_ACTIONS = 200_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +54,25 @@ class Estimate:
 
 
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    small = [k for k in range(1, int(n**0.5) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
+
+
+def count_points(grid: ClusterGrid, num_blocks: int, limit: int) -> int:
+    """How many configurations cluster_points gives, counted without making them; past `limit`, limit + 1."""
+    count = 0
+    for p in divisors(grid.num_gpus):
+        d = grid.num_gpus // p
+        if grid.global_batch % d:
+            continue
+        for _, m, _ in _factorizations(grid.global_batch // d):
+            for schedule in grid.schedules:
+                for v in _stages_per_rank(schedule, grid.virtual_stages):
+                    if p * v <= num_blocks and not check_point(schedule, p * v, p, m):
+                        count += len(grid.recompute)
+            if count > limit:
+                return limit + 1
+    return count
 
 
 def cluster_points(grid: ClusterGrid, num_blocks: int) -> tuple[list[SweepPoint], int]:
@@ -162,7 +183,8 @@ def plan_cluster(model: CostModel, grid: ClusterGrid, *, link: Link | None, memo
     table = CostTable(model)
     estimates = [estimate(table, point, link) for point in points]
     fits = [memory_limit_bytes is None or e.memory_bytes <= memory_limit_bytes for e in estimates]
-    order = sorted(range(len(estimates)), key=lambda i: (not fits[i], -estimates[i].samples_per_s))
+    small = [i for i in range(len(estimates)) if point_actions(estimates[i].point) <= MAX_FINALIST_ACTIONS]
+    order = sorted(small, key=lambda i: (not fits[i], -estimates[i].samples_per_s))
     chosen = order[:grid.finalists]
     best_of_depth: dict[int, int] = {}
     for i in order:
@@ -202,7 +224,7 @@ def why_slower(p: Prediction, best: Prediction) -> str:
     mine, theirs = parts(p), parts(best)
     worst = max(mine, key=lambda k: mine[k] - theirs[k])
     gap = (mine[worst] - theirs[worst]) * p.point.global_batch
-    if gap <= 0:
+    if gap <= 1e-9 * best.step_time_s:  # what is left is rounding
         return "ties"
     detail = {"bubble": f"{p.bubble:.0%} idle vs {best.bubble:.0%}",
               "all-reduce": f"{p.allreduce_s / p.step_time_s:.0%} of its step vs {best.allreduce_s / best.step_time_s:.0%}",

@@ -30,7 +30,7 @@ from mbtune.pipeline.theory import (
     SCHEDULE_NAMES,
     stages_per_rank,
 )
-from mbtune.planning.cluster import ClusterGrid, cluster_points
+from mbtune.planning.cluster import ClusterGrid, count_points
 from mbtune.planning.defaults import (
     DEFAULT_PLAN_MICRO_BATCHES,
     DEFAULT_PLAN_RANKS,
@@ -198,9 +198,13 @@ class PlanConfig:
                               hint="Give it: mbtune plan PROFILE --gpus 64 --global-batch 1024.")
         require(self.device_memory_bytes is None or self.device_memory_bytes > 0, "device_memory_bytes",
                 self.device_memory_bytes, "bytes above 0")
-        candidates = len(cluster_points(self.cluster_grid(), MAX_BLOCKS)[0])
+        candidates = count_points(self.cluster_grid(), MAX_BLOCKS, MAX_CANDIDATES)
         require(candidates <= MAX_CANDIDATES, "global_batch", self.global_batch,
-                f"a batch with fewer splits: {candidates} configurations to estimate (limit {MAX_CANDIDATES})")
+                f"a batch with fewer splits: more than {MAX_CANDIDATES} configurations to estimate")
+        if candidates == 0:
+            raise ConfigError(f"no way to split {self.num_gpus} GPUs for global batch {self.global_batch}: no "
+                              "replica count divides the batch, or no schedule runs the micro-batch counts left",
+                              field="global_batch", hint="Give a global batch divisible by a divisor of --gpus.")
 
     def cluster_grid(self) -> ClusterGrid:
         """What a cluster plan enumerates (see planning/cluster.py)."""

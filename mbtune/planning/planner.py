@@ -305,11 +305,13 @@ def allreduce_s(parameters: int, replicas: int, link: Link | None, model: CostMo
     if link is not None and link.bandwidth_bytes_per_s and per_node:
         local = max(1, min(replicas, per_node // max(1, num_ranks)))
         nodes = -(-replicas // local)
-        inside = model.allreduce_bytes_per_s or link.bandwidth_bytes_per_s
+        # Within a node at least the link's bandwidth (what was measured here may be a slower machine's).
+        inside = max(model.allreduce_bytes_per_s or 0.0, link.bandwidth_bytes_per_s)
         within = allreduce_volume_bytes(parameters, local) / inside if local > 1 else 0.0
         across = (allreduce_volume_bytes(parameters, nodes) / local / link.bandwidth_bytes_per_s
                   + 2 * (nodes - 1) * (link.latency_s or 0.0)) if nodes > 1 else 0.0
-        return within + across
+        flat = volume / link.bandwidth_bytes_per_s + 2 * (replicas - 1) * (link.latency_s or 0.0)
+        return min(within + across, flat)
     if link is not None and link.bandwidth_bytes_per_s:
         return volume / link.bandwidth_bytes_per_s + 2 * (replicas - 1) * (link.latency_s or 0.0)
     if model.allreduce_bytes_per_s:

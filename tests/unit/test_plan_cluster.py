@@ -114,3 +114,27 @@ def test_the_all_reduce_crosses_nodes_with_the_share_each_node_reduced_first() -
     deep = allreduce_s(params, 16, Link(bandwidth_bytes_per_s=across, ranks_per_node=8), model, num_ranks=8)
     assert deep == pytest.approx(flat)
     assert nodes < flat
+
+
+def test_counting_the_splits_agrees_with_making_them_and_stops_past_the_limit() -> None:
+    from mbtune.planning.cluster import count_points
+
+    assert divisors(1) == [1] and divisors(36) == [k for k in range(1, 37) if 36 % k == 0]
+    assert divisors(97) == [1, 97]
+    for gpus, batch in ((8, 32), (6, 36), (1, 7), (64, 3)):
+        grid = ClusterGrid(num_gpus=gpus, global_batch=batch, schedules=SCHEDULE_NAMES)
+        assert count_points(grid, 16, limit=10**6) == len(cluster_points(grid, 16)[0])
+    big = ClusterGrid(num_gpus=5040, global_batch=8648640, schedules=SCHEDULE_NAMES)
+    assert count_points(big, 1024, limit=1000) == 1001
+    with pytest.raises(ConfigError, match="no way to split 64 GPUs for global batch 3"):
+        PlanConfig(num_gpus=64, global_batch=3, num_blocks=16, schedules=("1f1b",))
+
+
+def test_a_hierarchical_all_reduce_is_never_slower_than_the_flat_ring() -> None:
+    from mbtune.planning.planner import allreduce_s
+
+    slow_here = replace(MODEL, allreduce_bytes_per_s=5e9)  # the profiled machine's, slower than the link
+    link = Link(bandwidth_bytes_per_s=50e9, ranks_per_node=8)
+    flat = allreduce_s(10**6, 16, Link(bandwidth_bytes_per_s=50e9), slow_here)
+    for ranks in (1, 2, 4, 8):
+        assert allreduce_s(10**6, 16, link, slow_here, num_ranks=ranks) <= flat
