@@ -15,7 +15,7 @@ from typing import Any
 from mbtune.errors import ConfigError, ProfileError
 from mbtune.pipeline.point import SweepPoint
 from mbtune.planning.calibrate import calibrate, point_orders
-from mbtune.planning.cluster import plan_cluster
+from mbtune.planning.cluster import count_points, plan_cluster
 from mbtune.planning.config import PlanConfig
 from mbtune.planning.planner import (
     Link,
@@ -253,6 +253,12 @@ def _plan_cluster(model: CostModel, config: PlanConfig, *, memory_limit_bytes: f
     model = with_scatter(model, config.scatter)
     link = config.link()
     grid = config.cluster_grid()
+    if not count_points(grid, model.facts.num_blocks, 1):
+        raise ConfigError(f"no way to split {grid.num_gpus} GPUs for global batch {grid.global_batch} with the "
+                          f"model's {model.facts.num_blocks} blocks: every pipeline deep enough for the replicas "
+                          "that divide the batch needs more blocks than the model has, or more micro-batches",
+                          field="num_blocks", hint="Plan a deeper model of the same blocks (--blocks), or "
+                                                   "another global batch.")
     ranked, skipped, enumerated, simulated = plan_cluster(model, grid, link=link, memory_limit_bytes=memory_limit_bytes,
                                                           tokens_per_sample=tokens_per_sample, orders_of=point_orders)
     notes = [*warnings, f"{enumerated} ways to split {grid.num_gpus} GPUs for global batch {grid.global_batch} "
