@@ -138,7 +138,8 @@ def test_a_valid_config_plans() -> None:
     ("--validation", "maybe"), ("--accum", "0"), ("--virtual-stages", "0"), ("--stages", "100000"),
     ("--micro-batches", "10000000"), ("--micro-batches", "8,16,8"), ("--schedules", "gpipe,gpipe"),
     ("--stages", "512", "--micro-batches", "4096", "--schedules", "zero-bubble"),
-    ("--gpus", "8"), ("--gpus", "0", "--global-batch", "64"), ("--gpus", "64", "--global-batch", "3"), ("--gpus", "8", "--global-batch", "64", "--device-memory", "0"),
+    ("--gpus", "8"), ("--gpus", "0", "--global-batch", "64"), ("--gpus", "64", "--global-batch", "3"),
+    ("--gpus", "8", "--global-batch", "64", "--device-memory", "0"),
 ])
 def test_the_cli_refuses_a_bad_plan_in_one_line_before_simulating(options, tmp_path) -> None:
     from mbtune.profiles import write_profile
