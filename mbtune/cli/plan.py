@@ -67,6 +67,12 @@ def plan(
     fmt = check_output(check_format(format), output)
     check_outputs(plot_dir=plot, files=(trace,))
     if profile is None:
+        from mbtune.errors import ConfigError
+
+        for flag, value in (("--gpus", gpus), ("--target-device", target_device)):
+            if value is not None:
+                raise ConfigError(f"{flag} plans from a saved profile's measured costs; none was given",
+                                  hint="mbtune plan profiles/<device>/<workload>.json " + flag + " ...")
         _memory_plan(workload, option, device_memory, stages, micro_batches, schedules, data_parallel, accum,
                      recompute or RECOMPUTE, virtual_stages, precision, optimizer, fmt, output)
         return

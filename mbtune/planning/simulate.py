@@ -62,7 +62,7 @@ class Jitter:
 
 
 _GRAPHS: dict[tuple, tuple[object, StepGraph]] = {}  # recent graphs by their orders' identity
-_GRAPHS_KEPT = 4
+_GRAPHS_KEPT = 2  # a point's median draws, then its timeline
 
 
 def step_graph(orders: Sequence[Sequence[OrderedAction]], stage_to_rank: Sequence[int], num_accum: int) -> StepGraph:
