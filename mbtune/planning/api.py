@@ -17,10 +17,10 @@ from mbtune.pipeline.point import SweepPoint
 from mbtune.planning.calibrate import calibrate, point_orders
 from mbtune.planning.cluster import count_points, plan_cluster
 from mbtune.planning.config import PlanConfig
+from mbtune.planning.hardware import on_device
 from mbtune.planning.planner import (
     Link,
     deepen,
-    on_device,
     plan,
     plan_notes,
     predict,

@@ -19,9 +19,10 @@ from dataclasses import dataclass, replace
 
 from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.theory import LOOP, SINGLE, check_point, schedule_info, stage_to_rank, theoretical_bubble
+from mbtune.planning.hardware import Link, allreduce_s
 from mbtune.planning.memory import point_split
 from mbtune.planning.orders import RankOrders
-from mbtune.planning.planner import Link, allreduce_s, point_actions, predict, stage_memory_bytes
+from mbtune.planning.planner import point_actions, predict, stage_memory_bytes
 from mbtune.planning.records import CostModel, Prediction, SkippedPoint
 
 FINALISTS = 8  # configurations simulated for real, besides the best of every depth

@@ -11,7 +11,8 @@ from mbtune.pipeline.theory import SCHEDULE_NAMES, check_point
 from mbtune.planning.calibrate import point_orders
 from mbtune.planning.cluster import ClusterGrid, CostTable, cluster_points, divisors, estimate, plan_cluster, why_slower
 from mbtune.planning.config import PlanConfig
-from mbtune.planning.planner import Link, deepen, predict
+from mbtune.planning.hardware import Link
+from mbtune.planning.planner import deepen, predict
 from mbtune.planning.records import BlockCost, BlockFacts, CostModel, LinearCost
 
 FACTS = BlockFacts(num_blocks=16, parameters=(1000,) * 16, weights=(1.0,) * 16, weight_source="equal",
@@ -101,7 +102,7 @@ def test_a_cluster_plan_needs_a_global_batch_and_a_sane_size() -> None:
 
 
 def test_the_all_reduce_crosses_nodes_with_the_share_each_node_reduced_first() -> None:
-    from mbtune.planning.planner import allreduce_s
+    from mbtune.planning.hardware import allreduce_s
 
     params, inside, across = 10**6, 100e9, 10e9
     model = replace(MODEL, allreduce_bytes_per_s=inside)
@@ -131,7 +132,7 @@ def test_counting_the_splits_agrees_with_making_them_and_stops_past_the_limit() 
 
 
 def test_a_hierarchical_all_reduce_is_never_slower_than_the_flat_ring() -> None:
-    from mbtune.planning.planner import allreduce_s
+    from mbtune.planning.hardware import allreduce_s
 
     slow_here = replace(MODEL, allreduce_bytes_per_s=5e9)  # the profiled machine's, slower than the link
     link = Link(bandwidth_bytes_per_s=50e9, ranks_per_node=8)
