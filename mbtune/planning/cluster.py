@@ -59,20 +59,28 @@ def divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
-def count_points(grid: ClusterGrid, num_blocks: int, limit: int) -> int:
-    """How many configurations cluster_points gives, counted without making them; past `limit`, limit + 1."""
-    count = 0
+def _splits(grid: ClusterGrid, num_blocks: int) -> Iterator[tuple[SweepPoint, bool]]:
+    """Every split of the GPUs and the batch, per schedule and stages per rank (recompute "none"), and
+    whether it can run with the model's blocks."""
     for p in divisors(grid.num_gpus):
         d = grid.num_gpus // p
         if grid.global_batch % d:
             continue
-        for _, m, _ in _factorizations(grid.global_batch // d):
+        for b, m, a in _factorizations(grid.global_batch // d):
             for schedule in grid.schedules:
                 for v in _stages_per_rank(schedule, grid.virtual_stages):
-                    if p * v <= num_blocks and not check_point(schedule, p * v, p, m):
-                        count += len(grid.recompute)
-            if count > limit:
-                return limit + 1
+                    runs = p * v <= num_blocks and not check_point(schedule, p * v, p, m)
+                    yield SweepPoint(schedule=schedule, num_ranks=p, num_microbatches=m, grad_accum_steps=a,
+                                     micro_batch_size=b, stages_per_rank=v, data_parallel_size=d), runs
+
+
+def count_points(grid: ClusterGrid, num_blocks: int, limit: int) -> int:
+    """How many configurations cluster_points gives; past `limit`, limit + 1 (it stops counting there)."""
+    count = 0
+    for _, runs in _splits(grid, num_blocks):
+        count += len(grid.recompute) if runs else 0
+        if count > limit:
+            return limit + 1
     return count
 
 
@@ -81,19 +89,11 @@ def cluster_points(grid: ClusterGrid, num_blocks: int) -> tuple[list[SweepPoint]
     too few blocks for the depth, or the schedule cannot run the split)."""
     points: list[SweepPoint] = []
     left_out = 0
-    for p in divisors(grid.num_gpus):
-        d = grid.num_gpus // p
-        if grid.global_batch % d:
-            continue
-        for b, m, a in _factorizations(grid.global_batch // d):
-            for schedule in grid.schedules:
-                for v in _stages_per_rank(schedule, grid.virtual_stages):
-                    if p * v > num_blocks or check_point(schedule, p * v, p, m):
-                        left_out += len(grid.recompute)
-                        continue
-                    points.extend(SweepPoint(schedule=schedule, num_ranks=p, num_microbatches=m, grad_accum_steps=a,
-                                             micro_batch_size=b, stages_per_rank=v, data_parallel_size=d,
-                                             recompute=r) for r in grid.recompute)
+    for point, runs in _splits(grid, num_blocks):
+        if runs:
+            points.extend(replace(point, recompute=r) for r in grid.recompute)
+        else:
+            left_out += len(grid.recompute)
     return points, left_out
 
 
