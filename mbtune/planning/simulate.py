@@ -29,7 +29,7 @@ import numpy as np
 
 from mbtune.actions import FORWARD, LOSS
 from mbtune.planning.records import OrderedAction, Simulation, Spread, StageCost
-from mbtune.planning.step_graph import KINDS, Layout, StepGraph, build_graph, layout, longest_path
+from mbtune.planning.step_graph import KINDS, Layout, StepGraph, action_arrays, build_graph, layout, longest_path
 from mbtune.records import TimelineAction
 
 
@@ -113,7 +113,8 @@ def simulate_draws(orders: Sequence[Sequence[OrderedAction]], *, stage_to_rank: 
     busy = np.stack([np.bincount(ranks_of, weights=took[:, column], minlength=graph.num_ranks)
                      for column in range(len(jitters))], axis=1) if graph.size else np.zeros((graph.num_ranks, len(jitters)))
     pipeline = end.max(axis=0) if graph.size else np.zeros(len(jitters))
-    held = held_in_flight(graph)
+    one = graph.accum == 0  # the first pipeline step's actions
+    held = held_in_flight(graph.stage[one], graph.kind[one], graph.microbatch[one], graph.num_stages)
     out = []
     for column, jitter in enumerate(jitters):
         pipeline_s = float(pipeline[column])
@@ -179,16 +180,16 @@ def peak_in_flight(orders: Sequence[Sequence[OrderedAction]], num_model_stages: 
     """Per stage, the most micro-batches whose activations are held at once: a micro-batch is held from its
     forward until its backward is done (the weight part, where the backward is split). Exact for any timing,
     since a stage's actions run in its rank's order."""
-    return held_in_flight(step_graph(orders, tuple(range(num_model_stages)), 1))
+    actions = [action_arrays(order) for order in orders]
+    stage, kind, microbatch = np.concatenate(actions, axis=1) if actions else np.zeros((3, 0), dtype=np.int64)
+    return held_in_flight(stage, kind, microbatch, num_model_stages)
 
 
-def held_in_flight(graph: StepGraph) -> tuple[int, ...]:
-    """peak_in_flight from the graph's first pipeline step, in whole-array passes."""
-    one = graph.accum == 0
-    stage, kind, microbatch = graph.stage[one], graph.kind[one], graph.microbatch[one]
+def held_in_flight(stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray, num_stages: int) -> tuple[int, ...]:
+    """peak_in_flight of one pipeline step's actions given as arrays, rank by rank in each rank's order."""
     if not stage.size:
-        return (0,) * graph.num_stages
-    split = np.zeros((graph.num_stages, int(microbatch.max()) + 1), dtype=bool)
+        return (0,) * num_stages
+    split = np.zeros((num_stages, int(microbatch.max()) + 1), dtype=bool)
     split[stage[kind == 3], microbatch[kind == 3]] = True
     release = (kind == 3) | (((kind == 1) | (kind == 2)) & ~split[stage, microbatch])
     change = (kind == 0).astype(np.int64) - release
@@ -196,7 +197,7 @@ def held_in_flight(graph: StepGraph) -> tuple[int, ...]:
     running = np.cumsum(change[order])
     stages, first = np.unique(stage[order], return_index=True)
     before = np.concatenate([[0], running])[first]  # the running count where each stage's actions begin
-    peaks = np.zeros(graph.num_stages, dtype=np.int64)
+    peaks = np.zeros(num_stages, dtype=np.int64)
     peaks[stages] = np.maximum.reduceat(running - np.repeat(before, np.diff(np.append(first, len(order)))), first)
     return tuple(int(x) for x in np.maximum(peaks, 0))
 

@@ -49,17 +49,22 @@ class StepGraph:
         return len(self.rank)
 
 
+def action_arrays(order: Sequence[OrderedAction]) -> np.ndarray:
+    """One rank's actions as a (3, actions) array: stage, kind code (an index into KINDS), micro-batch."""
+    code = {kind: index for index, kind in enumerate(KINDS)}
+    try:
+        kinds = [code[a.kind] for a in order]
+    except KeyError as exc:
+        raise ValueError(f"unknown action kind {exc.args[0]!r}") from None
+    return np.array([[a.stage for a in order], kinds, [a.microbatch for a in order]], dtype=np.int64).reshape(3, -1)
+
+
 def build_graph(orders: Sequence[Sequence[OrderedAction]], stage_to_rank: Sequence[int], num_accum: int) -> StepGraph:
     """The graph of `num_accum` back-to-back pipeline steps of the orders."""
-    code = {kind: index for index, kind in enumerate(KINDS)}
     num_ranks, num_stages = len(orders), len(stage_to_rank)
     per_rank = []
     for r, order in enumerate(orders):
-        try:
-            kinds = [code[a.kind] for a in order]
-        except KeyError as exc:
-            raise ValueError(f"unknown action kind {exc.args[0]!r}") from None
-        one = np.array([[a.stage for a in order], kinds, [a.microbatch for a in order]], dtype=np.int64).reshape(3, -1)
+        one = action_arrays(order)
         tiled = np.tile(one, (1, num_accum))
         length = one.shape[1]
         accum = np.repeat(np.arange(num_accum), length)
