@@ -1,11 +1,13 @@
 """Benchmark: every rank's predicted peak memory (pipeline/predict.py, before anything runs) against the peak
-the same point's rank measured in a real pipelined run on the CPU (live tensor bytes, device/tensor_bytes.py).
+the same point's rank measured in a real pipelined run: on the CPU its live tensor bytes (device/tensor_bytes.py),
+on CUDA the allocator's allocated peak.
 
 Per workload, schedule, micro-batch count and recompute mode: both ranks' measured and predicted peaks and
 the error; then the median and worst error over all of them, and per (workload, schedule, recompute, rank)
 how far the prediction's growth from the fewest to the most micro-batches is from the measured growth.
 
 Run: .venv/bin/python bench/memory.py [--workloads gpt,hf:llama,hf:bert] [--micro-batches 2,4,8,16]
+     on one GPU: python bench/memory.py --device cuda --ranks 1 --precision bf16 [-O layers=8 ...]
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 
 from mbtune.pipeline.launch import run_pipeline_point
 from mbtune.pipeline.spec import PipelineSpec
+from mbtune.units import parse_options
 from mbtune.worker import run_isolated
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv")
@@ -35,16 +38,20 @@ def _pct(predicted: float, measured: float) -> float:
     return 100 * (predicted - measured) / measured
 
 
-def run(workloads: list[str], micro_batches: list[int], recomputes: list[str], micro_batch_size: int) -> None:
+def run(workloads: list[str], micro_batches: list[int], recomputes: list[str], micro_batch_size: int, *,
+        device: str = "cpu", ranks: int = 2, precision: str = "fp32", options: tuple[tuple[str, object], ...] = (),
+        schedules: tuple[str, ...] = SCHEDULES) -> None:
     errors: list[float] = []
     growth: list[tuple[str, float]] = []
-    print(f"2 stages, micro-batch size {micro_batch_size}, one warm-up and one measured step per point; MiB")
+    print(f"{ranks} stage(s) on {device}, {precision}, micro-batch size {micro_batch_size}, one warm-up and one "
+          "measured step per point; MiB")
     print(f"{'workload':<10}{'schedule':<18}{'recompute':<10}{'m':>3}{'rank':>5}{'measured':>10}{'predicted':>11}"
           f"{'error':>8}")
     for workload in workloads:
-        specs = [PipelineSpec(workload=workload, schedule=schedule, num_ranks=2, num_microbatches=m,
-                              micro_batch_size=micro_batch_size, recompute=recompute, measured_steps=1)
-                 for schedule in SCHEDULES for recompute in recomputes for m in micro_batches]
+        specs = [PipelineSpec(workload=workload, workload_options=options, schedule=schedule, num_ranks=ranks,
+                              num_microbatches=m, micro_batch_size=micro_batch_size, recompute=recompute,
+                              measured_steps=1, device=device, precision=precision)
+                 for schedule in schedules for recompute in recomputes for m in micro_batches]
         started = time.perf_counter()
         predicted = run_isolated(_predict_all, specs, timeout_s=3600)
         if predicted.status != "ok":
@@ -107,9 +114,16 @@ def main() -> None:
     parser.add_argument("--micro-batches", default="2,4,8,16")
     parser.add_argument("--recompute", default="none,full")
     parser.add_argument("--micro-batch-size", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (every rank on its own GPU)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--schedules", default=",".join(SCHEDULES))
+    parser.add_argument("-O", dest="options", action="append", default=[], help="a workload option, KEY=VALUE")
     args = parser.parse_args()
+    options = parse_options(args.options)
     run(args.workloads.split(","), [int(m) for m in args.micro_batches.split(",")], args.recompute.split(","),
-        args.micro_batch_size)
+        args.micro_batch_size, device=args.device, ranks=args.ranks, precision=args.precision, options=options,
+        schedules=tuple(args.schedules.split(",")))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ tied-weight sums), one optimizer step of it, on fake tensors: shapes and storage
 arithmetic (torch's FakeTensorMode, which picks each operator's kernel as the real device would: CPU attention
 saves what CPU attention saves), with torch's fake process group answering every send, receive and
 all-reduce at once. Its live tensor bytes are counted as the CPU budget counts them (device/tensor_bytes.py),
-so the prediction is the peak a sweep's rank measures on the CPU, and the allocated peak a CUDA rank's
-allocator reports, less what CUDA adds on its own (cuBLAS workspaces, the allocator's rounding of large
-blocks). The model is never built for real: 8B parameters predict as fast as 8M.
+so the prediction is the peak a sweep's rank measures on the CPU; for a CUDA spec, predicted where CUDA is
+visible, the cuBLAS workspaces the rank's allocator hands out are added (device/cuda.py), as the allocated
+peak counts them. The model is never built for real: 8B parameters predict as fast as 8M.
 
 A real send's work object holds the tensor it sends for as long as the schedule holds the work (the
 multi-stage schedules wait for their sends at the end of the step); the fake process group's works hold
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from mbtune.device.cuda import training_workspace_bytes
 from mbtune.device.tensor_bytes import TensorBytes, fake_tensors
 from mbtune.pipeline.schedules import StageShapes, take_shapes_as_given, works_hold_their_tensors
 from mbtune.pipeline.spec import PipelineSpec
@@ -66,7 +67,9 @@ class RankPeaks:
         with fake_tensors():
             blocks = stage_blocks(spec, self.workload)
             shapes = stage_shapes(spec, self.workload, blocks, keys)
-            return tuple(_rank_peak(spec, self.workload, blocks, shapes, keys, rank) for rank in range(spec.num_ranks))
+            extra = training_workspace_bytes(spec.device)
+            return tuple(extra + _rank_peak(spec, self.workload, blocks, shapes, keys, rank)
+                         for rank in range(spec.num_ranks))
 
 
 def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],

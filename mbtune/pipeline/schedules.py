@@ -56,7 +56,10 @@ def take_shapes_as_given(schedule: Any) -> None:
     """Have the schedule take its stages' given shapes without asking the other ranks first (torch's
     warm-up vote reads a value sent by every rank; a rank run alone on fake tensors has none to read).
     Every stage must have been built with its shapes."""
-    from torch.distributed.pipelining._utils import InferenceMode
+    try:
+        from torch.distributed.pipelining._utils import InferenceMode
+    except ImportError:  # torch before the vote (2.11 and older): a stage built with shapes takes them as given
+        return
 
     def static(stages: Sequence[PipelineStage], has_backward: bool, p2p_done: bool) -> None:
         for stage in stages:

@@ -4,9 +4,11 @@ and storages without memory or arithmetic, their live tensor bytes counted as th
 (device/tensor_bytes.py). A few sizes give the line bytes = fixed + per sample x batch; the largest size
 whose predicted peak fits the budget is checked on fake tensors too, and the probe starts there.
 
-On the CPU the prediction counts what the trial counts. On CUDA it predicts the allocated peak; the budget
-caps what the allocator reserves, which is more (its blocks, cuBLAS workspaces), so a CUDA probe starts at
-the prediction and the trials find how far it was.
+On the CPU the prediction counts what the trial counts. On CUDA it predicts the allocated peak: the fake
+step's tensors and the cuBLAS workspaces torch takes from the allocator (one per thread that multiplies
+matrices: the step's own and autograd's). The budget caps what the allocator reserves, which is more (its
+blocks rounded and split), so the predicted ceiling leaves ALLOCATOR_SLACK of the budget to it, and the
+trials find how far the prediction was.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+from mbtune.device.cuda import training_workspace_bytes
 from mbtune.probing.config import TrialConfig
 from mbtune.probing.records import CeilingPrediction
 from mbtune.workloads import Workload, load_workload
@@ -49,7 +52,7 @@ def predict_trial_peak(config: TrialConfig, workload: Workload | None = None) ->
     with fake_tensors(), count, torch.random.fork_rng(devices=[]):
         for _ in train_steps(workload, replace(config, memory_budget_bytes=None), _FakeBackend(config.device)):
             pass
-    return count.peak_bytes
+    return count.peak_bytes + training_workspace_bytes(config.device)
 
 
 def predict_ceiling(config: TrialConfig, budget_bytes: int, granularity: int,
@@ -63,6 +66,10 @@ def predict_ceiling(config: TrialConfig, budget_bytes: int, granularity: int,
             peaks[size] = predict_trial_peak(replace(config, batch_size=size), workload)
         return peaks[size]
 
+    if config.device.startswith("cuda"):
+        from mbtune.device.cuda import ALLOCATOR_SLACK
+
+        budget_bytes = int(budget_bytes / (1 + ALLOCATOR_SLACK))
     small, large = (n * granularity for n in LINE_SIZES)
     if peak(small) > budget_bytes:
         return None

@@ -69,3 +69,14 @@ def test_fake_tensors_count_as_real_ones_of_their_device():
         assert count.live_bytes == 4 << 20
         del x
     assert count.live_bytes == 0 and count.peak_bytes == 4 << 20
+
+
+def test_the_cublas_workspace_is_torchs_default_or_the_configured_pairs():
+    from mbtune.device.cuda import parse_workspace_config, training_workspace_bytes
+
+    assert parse_workspace_config(None, 9) == 32 * 2**20  # Hopper and later: :4096:8
+    assert parse_workspace_config(None, 8) == (4096 * 2 + 16 * 8) * 1024
+    assert parse_workspace_config(":4096:8", 8) == 32 * 2**20
+    assert parse_workspace_config(":16:8:4096:2", 9) == (16 * 8 + 4096 * 2) * 1024
+    assert parse_workspace_config("garbage", 9) == 32 * 2**20
+    assert training_workspace_bytes("cpu") == 0
