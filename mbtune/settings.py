@@ -56,7 +56,8 @@ FLAG_NAMES = {"trial_timeout_s": "trial-timeout", "load_timeout_s": "load-timeou
               "num_blocks": "blocks", "link_bandwidth_bytes_per_s": "link-bandwidth", "link_latency_s": "link-latency",
               "validation_method": "validation", "num_microbatches": "micro-batches", "timeout_s": "timeout",
               "p99_budget_s": "p99", "queue_delays_s": "queue-delays", "window_s": "window",
-              "queue_timeout_s": "queue-timeout", "num_gpus": "gpus", "device_memory_bytes": "device-memory"}
+              "queue_timeout_s": "queue-timeout", "num_gpus": "gpus", "device_memory_bytes": "device-memory",
+              "max_time_per_point_s": "max-time-per-point"}
 # The workload's options are one table (a dict in Python, [options] in a file), not the repeatable -O flag.
 _TABLES = {"workload_options": "options"}
 

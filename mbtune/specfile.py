@@ -5,7 +5,7 @@ workload = "gpt"                 # built-in name or package.module:factory
 device = "cuda"
 memory_budget = "8GiB"
 tolerance = "10%"                # against the baseline, when there is one
-repeats = 3                      # runs of each sweep point, each in fresh processes (default 3)
+repeats = 3                      # runs of each sweep point, each in fresh processes (default: until known)
 baseline = "profiles/cuda-nvidia-h200/gpt.json"   # optional; relative to this file
 
 [options]                        # workload options
@@ -45,11 +45,11 @@ from typing import Any, NamedTuple
 
 from mbtune.errors import ConfigError
 from mbtune.probing.config import ProbeConfig
-from mbtune.qualifying.judge import DEFAULT_REPEATS
 from mbtune.qualifying.spec import SERVE_THRESHOLDS, THRESHOLD_KEYS, QualifySpec
 from mbtune.records import RecordFieldError, load_value, short_repr, shorten
 from mbtune.settings import field_for, param_for
 from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.stopping import default_repeats
 from mbtune.units import parse_bytes, parse_fraction
 
 if typing.TYPE_CHECKING:
@@ -74,7 +74,7 @@ class LoadedSpec(NamedTuple):
     """A spec file read: what to run and hold it to, and how many runs each sweep point gets."""
 
     spec: QualifySpec
-    repeats: int
+    repeats: int | None
 
 
 def load_spec(path: Path, *, baseline: str | None = None, tolerance: float | None = None,
@@ -87,7 +87,8 @@ def load_spec(path: Path, *, baseline: str | None = None, tolerance: float | Non
 def read_spec(path: Path, *, baseline: str | None = None, tolerance: float | None = None,
               repeats: int | None = None, allow_different_device: bool = False,
               command_line: str = "") -> LoadedSpec:
-    """Read a TOML spec and its repeats (the flag, else the file's `repeats` or [sweep] repeats, else 3);
+    """Read a TOML spec and its repeats (the flag, else the file's `repeats` or [sweep] repeats, else None:
+    each point measured until known);
     flags given on the command line win over the file. Every value is checked at this boundary: a wrong
     type, a non-table section or an unknown key is one ConfigError naming the file and the field."""
     data = _read(path)
@@ -139,12 +140,14 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def _repeats(path: Path, data: dict[str, Any], flag: int | None) -> int:
-    value = flag if flag is not None else data.get("repeats", _table(data, "sweep").get("repeats", DEFAULT_REPEATS))
+def _repeats(path: Path, data: dict[str, Any], flag: int | None) -> int | None:
+    value = flag if flag is not None else data.get("repeats", _table(data, "sweep").get("repeats", default_repeats()))
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         where = "" if flag is not None else f"spec {path}: "
         raise ConfigError(f"{where}repeats={short_repr(value)} is out of range: expected an integer >= 1",
-                          hint="Use an integer >= 1 (default 3).")
+                          hint="Use an integer >= 1, or leave it out to measure each point until known.")
     return value
 
 

@@ -30,3 +30,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+# Sweeps in the suite run each point once unless a test asks for more (or for None: until known); the
+# stopping rule is tested on its own (tests/unit/test_stopping.py) and end to end where a test says so.
+os.environ.setdefault("MBTUNE_REPEATS", "1")

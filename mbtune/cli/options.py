@@ -156,7 +156,7 @@ PlanGlobalBatch = Annotated[int | None, typer.Option("--global-batch", help="Fix
 Objective = Annotated[str, typer.Option("--objective", help="Rank by throughput, memory or bubble.")]
 
 
-SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer steps per point (after warm-up).")]
+SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer steps per point (after warm-up); measured until known, the fewest per repeat.")]
 
 
 Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up optimizer steps per point (not timed).")]
@@ -183,4 +183,7 @@ RdzvEndpoint = Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:
 JoinTimeout = Annotated[float, typer.Option("--join-timeout", help="Seconds every node gets to join, at the start and at each point's rendezvous.")]
 
 
-Repeats = Annotated[int, typer.Option("--repeats", help="Runs of each point, each in fresh processes: figures are the median with the range over repeats.")]
+Repeats = Annotated[int | None, typer.Option("--repeats", help="Runs of each point, each in fresh processes (default: until its throughput is known, see --target-ci).")]
+TargetCi = Annotated[float, typer.Option("--target-ci", help="Measure each point until the 95% interval of its samples/s is at most this wide, a share of it (0.05: 5%).")]
+MaxTimePerPoint = Annotated[float, typer.Option("--max-time-per-point", help="Seconds a point is measured for at most, repeats included, when measured until known.")]
+PinCpus = Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, pin each rank process to its own cores.")]

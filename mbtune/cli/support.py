@@ -47,6 +47,7 @@ def sweep_config_from(options: Mapping[str, Any], launch: dict[str, Any]) -> Swe
     """The sweep's config from a training command's options and its launcher settings."""
     from mbtune.profiles import command_line
     from mbtune.sweeping.config import DEFAULT_SCHEDULES, SweepConfig
+    from mbtune.sweeping.stopping import default_repeats
     from mbtune.units import parse_list, parse_options
 
     o = options
@@ -61,7 +62,8 @@ def sweep_config_from(options: Mapping[str, Any], launch: dict[str, Any]) -> Swe
         recompute=parse_list(o["recompute"], name="--recompute", convert=str), balance=o["balance"],
         objective=o["objective"], measured_steps=o["steps"], warmup_steps=o["warmup"],
         virtual_stages=o["virtual_stages"], optimizer=o["optimizer"], precision=o["precision"], threads=o["threads"],
-        strategy=o["strategy"], repeats=o["repeats"], point_timeout_s=o["point_timeout"],
+        strategy=o["strategy"], repeats=default_repeats() if o["repeats"] is None else o["repeats"], target_ci=o["target_ci"],
+        max_time_per_point_s=o["max_time_per_point"], pin_cpus=o["pin_cpus"], point_timeout_s=o["point_timeout"],
         load_timeout_s=o["load_timeout"], lr=o["lr"], reference_batch=o["reference_batch"], seed=o["seed"],
         command_line=command_line(), **launch)
 

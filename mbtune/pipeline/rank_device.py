@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from mbtune.device.tensor_bytes import TensorBytes
 from mbtune.errors import DeviceError
 from mbtune.pipeline.spec import PipelineSpec
+
+
+def own_cores(index: int, count: int, allowed: set[int] | None = None) -> tuple[int, ...]:
+    """The cores process `index` of `count` on this host is pinned to: the allowed cores (this process's
+    affinity) in order, split into `count` equal runs, the remainder left idle; () where there are fewer
+    cores than processes (they would share; nothing is pinned)."""
+    cores = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
+    share = len(cores) // count if count >= 1 else 0
+    if share == 0 or not 0 <= index < count:
+        return ()
+    return tuple(cores[index * share:(index + 1) * share])
+
+
+def pin_to_cores(index: int, count: int) -> tuple[int, ...]:
+    """Pin this process to its own cores (own_cores) and return them; () where it was not pinned."""
+    if not hasattr(os, "sched_setaffinity"):
+        return ()
+    cores = own_cores(index, count)
+    if cores:
+        os.sched_setaffinity(0, cores)
+    return cores
 
 
 def set_threads(threads: int) -> None:

@@ -26,6 +26,7 @@ from mbtune.pipeline.rank_device import (
     count_memory,
     device_uuid,
     peak_memory,
+    pin_to_cores,
     rank_device,
     set_threads,
     stop_counting,
@@ -74,9 +75,14 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank
     global block indices this rank holds as soon as they are known, so a failure can name them. A NaN or
     infinite loss raises NonFiniteLossError at that step.
     """
+    local_rank = rank if store_path is not None else int(os.environ.get("LOCAL_RANK", "0"))
+    cores: tuple[int, ...] = ()
+    if spec.pin_cpus and spec.device == "cpu":
+        local_size = spec.world_size if store_path is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        cores = pin_to_cores(local_rank, local_size)
     if spec.threads is not None:
-        set_threads(spec.threads)
-    device = rank_device(spec, rank if store_path is not None else int(os.environ.get("LOCAL_RANK", "0")))
+        set_threads(min(spec.threads, len(cores)) if cores else spec.threads)
+    device = rank_device(spec, local_rank)
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         **({"store": dist.FileStore(store_path, spec.world_size)} if store_path is not None
@@ -96,7 +102,7 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank
     dist.destroy_process_group()
     # This process's whole CPU time (a forked rank starts from zero), so the parent can tell the point's
     # own CPU use from other processes'.
-    return replace(report, cpu_time_s=time.process_time())
+    return replace(report, cpu_time_s=time.process_time(), cores=cores)
 
 
 def _groups(spec: PipelineSpec, rank: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:

@@ -43,6 +43,9 @@ class PipelineSpec:
     precision: str = "fp32"  # fp32 or bf16 (autocast per stage); fp16 needs a pipeline-wide scaler: not here
     lr: float = 1e-4
     threads: int | None = 1  # torch threads per rank process
+    # On the CPU, each rank process pinned to its own cores: the cores this host's processes may use, split
+    # evenly over the point's processes on it (pipeline/rank_device.py); off where they would share cores.
+    pin_cpus: bool = False
     # Split by compute-bearing parameters (embeddings excluded), by block count, or by measured block time
     # (block_weights, from pipeline/balance.py's timing pass).
     balance: str = "parameters"

@@ -65,6 +65,7 @@ class StageReport(Record):
     # Data parallel only: per measured step, (start, end) of the gradient all-reduce from the step's origin.
     allreduce_spans_s: tuple[tuple[float, float], ...] = ()
     node: str = ""  # under torchrun, the node this rank ran on ("node 1 (hostname)")
+    cores: tuple[int, ...] = ()  # the CPU cores this rank process was pinned to (none: not pinned)
 
     @property
     def allreduce_times_s(self) -> tuple[float, ...]:
@@ -149,6 +150,12 @@ class PipelineOutcome(Record):
         if not self.reports or len(times) < len(self.reports):
             return None
         return sum(times)
+
+    @property
+    def pinned_cores(self) -> tuple[tuple[int, ...], ...]:
+        """The cores each rank was pinned to, in report order (empty where none was pinned)."""
+        cores = tuple(r.cores for r in self.reports)
+        return cores if any(cores) else ()
 
     @property
     def device_uuids(self) -> tuple[str, ...]:

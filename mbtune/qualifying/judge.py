@@ -15,8 +15,10 @@ the same kind of selection. The detail names both points and what the baseline's
 
 Uncertainty. Every check carries the spread of what it compares, as a share of the median (`spread_pct`):
 
-- a sweep point: (max - min) / median of its samples/s over its repeats' medians, or over its measured
-  steps when it ran once; of now and the baseline, the larger (a measurement with no range: unknown);
+- a sweep point: half the 95% interval of its samples/s (sweeping/stopping.py: over its fresh-process
+  repeats, measured until that interval is a quarter of the tolerance wide or the time cap passes; over
+  its measured steps when it ran once), or, for a record without one, (max - min) / median over its
+  repeats; now's and the baseline's combined in quadrature, the uncertainty of their ratio;
 - the ceiling and the safe batch: the probe's bracket, (first_failing - granularity - ceiling) / ceiling,
   the sizes that were neither seen to fit nor seen to fail (0 when exact or stopped at max_batch);
   the larger of now's and the baseline's;
@@ -59,7 +61,6 @@ from mbtune.records import OK, OOM
 from mbtune.serving.records import ServeReport
 from mbtune.sweeping.records import PointResult, SweepReport
 
-DEFAULT_REPEATS = 3  # runs of each sweep point a qualification makes, each in fresh processes
 AGGREGATE = "throughput, all common points (geometric mean of now/baseline ratios)"
 BEST = "best throughput (samples/s)"
 _AGGREGATE_MIN_POINTS = 3
@@ -136,10 +137,14 @@ def at_most(name: str, measured: float | None, bound: float, rule: str, spread: 
 
 
 def point_spread(result: PointResult, side: str) -> Spread | None:
-    """A point's samples/s range over its repeats' medians (over its steps when it ran once), or None."""
+    """A point's uncertainty as a share of its samples/s: half its 95% interval (sweeping/stopping.py: over
+    its repeats, or over its steps when it ran once); without one, its min-max range. None: unknown."""
     median = result.samples_per_s
     if not result.ok or not median:
         return None
+    if result.ci_half_pct is not None:
+        basis = result.ci_basis or f"{result.num_repeats} repeats"
+        return Spread(share=result.ci_half_pct / 100.0, basis=f"{side}, 95% interval over {basis}")
     low, high = result.samples_per_s_min, result.samples_per_s_max
     if result.num_repeats > 1:
         basis = f"over {result.num_repeats} repeats"
@@ -151,6 +156,15 @@ def point_spread(result: PointResult, side: str) -> Spread | None:
     if low is None or high is None:
         return None
     return Spread(share=max(0.0, high - low) / median, basis=f"{side}, {basis}")
+
+
+def ratio_spread(baseline: Spread | None, now: Spread | None) -> Spread | None:
+    """The uncertainty of now / baseline from each side's own: in quadrature, as independent errors add;
+    one side unknown counts as 0."""
+    known = [s for s in (baseline, now) if s is not None]
+    if not known:
+        return None
+    return Spread(share=math.sqrt(sum(s.share**2 for s in known)), basis="; ".join(s.basis for s in known))
 
 
 def probe_spread(probe: ProbeResult, side: str) -> Spread:
@@ -228,7 +242,7 @@ def _best(was: PointResult, sweep: SweepReport | None, tolerance: float, rule: s
         note = f"baseline best {was.point.label}; now best {now.point.label}"
         if same is not None and same.ok:
             note += f" (the baseline's best point now: {same.samples_per_s:,.1f})"
-    spread = wider(point_spread(was, "baseline"), point_spread(now, "now"))
+    spread = ratio_spread(point_spread(was, "baseline"), point_spread(now, "now"))
     return judge(name, now.samples_per_s, _rate(was) * keep, rule=point_rule, spread=spread,
                  tolerance=tolerance, note=note, busy=busy_reason([now]))
 
@@ -244,7 +258,8 @@ def _aggregate(baseline: SweepReport, sweep: SweepReport | None, tolerance: floa
         measured = 0.0 if sweep is not None and sweep.results else None
         return judge(AGGREGATE, measured, keep, rule=rule, note="no point the baseline ran completed here")
     logs = [math.log(_rate(after) / _rate(before)) for before, after in pairs]
-    spread = _aggregate_spread(logs, [wider(point_spread(b, "baseline"), point_spread(a, "now")) for b, a in pairs])
+    spread = _aggregate_spread(logs, [ratio_spread(point_spread(b, "baseline"), point_spread(a, "now"))
+                                      for b, a in pairs])
     missing = sum(1 for r in baseline.results if r.ok and r.samples_per_s) - len(pairs)
     note = f"{len(pairs)} points, ratios {math.exp(min(logs)):.2f}-{math.exp(max(logs)):.2f}"
     if missing:
@@ -289,7 +304,7 @@ def _points(baseline: SweepReport, sweep: SweepReport | None, tolerance: float, 
         elif not after.ok:
             checks.append(judge(name, 0.0, bound, rule=point_rule, gating=False, note="out of memory here"))
         else:
-            spread = wider(point_spread(before, "baseline"), point_spread(after, "now"))
+            spread = ratio_spread(point_spread(before, "baseline"), point_spread(after, "now"))
             checks.append(judge(name, after.samples_per_s, bound, rule=point_rule, spread=spread,
                                 tolerance=tolerance, gating=False, busy=busy_reason([after])))
     return checks

@@ -33,8 +33,9 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
                 profiles_dir: Path | None, repeats: int | None = None,
                 launch: dict[str, Any] | None = None) -> Verdict:
     """Re-run a baseline's (or a spec's) probe and sweep here and judge them: PASS, FAIL, INCONCLUSIVE or
-    ERROR per check (see mbtune.qualifying.judge). Each sweep point runs `repeats` times (default 3), each in fresh
-    processes.
+    ERROR per check (see mbtune.qualifying.judge). Each sweep point runs `repeats` times, each in fresh
+    processes, or by default until the 95% interval of its throughput is a quarter of the tolerance wide
+    (or its time cap passes: sweeping/stopping.py).
 
     Bad input (an unreadable baseline, another device model) raises; a run that cannot complete (no
     device, a crash, a trial killed) becomes an ERROR check, so CI gets a verdict either way. `launch`:
@@ -43,12 +44,16 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     from mbtune.profiles import load_profile
     from mbtune.qualifying import judge as qualify
     from mbtune.qualifying.compare import check_same_device, device_model
+    from mbtune.sweeping.stopping import default_repeats
 
-    repeats = qualify.DEFAULT_REPEATS if repeats is None else repeats
-    if repeats < 1:
-        raise ConfigError(f"repeats={repeats} is out of range", hint="Use --repeats 1 or more (default 3).")
+    repeats = default_repeats() if repeats is None else repeats
+    if repeats is not None and repeats < 1:
+        raise ConfigError(f"repeats={repeats} is out of range",
+                          hint="Use --repeats 1 or more, or leave it out to measure each point until known.")
     baseline = load_profile(Path(spec.baseline)) if spec.baseline else None
     probe_config, sweep_config = _qualify_configs(spec, baseline, repeats)
+    if sweep_config is not None and repeats is None:
+        sweep_config = dataclasses.replace(sweep_config, target_ci=max(spec.tolerance / 4, 0.001))
     if sweep_config is not None and launch:
         sweep_config = dataclasses.replace(sweep_config, **launch)
     probe = sweep = info = None
@@ -102,7 +107,7 @@ def _qualify_serve(spec: QualifySpec, progress: TrialProgress | None,
 
 
 def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
-                     repeats: int) -> tuple[ProbeConfig | None, SweepConfig | None]:
+                     repeats: int | None) -> tuple[ProbeConfig | None, SweepConfig | None]:
     """The spec's own configs, or the ones that reproduce what the baseline measured; sweeps run each
     point `repeats` times. A serving spec alone has neither."""
     from mbtune.errors import ProfileError

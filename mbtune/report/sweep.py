@@ -46,10 +46,15 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
         notes.append("imbal: slowest / fastest stage's compute; " + balance_note(report))
     if any(c[0] == "rc" for c in columns):
         notes.append("rc: activation recompute (full: every block's forward runs again in its backward)")
-    spread = (f"ranges: min-max over {report.repeats} repeats" if report.repeats > 1
-              else "ranges: min-max over the measured steps (--repeats N for fresh-process repeats)")
+    if report.repeats is None:
+        spread = (f"samples/s: ± the 95% interval over fresh-process repeats, measured until {report.target_ci or 0:.0%} "
+                  "wide (runs: known) or the time cap (cap; --max-time-per-point)")
+    elif report.repeats > 1:
+        spread = f"samples/s: ± the 95% interval over {report.repeats} repeats; bubble: min-max"
+    else:
+        spread = "ranges: the 95% interval and min-max over one run's measured steps (narrower than between runs)"
     table.caption = "  ".join(["bubble: measured / theoretical", spread, "* Pareto front (throughput vs peak memory)",
-                               "= tied with the best (ranges overlap)", "! see warnings", *_global_batch_note(report),
+                               "= tied with the best (intervals overlap)", "! see warnings", *_global_batch_note(report),
                                *_lr_caption(report), *notes])
     return table
 
@@ -57,7 +62,7 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
 _COLUMNS: list[tuple[str, JustifyMethod]] = [
             ("#", "right"), ("schedule", "left"), ("p", "right"), ("m", "right"), ("acc", "right"),
             ("dp", "right"), ("rc", "left"), ("mbs", "right"), ("global", "right"), ("lr", "right"),
-            ("samples/s", "right"), ("tokens/s", "right"), ("step (cv)", "right"), ("all-reduce", "right"),
+            ("samples/s", "right"), ("runs", "right"), ("tokens/s", "right"), ("step (cv)", "right"), ("all-reduce", "right"),
             ("bubble", "right"), ("imbal", "right"), ("peak mem", "right"), ("MFU", "right"),
             ("kernel active", "right"), ("status", "left")]
 _MISSING_NOTES = {"MFU": "MFU: peak FLOPs unknown for this device",
@@ -167,9 +172,12 @@ def _row(position: int, result: PointResult, marks: str, lr: str = "") -> dict[s
     if not result.ok:
         return {**{h: "" for h, _ in _COLUMNS}, **row, "status": f"[red]{result.status}[/]"}
     cv = f" ({result.step_time_cv_pct:.0f}%)" if result.step_time_cv_pct is not None else ""
-    rate_range = _range(result.samples_per_s_min, result.samples_per_s_max, fmt_rate)
+    rate_range = (f" ±{result.ci_half_pct:.1f}%" if result.ci_half_pct is not None
+                  else _range(result.samples_per_s_min, result.samples_per_s_max, fmt_rate))
+    runs = f"{result.num_repeats}" + (f" {_STOPPED.get(result.stopped, result.stopped)}" if result.stopped else "")
+    runs += f" (+{result.busy_reruns} busy)" if result.busy_reruns else ""
     bubble_range = _range(result.bubble_measured_min, result.bubble_measured_max, _bare_pct)
-    return {**row, "samples/s": fmt_rate(result.samples_per_s) + rate_range,
+    return {**row, "samples/s": fmt_rate(result.samples_per_s) + rate_range, "runs": runs,
             "tokens/s": fmt_rate(result.tokens_per_s) if result.tokens_per_s else "n/a",
             "step (cv)": fmt_seconds(result.step_time_median_s) + cv,
             "all-reduce": fmt_seconds(result.allreduce_s) if result.allreduce_s is not None else "",
@@ -178,6 +186,9 @@ def _row(position: int, result: PointResult, marks: str, lr: str = "") -> dict[s
             "peak mem": fmt_bytes(result.max_peak_memory_bytes),
             "MFU": "unknown" if result.mfu_pct is None else f"{result.mfu_pct:.1f}%",
             "kernel active": _kernel_active(result)}
+
+
+_STOPPED = {"known": "known", "time cap": "cap", "most repeats": "most", "fixed": "", "failed": ""}
 
 
 def _kernel_active(result: PointResult) -> str:
@@ -363,7 +374,9 @@ def results_frame(report: SweepReport):
             "global_batch": p.global_batch, "lr_scale": advice.scale if advice else None,
             "lr": advice.lr if advice else None, "status": r.status, "num_repeats": r.num_repeats,
             "samples_per_s": r.samples_per_s, "samples_per_s_min": r.samples_per_s_min,
-            "samples_per_s_max": r.samples_per_s_max, "tied_with_best": index in report.ties,
+            "samples_per_s_max": r.samples_per_s_max, "samples_per_s_ci_half_pct": r.ci_half_pct,
+            "ci_basis": r.ci_basis, "stopped": r.stopped, "busy_reruns": r.busy_reruns,
+            "tied_with_best": index in report.ties,
             "tokens_per_s": r.tokens_per_s, "step_time_median_s": r.step_time_median_s,
             "step_time_cv_pct": r.step_time_cv_pct, "allreduce_s": r.allreduce_s,
             "stage_imbalance": r.stage_imbalance,

@@ -23,6 +23,7 @@ from mbtune.settings import (
     check_seed,
     check_timeout,
 )
+from mbtune.sweeping.stopping import default_repeats
 from mbtune.units import parse_device
 from mbtune.validation import check_types, require_unique
 from mbtune.validation import require as _require
@@ -63,7 +64,13 @@ class SweepConfig:
     virtual_stages: int = 2
     warmup_steps: int = 1
     measured_steps: int = 3
-    repeats: int = 1  # each point run this many times, each in fresh processes
+    # Each point run this many times in fresh processes (None: until known; the default is MBTUNE_REPEATS's).
+    repeats: int | None = field(default_factory=default_repeats)
+    # Until known (sweeping/stopping.py): repeats until the 95% interval of samples/s is at most target_ci
+    # wide (a share of it), or the next repeat would pass max_time_per_point_s.
+    target_ci: float = 0.05
+    max_time_per_point_s: float = 30.0
+    pin_cpus: bool = True  # on the CPU, each rank process on its own cores (pipeline/rank_device.py)
     optimizer: str = "adamw"
     precision: str = "fp32"
     threads: int | None = None
@@ -118,7 +125,9 @@ class SweepConfig:
         _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(self.measured_steps >= 1, "measured_steps", self.measured_steps, "an integer >= 1")
-        _require(self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
+        _require(self.repeats is None or self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
+        _require(0 < self.target_ci < 1, "target_ci", self.target_ci, "a share between 0% and 100%")
+        _require(self.max_time_per_point_s > 0, "max_time_per_point_s", self.max_time_per_point_s, "a duration > 0")
         _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
         _require(self.precision in ("fp32", "bf16"), "precision", self.precision,
                  "fp32 | bf16 for pipelined steps (fp16 would need one loss scale across all ranks)")

@@ -182,10 +182,15 @@ def merge_repeats(repeats: Sequence[PointResult]) -> PointResult:
     """One point run len(repeats) times, each in fresh processes: the median over every measured step,
     the ranges over the repeats' own medians, the typical repeat's timeline. A repeat that failed
     fails the point (what ran before it is not a result on its own)."""
+    from mbtune.sweeping.stopping import interval
+
     first, n = repeats[0], len(repeats)
     failed = next((r for r in repeats if not r.ok), None)
     if failed is not None or n == 1:
-        return replace(failed or first, num_repeats=n, wall_s=sum(r.wall_s for r in repeats))
+        steps = first.step_times_s if failed is None else ()
+        within = interval([first.point.global_batch / t for t in steps if t > 0], f"{len(steps)} steps of one run")
+        return replace(failed or first, num_repeats=n, wall_s=sum(r.wall_s for r in repeats),
+                       ci_half_pct=100.0 * within.half if within else None, ci_basis=within.basis if within else "")
     medians = [r.step_time_median_s for r in repeats if r.step_time_median_s is not None]
     assert len(medians) == n, "every repeat that completed has a median step time"
     typical_index = median_step(medians)
@@ -197,6 +202,7 @@ def merge_repeats(repeats: Sequence[PointResult]) -> PointResult:
     bubble = statistics.median(bubbles) if bubbles else None
     scale = medians[typical_index] / median
     spread_pct = 100.0 * (max(rates) - min(rates)) / statistics.median(rates)
+    between = interval(rates, f"{n} repeats")
     load = merge_loads([r.load for r in repeats])
     reduces = [r.allreduce_s for r in repeats if r.allreduce_s is not None]
     per_run = {busy_warning(first.point.label, r.load) for r in repeats} | {None}
@@ -225,6 +231,7 @@ def merge_repeats(repeats: Sequence[PointResult]) -> PointResult:
         samples_per_s_max=max(rates), load=load, warnings=tuple(warnings),
         timeline_step=sum(len(r.step_times_s) for r in repeats[:typical_index]) + typical.timeline_step,
         wall_s=sum(r.wall_s for r in repeats),
+        ci_half_pct=100.0 * between.half if between else None, ci_basis=between.basis if between else "",
     )
 
 
@@ -240,13 +247,16 @@ def merge_loads(loads: Sequence[MachineLoad | None]) -> MachineLoad | None:
 
 def tied_with_best(results: Sequence[PointResult], ranking: Sequence[int], objective: str, *,
                    same_global_batch: bool = False) -> tuple[int, ...]:
-    """Ranked points whose measured range overlaps the best one's: on this evidence they are tied with
-    it. Throughput and bubble carry ranges; memory is ranked exactly. With global batches held fixed, only
+    """Ranked points whose measured interval overlaps the best one's: on this evidence they are tied with
+    it. Throughput carries its 95% interval (sweeping/stopping.py; its range where it has none), bubble
+    its range; memory is ranked exactly. With global batches held fixed, only
     rows of the best one's global batch can tie with it (another global batch is another recipe)."""
     if not ranking or objective == "memory":
         return ()
 
     def span(result: PointResult) -> tuple[float, float] | None:
+        if objective == "throughput" and (ci := result.samples_per_s_ci) is not None:
+            return ci
         if objective == "throughput":
             low, high, mid = result.samples_per_s_min, result.samples_per_s_max, result.samples_per_s
         else:

@@ -80,10 +80,25 @@ class PointResult(Outcome):
     error_tail: str = ""
     # Under torchrun, per pipeline rank (replica 0), the node it ran on ("node 1 (hostname)"); () on one host.
     rank_nodes: tuple[str, ...] = ()
+    # Measured until known (sweeping/stopping.py): the 95% interval of samples/s as half its width in % of
+    # samples/s, what it was taken over, and why measuring stopped (known, time cap, most repeats, fixed,
+    # failed); repeats run again because other processes loaded the machine while they ran.
+    ci_half_pct: float | None = None
+    ci_basis: str = ""
+    stopped: str = ""
+    busy_reruns: int = 0
 
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    @property
+    def samples_per_s_ci(self) -> tuple[float, float] | None:
+        """The 95% interval of samples/s, or None where there is none."""
+        if self.samples_per_s is None or self.ci_half_pct is None:
+            return None
+        half = self.samples_per_s * self.ci_half_pct / 100.0
+        return self.samples_per_s - half, self.samples_per_s + half
 
     def crosses_nodes(self, rank: int, other: int) -> bool:
         """Whether a hand-over between these two pipeline ranks crossed a node boundary."""
@@ -148,7 +163,8 @@ class SweepReport(Record):
     ceiling_peak_memory_bytes: int | None = None  # the probe's peak at its ceiling, same measure as stage peaks
     warmup_steps: int = 1
     measured_steps: int = 3
-    repeats: int = 1
+    repeats: int | None = 1  # None: each point measured until known (its row says how it stopped)
+    target_ci: float | None = None  # until known: the 95% interval's width aimed for, a share of samples/s
     strategy: str = "grid"  # grid: every runnable point; quick: the simulator picks (the rest are skipped)
     num_grid_points: int = 0
     interrupted: bool = False

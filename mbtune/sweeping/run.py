@@ -51,7 +51,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     log.info("sweep of %s (%d blocks) on %s", config.workload, workload.num_blocks, info.name)
     num_ranks, threads, max_processes, warnings = _placement(config, device)
     warnings += [*config.extra_warnings, *workload.warnings]
-    if config.measured_steps * config.repeats < 2:
+    if config.repeats is not None and config.measured_steps * config.repeats < 2:
         warnings.append("one measured step per point (--steps 1, --repeats 1) states no spread: each range is "
                         "that one step; measure --steps 2 or more")
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_ranks=num_ranks, max_processes=max_processes,
@@ -136,7 +136,8 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[PointResu
         ties=tied_with_best(results, ranking, config.objective, same_global_batch=bool(fixed)),
         global_batches=fixed, global_batch_default=config.global_batch is None and bool(fixed),
         tradeoff=rows, padding=padding or (), recompute_pairs=recompute_pairs(results),
-        repeats=config.repeats, strategy=config.strategy,
+        repeats=config.repeats, target_ci=config.target_ci if config.repeats is None else None,
+        strategy=config.strategy,
         num_grid_points=num_grid_points, ceiling=config.ceiling,
         safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
         warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,
@@ -203,13 +204,54 @@ def _balance(config: SweepConfig, points: Sequence[SweepPoint], device: str, thr
 
 def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
                  peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> PointResult:
-    """The point run config.repeats times, each in fresh processes, merged (stopping at a failed one)."""
-    from mbtune.sweeping.grid import merge_repeats
+    """The point run in fresh processes, repeat after repeat, merged: config.repeats times, or until its
+    throughput is known (sweeping/stopping.py). A repeat measured while other processes loaded the machine
+    is run again (at most MAX_BUSY_RERUNS per point); a failed repeat fails the point. Until known, the
+    repeats after the first measure enough steps to fill MIN_REPEAT_WINDOW_S each (at most MAX_STEPS)."""
+    import time
 
+    from mbtune.sweeping.grid import merge_repeats
+    from mbtune.sweeping.stopping import FAILED, FIXED, MAX_BUSY_RERUNS, should_stop
+
+    started, steps = time.monotonic(), config.measured_steps
     runs: list[PointResult] = []
-    while len(runs) < config.repeats and (not runs or runs[-1].ok):
-        runs.append(_run_point(point, config, device, threads, workload, peak_total, block_times_s))
-    return merge_repeats(runs)
+    reruns, stopped = 0, ""
+    while not stopped:
+        run = _run_point(point, replace(config, measured_steps=steps), device, threads, workload, peak_total,
+                         block_times_s)
+        if run.ok and run.load is not None and run.load.busy and reruns < MAX_BUSY_RERUNS:
+            reruns += 1
+            log.info("%s: measured while the machine was busy (%s); running it again", point.label, run.load.reason)
+            continue
+        runs.append(run)
+        if not run.ok:
+            stopped = FAILED
+        elif config.repeats is not None:
+            stopped = FIXED if len(runs) >= config.repeats else ""
+        else:
+            if len(runs) == 1:
+                steps = steps_to_fill(run.step_times_s, steps)
+            rates = [point.global_batch / r.step_time_median_s for r in runs if r.step_time_median_s]
+            elapsed = time.monotonic() - started
+            stopped = should_stop(rates, target_width=config.target_ci, elapsed_s=elapsed,
+                                  repeat_s=elapsed / (len(runs) + reruns),
+                                  max_time_s=config.max_time_per_point_s) or ""
+    return replace(merge_repeats(runs), stopped=stopped, busy_reruns=reruns)
+
+
+MIN_REPEAT_WINDOW_S = 0.5  # until known, a repeat measures at least this long (the first one calibrates)
+MAX_STEPS = 50
+
+
+def steps_to_fill(step_times_s: Sequence[float], steps: int) -> int:
+    """Measured steps for a repeat to last MIN_REPEAT_WINDOW_S, from one repeat's step times; never fewer
+    than `steps`, never more than MAX_STEPS."""
+    window = sum(step_times_s)
+    if window <= 0:
+        return steps
+    import math
+
+    return max(steps, min(MAX_STEPS, math.ceil(len(step_times_s) * MIN_REPEAT_WINDOW_S / window)))
 
 
 def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
@@ -224,7 +266,8 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
         point, workload=config.workload, workload_options=config.workload_options, device=device,
         warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, seed=config.seed,
         optimizer=config.optimizer, lr=lr_for(config.optimizer, config.lr), precision=config.precision,
-        threads=threads, balance="time" if block_times_s else "parameters", block_weights=block_times_s)
+        threads=threads, balance="time" if block_times_s else "parameters", block_weights=block_times_s,
+        pin_cpus=config.pin_cpus and device == "cpu")
     # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
     # are summarised (the ranks report when those ran).
     gpus = range(spec.world_size) if spec.device == "cuda" else ()
@@ -247,6 +290,8 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
         ran_as += f", torchrun on {config.nnodes} node(s)" if config.nnodes > 1 else ", torchrun"
     if spec.data_parallel_size > 1:
         ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel_size} replicas, gradients all-reduced)"
+    if cores := outcome.pinned_cores:
+        ran_as += ", pinned to cores " + " | ".join(",".join(map(str, c)) for c in cores)
     return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
                    warnings=result.warnings + ((warning,) if warning else ()))
 

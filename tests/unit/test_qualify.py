@@ -87,8 +87,9 @@ def test_the_aggregate_fails_when_every_point_is_slower():
                               tolerance=0.1)
     aggregate = next(c for c in checks if c.name == AGGREGATE)
     assert aggregate.status == FAIL and aggregate.gating and aggregate.measured == pytest.approx(0.7)
-    # Every ratio the same, so no scatter: the spread is the points' own 5%, averaged over 4 points.
-    assert aggregate.spread_pct == pytest.approx(2.5)
+    # Every ratio the same, so no scatter: the spread is the points' own 5% on each side, combined in
+    # quadrature (the ratio's), averaged over 4 points.
+    assert aggregate.spread_pct == pytest.approx(5 * 2**0.5 / 2)
     assert verdict_of(checks).status == FAIL
 
 
@@ -97,8 +98,8 @@ def test_a_spread_wider_than_the_tolerance_is_inconclusive_with_its_figures():
     checks = against_baseline(None, grid(rates, spread=0.05), None, grid([r * 0.95 for r in rates], spread=0.34),
                               tolerance=0.1)
     best = next(c for c in checks if c.name == BEST)
-    assert best.status == INCONCLUSIVE and best.spread_pct == pytest.approx(34.0)
-    assert "spread 34% (now, over 3 repeats) is wider than the 10% tolerance" in best.detail
+    assert best.status == INCONCLUSIVE and best.spread_pct == pytest.approx(100 * (0.05**2 + 0.34**2) ** 0.5)
+    assert "spread 34% (baseline, over 3 repeats; now, over 3 repeats) is wider than the 10% tolerance" in best.detail
     assert verdict_of(checks).status == INCONCLUSIVE
 
 
@@ -198,7 +199,7 @@ def test_report_shows_spread_and_per_point_rows_apart_and_json_keeps_them():
     assert header.split() == ["check", "status", "measured", "expected", "spread", "detail"]
     assert "throughput gpipe" not in main and AGGREGATE in main and "verdict: PASS" in main
     points = render(per_point_table(verdict), 200)
-    assert PER_POINT_TITLE in points and "throughput gpipe p=2 m=2 accum=1 mbs=4" in points and "5.0%" in points
+    assert PER_POINT_TITLE in points and "throughput gpipe p=2 m=2 accum=1 mbs=4" in points and "7.1%" in points
     data = json.loads(json.dumps(verdict.to_dict()))
     assert [c["gating"] for c in data["checks"]] == [True, True, False, False]
     assert Verdict.from_dict(data) == verdict
@@ -252,9 +253,12 @@ def test_spec_from_toml(tmp_path):
     assert load_spec(spec_path, tolerance=0.2).tolerance == 0.2  # the flag wins
 
 
-def test_spec_repeats_flag_file_and_default(tmp_path):
+def test_spec_repeats_flag_file_and_default(tmp_path, monkeypatch):
     path = tmp_path / "q.toml"
     path.write_text('baseline = "base.json"\n')
+    monkeypatch.delenv("MBTUNE_REPEATS", raising=False)
+    assert read_spec(path).repeats is None  # until known
+    monkeypatch.setenv("MBTUNE_REPEATS", "3")
     assert read_spec(path).repeats == 3
     path.write_text('baseline = "base.json"\nrepeats = 5\n')
     assert read_spec(path).repeats == 5 and read_spec(path, repeats=2).repeats == 2

@@ -1,0 +1,87 @@
+"""When a point's throughput is known: the stopping rule of a measurement that runs until it knows.
+
+A point is run in fresh processes, one repeat after another; each repeat's throughput is the point's
+global batch over the median of its measured steps. Between processes the figure moves more than between
+the steps of one process (placement, allocator, caches, the machine's other work), so the interval is
+taken over repeats: the 95% confidence interval of their mean, mean +- t(0.975, n-1) x sd / sqrt(n)
+(Student's t), as a share of the mean. The point is known once that interval's whole width is at most the
+target; measuring stops there, or when the next repeat would pass the time cap, or at MAX_REPEATS. With a
+fixed number of repeats the rule is not asked; a single repeat's interval is taken over its steps instead
+(narrower than the truth between processes, and labelled so).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MIN_REPEATS = 3  # fewer leave t(0.975, 1) = 12.7: no interval worth the name
+MAX_REPEATS = 20  # as many worker processes as pyperf runs before it calls a difference significant
+MAX_BUSY_RERUNS = 3  # repeats run again, per point, because other processes loaded the machine
+
+REPEATS_ENV = "MBTUNE_REPEATS"  # a machine's default --repeats (e.g. 1 for a CI smoke run); unset: until known
+KNOWN, TIME_CAP, MOST_REPEATS, FIXED, FAILED = "known", "time cap", "most repeats", "fixed", "failed"
+
+# Two-sided 95% quantiles of Student's t, by degrees of freedom 1..30; beyond, the normal's 1.96 plus the
+# first term of the Cornish-Fisher expansion (within 0.1% of the exact value from 30 on).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t975(dof: int) -> float:
+    """The 97.5% quantile of Student's t with `dof` degrees of freedom (dof >= 1)."""
+    if dof < 1:
+        raise ValueError("a t quantile needs at least one degree of freedom")
+    if dof <= len(_T975):
+        return _T975[dof - 1]
+    return 1.959964 + (1.959964**3 + 1.959964) / (4 * dof)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A 95% confidence interval of a mean, as shares of it: the figure lies in mean x (1 -+ half)."""
+
+    half: float  # half the width, as a share of the mean
+    basis: str  # what it was taken over ("5 repeats", "3 steps of 1 repeat")
+
+    @property
+    def width(self) -> float:
+        return 2 * self.half
+
+
+def interval(values: Sequence[float], basis: str) -> Interval | None:
+    """The 95% interval of the mean of `values` (positive figures, e.g. samples/s); None under two."""
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    if mean <= 0:
+        return None
+    return Interval(half=t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)) / mean,
+                    basis=basis)
+
+
+def should_stop(rates: Sequence[float], *, target_width: float, elapsed_s: float, repeat_s: float,
+                max_time_s: float, min_repeats: int = MIN_REPEATS, max_repeats: int = MAX_REPEATS) -> str | None:
+    """Why measuring stops after these repeats' rates, or None to run one more: KNOWN when the interval's
+    width is at most `target_width` (after `min_repeats`), TIME_CAP when one more repeat (as long as the
+    mean one so far, `repeat_s`) would end past `max_time_s`, MOST_REPEATS at `max_repeats`."""
+    n = len(rates)
+    found = interval(rates, f"{n} repeats")
+    if n >= min_repeats and found is not None and found.width <= target_width:
+        return KNOWN
+    if n >= max_repeats:
+        return MOST_REPEATS
+    if n >= 1 and elapsed_s + repeat_s > max_time_s:
+        return TIME_CAP
+    return None
+
+
+def default_repeats() -> int | None:
+    """The repeats a sweep makes when none are asked for: MBTUNE_REPEATS where it holds a whole number
+    >= 1, else None (until known)."""
+    raw = os.environ.get(REPEATS_ENV, "").strip()
+    return int(raw) if raw.isdigit() and int(raw) >= 1 else None
