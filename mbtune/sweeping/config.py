@@ -69,7 +69,7 @@ class SweepConfig:
     # Until known (sweeping/stopping.py): repeats until the 95% interval of samples/s is at most target_ci
     # wide (a share of it), or the next repeat would pass max_time_per_point_s.
     target_ci: float = 0.05
-    max_time_per_point_s: float = 30.0
+    max_time_per_point_s: float = 10.0
     pin_cpus: bool = True  # on the CPU, each rank process on its own cores (pipeline/rank_device.py)
     optimizer: str = "adamw"
     precision: str = "fp32"

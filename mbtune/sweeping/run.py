@@ -205,8 +205,8 @@ def _balance(config: SweepConfig, points: Sequence[SweepPoint], device: str, thr
 def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
                  peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> PointResult:
     """The point run in fresh processes, repeat after repeat, merged: config.repeats times, or until its
-    throughput is known (sweeping/stopping.py). A repeat measured while other processes loaded the machine
-    is run again (at most MAX_BUSY_RERUNS per point); a failed repeat fails the point. Until known, the
+    throughput is known (sweeping/stopping.py). Until known, a repeat measured while other processes loaded
+    the machine is run again (at most MAX_BUSY_RERUNS per point); a failed repeat fails the point. Until known, the
     repeats after the first measure enough steps to fill MIN_REPEAT_WINDOW_S each (at most MAX_STEPS)."""
     import time
 
@@ -219,7 +219,10 @@ def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: i
     while not stopped:
         run = _run_point(point, replace(config, measured_steps=steps), device, threads, workload, peak_total,
                          block_times_s)
-        if run.ok and run.load is not None and run.load.busy and reruns < MAX_BUSY_RERUNS:
+        # Until known only (fixed repeats run exactly as many as asked), and on one node (across nodes this
+        # host's load is not the point's whole story): elsewhere a busy repeat keeps its warning.
+        if (run.ok and run.load is not None and run.load.busy and reruns < MAX_BUSY_RERUNS
+                and config.repeats is None and config.nnodes == 1):
             reruns += 1
             log.info("%s: measured while the machine was busy (%s); running it again", point.label, run.load.reason)
             continue
@@ -286,12 +289,12 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     warning = busy_warning(point.label, load)
     backend = "nccl" if spec.device == "cuda" else "gloo"
     ran_as = f"{spec.world_size} process(es), {backend}"
+    if cores := outcome.pinned_cores:
+        ran_as += ", pinned to cores " + " | ".join(",".join(map(str, c)) for c in cores)
     if config.launcher == "torchrun":
         ran_as += f", torchrun on {config.nnodes} node(s)" if config.nnodes > 1 else ", torchrun"
     if spec.data_parallel_size > 1:
         ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel_size} replicas, gradients all-reduced)"
-    if cores := outcome.pinned_cores:
-        ran_as += ", pinned to cores " + " | ".join(",".join(map(str, c)) for c in cores)
     return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
                    warnings=result.warnings + ((warning,) if warning else ()))
 
