@@ -21,7 +21,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from mbtune.errors import WorkloadError
@@ -166,7 +166,21 @@ def _set_parameter(module: nn.Module, name: str, parameter: nn.Parameter) -> Non
 
 def load_workload(name: str, options: Sequence[tuple[str, Any]] = ()) -> Workload:
     """Resolve a built-in name, ``hf:<family or config.json>`` (workloads/hf.py) or ``package.module:factory``
-    and call the factory with the options."""
+    and call the factory with the options. The option `slowdown` (a share, e.g. 0.15) belongs to every
+    workload: each block then takes that much longer (workloads/slowdown.py)."""
+    from mbtune.workloads.slowdown import MAX_SLOWDOWN, OPTION, slowed
+
+    share = dict(options).get(OPTION)
+    if share is not None:
+        try:
+            share = float(share)
+        except (TypeError, ValueError):
+            share = -1.0
+        if not 0 <= share <= MAX_SLOWDOWN:
+            raise WorkloadError(f"-O {OPTION}={dict(options)[OPTION]} is out of range",
+                                hint=f"Give a share of each block's time from 0 to {MAX_SLOWDOWN:g} (0.15: 15% longer).")
+        workload = load_workload(name, [(k, v) for k, v in options if k != OPTION])
+        return replace(workload, blocks=tuple(slowed(b, share) for b in workload.blocks)) if share else workload
     if name.startswith("hf:"):
         from mbtune.workloads.hf import hf_workload
 
