@@ -63,12 +63,25 @@ def make_baseline(args: argparse.Namespace, scratch: Path) -> Path:
     return path
 
 
-def qualify_once(baseline: Path, args: argparse.Namespace, scratch: Path, *, slow: bool) -> dict:
+def slowed_baseline(baseline: Path, share: float, scratch: Path) -> Path:
+    """The baseline profile with `slowdown=share` added to its workload's options: qualify re-runs it slower,
+    against the figures the unchanged workload measured."""
+    data = json.loads(baseline.read_text())
+    for section in ("probe", "sweep"):
+        if data.get(section):
+            data[section]["workload_options"] = {**data[section].get("workload_options", {}), "slowdown": share}
+    path = scratch / f"slowed-{share:g}" / baseline.parent.name / baseline.name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def qualify_once(baseline: Path, args: argparse.Namespace, scratch: Path) -> dict:
     """One `mbtune qualify` run; its verdict, exit code, wall time and gating figures."""
-    command = ["qualify", "--baseline", str(baseline), "--repeats", str(args.repeats), "--no-save",
+    repeats = ["--repeats", str(args.repeats)] if args.repeats else []
+    command = ["qualify", "--baseline", str(baseline), *repeats, "--no-save",
                "--format", "json", *(["--tolerance", args.tolerance] if args.tolerance else [])]
-    prefix = ("taskset", "-c", "0") if slow else ()
-    done, wall_s = mbtune(command, cwd=scratch, prefix=prefix, env={"OMP_NUM_THREADS": "1"} if slow else None)
+    done, wall_s = mbtune(command, cwd=scratch)
     try:
         verdict = json.loads(done.stdout)
     except json.JSONDecodeError:
@@ -89,6 +102,8 @@ def qualify_once(baseline: Path, args: argparse.Namespace, scratch: Path, *, slo
         "per_point": sum(1 for c in verdict["checks"] if not c["gating"]),
         "busy_points": sum(1 for r in results if (r.get("load") or {}).get("busy")),
         "points": len(results),
+        "load_avg": max(((r.get("load") or {}).get("load_avg_1m") or 0.0 for r in results), default=None),
+        "stopped": sorted({r.get("stopped", "") for r in results}),
     }
 
 
@@ -102,7 +117,8 @@ def print_run(label: str, run: dict) -> None:
           f"  {str(run.get('best_status')):<13}{_fmt(run.get('aggregate_ratio'), '.3f'):>8}"
           f"{_fmt(run.get('aggregate_spread_pct'), '.1f'):>8}  {str(run.get('aggregate_status')):<13}"
           f"{run.get('per_point_fails', 0):>5}/{run.get('per_point', 0):<5}"
-          f"{run.get('busy_points', 0):>5}/{run.get('points', 0):<5}", flush=True)
+          f"{run.get('busy_points', 0):>5}/{run.get('points', 0):<5}{_fmt(run.get('load_avg'), '.2f'):>6}  "
+          f"{','.join(run.get('stopped') or [])}", flush=True)
     for line in run.get("not_passed", []):
         print(f"{'':7}  {line}")
     if run.get("error"):
@@ -111,58 +127,68 @@ def print_run(label: str, run: dict) -> None:
 
 def header() -> None:
     print(f"{'run':<7}{'verdict':<14}{'exit':>4}{'wall s':>8}{'best':>8}{'spr %':>8}  {'':<13}"
-          f"{'geomean':>8}{'spr %':>8}  {'':<13}{'point FAILs':<12}{'busy points'}")
+          f"{'geomean':>8}{'spr %':>8}  {'':<13}{'point FAILs':<12}{'busy pts'}{'load':>6}  stopped")
     print("(best: fastest point now / fastest of the baseline; geomean: over common points; spr: measured spread; "
           "point FAILs are not gating; busy: points measured while other work took over a quarter of the CPUs)")
 
 
-def summarize(runs: list[dict], slow: dict | None) -> None:
+def counts_line(label: str, runs: list[dict]) -> dict[str, int]:
     counts = {s: sum(r["status"] == s for r in runs) for s in STATUSES}
-    print(f"\nself-check, {len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in counts.items())
-          + f"; exit codes {sorted({r['exit'] for r in runs})}")
-    for key, name in (("best_ratio", "best throughput now/baseline"), ("aggregate_ratio", "geometric mean")):
-        values = [r[key] for r in runs if r.get(key) is not None]
-        if values:
-            print(f"  {name}: median {statistics.median(values):.3f}, min-max {min(values):.3f}-{max(values):.3f}")
+    ratios = [r["aggregate_ratio"] for r in runs if r.get("aggregate_ratio") is not None]
+    figures = (f"; geometric mean now/baseline median {statistics.median(ratios):.3f} "
+               f"(min-max {min(ratios):.3f}-{max(ratios):.3f})") if ratios else ""
     walls = [r["wall_s"] for r in runs]
-    print(f"  wall time per run: median {statistics.median(walls):.0f} s, min-max {min(walls):.0f}-{max(walls):.0f} s")
-    print(f"  rule: 0 FAILs against itself: {'held' if counts['FAIL'] == 0 else 'DID NOT HOLD'}")
-    if slow is not None:
-        print(f"slow-down (taskset -c 0, OMP_NUM_THREADS=1): {slow['status']} (exit {slow['exit']}), best "
-              f"{_fmt(slow.get('best_ratio'), '.3f')}, geometric mean {_fmt(slow.get('aggregate_ratio'), '.3f')}")
-        print(f"  rule: a slower machine FAILs: {'held' if slow['status'] == 'FAIL' else 'DID NOT HOLD'}")
+    print(f"{label}, {len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in counts.items()) + figures
+          + f"; wall per run median {statistics.median(walls):.0f} s")
+    return counts
+
+
+def summarize(runs: list[dict], slowed: dict[float, list[dict]]) -> None:
+    print()
+    counts = counts_line("unchanged", runs)
+    need = len(runs) - len(runs) // 10
+    print(f"  rule: at least {need} PASS and no FAIL: "
+          f"{'held' if counts['PASS'] >= need and counts['FAIL'] == 0 else 'DID NOT HOLD'}")
+    for share, slow_runs in slowed.items():
+        counts = counts_line(f"slowdown {share:.0%}", slow_runs)
+        print(f"  detection rate (FAIL share): {counts['FAIL'] / len(slow_runs):.0%}")
+        if abs(share - 0.15) < 1e-9:
+            need = len(slow_runs) - len(slow_runs) // 10
+            print(f"  rule: at least {need} FAIL: {'held' if counts['FAIL'] >= need else 'DID NOT HOLD'}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", type=Path, help="Reuse this baseline profile instead of making one.")
     parser.add_argument("--runs", type=int, default=10, help="Self-qualifications to make (default 10).")
-    parser.add_argument("--repeats", type=int, default=3, help="qualify --repeats (default 3).")
+    parser.add_argument("--slow-runs", type=int, default=10, help="Qualifications per slowdown (default 10).")
+    parser.add_argument("--slowdowns", default="0.15,0.10,0.05", help="Shares of -O slowdown to qualify.")
+    parser.add_argument("--repeats", type=int, default=None, help="qualify --repeats (default: until known).")
     parser.add_argument("--tolerance", default=None, help="qualify --tolerance (default: qualify's, 10%%).")
-    parser.add_argument("--workload", default="gpt", help="Workload of the baseline tune (default gpt).")
+    parser.add_argument("--workload", default="mlp", help="Workload of the baseline tune (default mlp).")
     parser.add_argument("-O", "--option", action="append", default=[], help="Workload option KEY=VALUE.")
     parser.add_argument("--memory-budget", default="512MiB", help="Baseline tune's budget (default 512MiB).")
-    parser.add_argument("--tune-args", default="", help="More arguments for the baseline tune (a quick smoke).")
-    parser.add_argument("--no-slow", action="store_true", help="Skip the slow-down check.")
+    parser.add_argument("--tune-args", default="--schedules gpipe,1f1b -m 2,4 --accum 1",
+                        help="More arguments for the baseline tune.")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="mbtune-bench-qualify-"))
     baseline = args.profile.resolve() if args.profile else make_baseline(args, scratch)
-    print(f"machine: {os.cpu_count()} CPUs, {len(os.sched_getaffinity(0))} usable; qualify --repeats "
-          f"{args.repeats}, tolerance {args.tolerance or 'default'}; best = fastest now / fastest baseline")
+    print(f"machine: {os.cpu_count()} CPUs, {len(os.sched_getaffinity(0))} usable; qualify "
+          f"{'--repeats ' + str(args.repeats) if args.repeats else 'until known'}, tolerance "
+          f"{args.tolerance or 'default'}; best = fastest now / fastest baseline")
     header()
     runs = []
     for i in range(args.runs):
-        runs.append(qualify_once(baseline, args, scratch, slow=False))
+        runs.append(qualify_once(baseline, args, scratch))
         print_run(f"{i + 1}", runs[-1])
-    slow = None
-    if args.no_slow:
-        pass
-    elif shutil.which("taskset") is None:
-        print("slow-down check skipped: taskset is not installed")
-    else:
-        slow = qualify_once(baseline, args, scratch, slow=True)
-        print_run("slow", slow)
-    summarize(runs, slow)
+    slowed: dict[float, list[dict]] = {}
+    for share in (float(s) for s in args.slowdowns.split(",") if s):
+        path = slowed_baseline(baseline, share, scratch)
+        slowed[share] = []
+        for i in range(args.slow_runs):
+            slowed[share].append(qualify_once(path, args, scratch))
+            print_run(f"s{share:g}.{i + 1}", slowed[share][-1])
+    summarize(runs, slowed)
     shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -26,6 +26,9 @@ from mbtune.sweeping.config import SweepConfig
 
 # Errors that are bad input for probe and sweep but, for a qualification, mean this machine could not run
 # what it is held to (no such device here, a budget or workload that fails here): an ERROR check.
+# A qualification aims at a narrower interval than a sweep (a quarter of its tolerance) and runs unattended:
+# each point may take this long (a sweep's own cap is shorter, for a person waiting at the terminal).
+QUALIFY_MAX_TIME_PER_POINT_S = 30.0
 _RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
 
 
@@ -53,7 +56,9 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     baseline = load_profile(Path(spec.baseline)) if spec.baseline else None
     probe_config, sweep_config = _qualify_configs(spec, baseline, repeats)
     if sweep_config is not None and repeats is None:
-        sweep_config = dataclasses.replace(sweep_config, target_ci=max(spec.tolerance / 4, 0.001))
+        sweep_config = dataclasses.replace(sweep_config, target_ci=max(spec.tolerance / 4, 0.001),
+                                           max_time_per_point_s=max(sweep_config.max_time_per_point_s,
+                                                                    QUALIFY_MAX_TIME_PER_POINT_S))
     if sweep_config is not None and launch:
         sweep_config = dataclasses.replace(sweep_config, **launch)
     probe = sweep = info = None
