@@ -40,6 +40,8 @@ class Verdict(Record):
     repeats: int | None = None  # runs of each sweep point made here
     probe: ProbeResult | None = None
     sweep: SweepReport | None = None
+    started_at: str = ""  # when the qualification began, ISO 8601 in UTC
+    wall_s: float = 0.0  # how long it took, everything included
 
     @property
     def status(self) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     from mbtune.qualifying.compare import check_same_device, device_model
     from mbtune.sweeping.stopping import default_repeats
 
+    started, started_at = time.monotonic(), datetime.now(UTC).replace(microsecond=0, tzinfo=None).isoformat()
     repeats = default_repeats() if repeats is None else repeats
     if repeats is not None and repeats < 1:
         raise ConfigError(f"repeats={repeats} is out of range",
@@ -89,7 +92,8 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     checks += qualify.serve_thresholds(dict(spec.thresholds), serve, serve_error)
     return Verdict(checks=tuple(checks), device=info, baseline=spec.baseline,
                    baseline_device=device_model(baseline) if baseline else None, tolerance=spec.tolerance,
-                   repeats=repeats if sweep_config is not None else None, probe=probe, sweep=sweep)
+                   repeats=repeats if sweep_config is not None else None, probe=probe, sweep=sweep,
+                   started_at=started_at, wall_s=time.monotonic() - started)
 
 
 def _serve_device(spec: QualifySpec) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -73,47 +74,84 @@ def print_verdict(console: Console, verdict: Verdict, fmt: str) -> None:
     console.print(verdict_table(verdict))
 
 
+# Characters XML 1.0 cannot hold (every C0 control but tab, newline and carriage return), and terminal
+# escape sequences (a workload's coloured error text) whose ESC is one of them.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
+_NOT_XML = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def xml_text(text: str) -> str:
+    """Text an XML 1.0 file can hold: terminal escapes dropped, other control characters removed."""
+    return _NOT_XML.sub("", _ANSI.sub("", text))
+
+
 def junit_xml(verdict: Verdict) -> str:
-    """JUnit XML: one testcase per check. A gating FAIL is a <failure>, an ERROR an <error>, an INCONCLUSIVE
-    check <skipped> with the figures; a check that does not gate is never a failure: when it did not pass,
-    it is <skipped> with its status, so the counts agree with the exit code."""
+    """JUnit XML, as Jenkins' xUnit (junit-10.xsd) and GitLab read it: one testcase per check. A gating FAIL
+    is a <failure>, an ERROR an <error>, an INCONCLUSIVE check <skipped> with the figures in its message and
+    its text; a check that does not gate is never a failure: when it did not pass, it is <skipped> with its
+    status, so the counts agree with the exit code. Classnames are fixed words (a tool splits them at their
+    last dot: the device's name, free text, is a property); times are the seconds what each check judged
+    took to measure."""
     device = verdict.device.name if verdict.device else "unknown device"
     failures = sum(c.status == FAIL and c.gating for c in verdict.checks)
     errors = sum(c.status == CHECK_ERROR and c.gating for c in verdict.checks)
     skipped = sum(c.status != PASS and not (c.gating and c.status in (FAIL, CHECK_ERROR)) for c in verdict.checks)
-    attrs = {"name": "mbtune qualify", "tests": str(len(verdict.checks)), "failures": str(failures),
-             "errors": str(errors), "skipped": str(skipped)}
-    suites = ET.Element("testsuites", attrs)
-    suite = ET.SubElement(suites, "testsuite", {**attrs, "name": f"mbtune qualify on {device}",
-                                                "hostname": socket.gethostname()})
+    total = f"{verdict.wall_s:.3f}"
+    counts = {"tests": str(len(verdict.checks)), "failures": str(failures), "errors": str(errors)}
+    suites = ET.Element("testsuites", {"name": "mbtune qualify", **counts, "time": total})
+    suite = ET.SubElement(suites, "testsuite", {
+        "name": xml_text(f"mbtune qualify on {device}"), **counts, "skipped": str(skipped), "time": total,
+        "timestamp": verdict.started_at, "hostname": xml_text(socket.gethostname())})
     properties = ET.SubElement(suite, "properties")
-    for name, value in (("baseline", verdict.baseline or ""), ("baseline_device", verdict.baseline_device or ""),
-                        ("tolerance", f"{verdict.tolerance:g}"), ("repeats", str(verdict.repeats or "")),
-                        ("verdict", verdict.status)):
-        ET.SubElement(properties, "property", {"name": name, "value": value})
+    for name, value in (("device", device), ("baseline", verdict.baseline or ""),
+                        ("baseline_device", verdict.baseline_device or ""), ("tolerance", f"{verdict.tolerance:g}"),
+                        ("repeats", str(verdict.repeats or "until known")), ("verdict", verdict.status)):
+        ET.SubElement(properties, "property", {"name": name, "value": xml_text(value)})
+    times = _check_times(verdict)
     for check in verdict.checks:
-        _testcase(suite, check, device)
+        _testcase(suite, check, times.get(check.name, 0.0))
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
-def _testcase(suite: ET.Element, check: Check, device: str) -> None:
-    kind = "" if check.gating else ".per_point"
-    case = ET.SubElement(suite, "testcase", {"classname": f"mbtune.qualify{kind}.{device}", "name": check.name,
-                                             "time": "0"})
+def _check_times(verdict: Verdict) -> dict[str, float]:
+    """Seconds each check's measurement took: a point's own runs, the probe's trials, every point for the
+    checks over the whole sweep."""
+    from mbtune.qualifying.judge import AGGREGATE, BEST
+
+    times: dict[str, float] = {}
+    if verdict.probe is not None:
+        probe_s = sum(t.wall_s for t in verdict.probe.trials)
+        times.update({"ceiling": probe_s, "safe batch": probe_s, "probe ran": probe_s})
+    if verdict.sweep is not None:
+        sweep_s = sum(r.wall_s for r in verdict.sweep.results)
+        times.update({AGGREGATE: sweep_s, BEST: sweep_s})
+        for result in verdict.sweep.results:
+            times[f"throughput {result.point.label}"] = result.wall_s
+            times[f"ran {result.point.label}"] = result.wall_s
+    return times
+
+
+def _testcase(suite: ET.Element, check: Check, time_s: float) -> None:
+    kind = "gating" if check.gating else "per_point"
+    case = ET.SubElement(suite, "testcase", {"classname": f"mbtune.qualify.{kind}", "name": xml_text(check.name),
+                                             "time": f"{time_s:.3f}"})
     spread = f", spread {check.spread_pct:.1f}%" if check.spread_pct is not None else ""
-    message = f"measured {_number(check.measured)}, expected {check.rule}{spread}".strip()
-    text = f"{message}: {check.detail}" if check.detail else message
+    message = xml_text(f"measured {_number(check.measured)}, expected {check.rule}{spread}".strip())
+    detail = xml_text(check.detail)
+    text = f"{message}: {detail}" if detail else message
     if check.status == PASS:
         return
     if not check.gating:
-        ET.SubElement(case, "skipped", {"message": f"not gating: {check.status}: {text}"})
+        reason = f"not gating: {check.status}: {text}"
+        ET.SubElement(case, "skipped", {"message": reason}).text = reason
     elif check.status == FAIL:
-        ET.SubElement(case, "failure", {"message": message, "type": "threshold"}).text = check.detail or message
+        ET.SubElement(case, "failure", {"message": message, "type": "threshold"}).text = detail or message
     elif check.status == CHECK_ERROR:
-        ET.SubElement(case, "error", {"message": check.detail or message, "type": "run"}).text = check.detail
+        ET.SubElement(case, "error", {"message": detail or message, "type": "run"}).text = detail
     else:
-        ET.SubElement(case, "skipped", {"message": f"{INCONCLUSIVE}: {text}"})
+        reason = f"{INCONCLUSIVE}: {text}"
+        ET.SubElement(case, "skipped", {"message": reason}).text = reason
 
 
 def write_junit(verdict: Verdict, path: Path) -> Path:
