@@ -45,6 +45,22 @@ class InferenceModel:
         return time.perf_counter() - start
 
 
+    def signature(self) -> tuple[list[tuple[str, tuple[int, ...]]], list[tuple[str, tuple[int, ...]]]]:
+        """The model's inputs and outputs as (dtype, dimensions after the batch's), from one sample."""
+        inputs = self.inputs(1)
+        with torch.inference_mode(), self._autocast():
+            outputs = self.model(inputs)
+        return _signature(inputs), _signature(outputs)
+
+
+def _signature(value: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor in a tensor, tuple, list or dict, in order, as (dtype, shape without the batch)."""
+    if isinstance(value, torch.Tensor):
+        return [(str(value.dtype).removeprefix("torch."), tuple(value.shape[1:]))]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, tuple | list) else ()
+    return [s for item in items for s in _signature(item)]
+
+
 def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)

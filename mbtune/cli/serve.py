@@ -67,13 +67,14 @@ def serve(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write serve_curve.png (p99 against throughput per configuration) into this folder (needs matplotlib).")] = None,
     format: Format = "table",
     output: Output = None,
+    export: Annotated[Path | None, typer.Option("--export", help="Write the chosen configuration's serving files into this folder: triton/<model>/config.pbtxt, torchserve/model-config.yaml and config.properties.")] = None,
 ) -> None:
     """Tune dynamic batching for inference under a p99 latency budget, on a real server under real load."""
     from mbtune.session import run_serve
 
     fmt = check_output(check_format(format), output)
     check_resume(resume, save)
-    check_outputs(plot_dir=plot)
+    check_outputs(plot_dir=plot, export_dir=export)
     config = serve_config_from(p99=p99, workload=workload, option=option, device=device, precision=precision,
                            rates=rates, concurrency=concurrency, max_batch_sizes=max_batch_sizes,
                            queue_delays=queue_delays, preferred=preferred, memory_budget=memory_budget, margin=margin,
@@ -82,4 +83,4 @@ def serve(
                            trial_timeout_s=trial_timeout, load_timeout_s=load_timeout)
     outcome = with_progress("serve", lambda p: run_serve(config, p, profiles_dir=target_folder(profiles_dir, save),
                                                            resume=resume))
-    finish_serve(fmt, outcome, plot=plot, output=output)
+    finish_serve(fmt, outcome, plot=plot, output=output, export=export)

@@ -88,18 +88,22 @@ def serve_config_from(*, p99: str, option: list[str] | None, memory_budget: str 
         command_line=command_line(), **fields)
 
 
-def finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: Path | None) -> None:
-    """Print a serve run, write its picture; exit as finish does when it was interrupted."""
+def finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: Path | None,
+                 export: Path | None = None) -> None:
+    """Print a serve run, write its picture and serving files; exit as finish does when it was interrupted."""
     from mbtune.report import make_console
     from mbtune.report.serve import print_serve, write_serve_plot
+    from mbtune.serving.export import write_serving_files
 
     if outcome.notes:
         err = make_console(stderr=True)
         for note in outcome.notes:
             err.print(f"note: {note}")
     assert outcome.serve is not None
+    exported = write_serving_files(outcome.serve, export) if export is not None else None
     with printing_to(output):
-        print_serve(make_console(), outcome.serve, fmt, saved_to=str(outcome.saved_to) if outcome.saved_to else None)
+        print_serve(make_console(), outcome.serve, fmt, saved_to=str(outcome.saved_to) if outcome.saved_to else None,
+                    exported=exported)
     if plot is not None:
         make_console(stderr=True).print(f"wrote {write_serve_plot(outcome.serve, plot)}")
     if outcome.interrupted:
@@ -175,12 +179,14 @@ def check_resume(resume: bool, save: bool) -> None:
                           hint="Drop --no-save to resume, or drop --resume to run without saving.")
 
 
-def check_outputs(*, plot_dir: Path | None = None, files: tuple[Path | None, ...] = ()) -> None:
+def check_outputs(*, plot_dir: Path | None = None, files: tuple[Path | None, ...] = (),
+                  export_dir: Path | None = None) -> None:
     """Output paths are checked before anything is measured, so a typo costs nothing."""
     from mbtune.outputs import check_writable
 
-    if plot_dir is not None:
-        check_writable(plot_dir, folder=True)
+    for folder in (plot_dir, export_dir):
+        if folder is not None:
+            check_writable(folder, folder=True)
     for path in files:
         if path is not None:
             check_writable(path)

@@ -290,6 +290,12 @@ class PlanReport(Record):
     num_simulated: int = 0  # ... and those simulated
     estimated_for: str = ""  # a device the times were scaled to by peak FLOP/s (an estimate); "": as profiled
 
+    def to_frame(self) -> Any:
+        """A pandas DataFrame of the predictions, ranked, shaped for analysis (mbtune/frames.py)."""
+        from mbtune.frames import plan_frame
+
+        return plan_frame(self)
+
     @property
     def best(self) -> Prediction | None:
         """The recommended prediction, if any fits."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from mbtune.recordio import (
     Record,
@@ -101,7 +101,11 @@ class ProbeResult(Record):
     """Everything a probe found, trial by trial."""
 
     __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
-    FRAME_ROWS: ClassVar[str] = 'trials'
+    def to_frame(self) -> Any:
+        """A pandas DataFrame shaped for analysis (mbtune/frames.py)."""
+        from mbtune.frames import probe_frame
+
+        return probe_frame(self)
 
     workload: str
     workload_options: dict[str, Any] = field(default_factory=dict)

@@ -186,29 +186,13 @@ def plan_dict(report: PlanReport) -> dict[str, Any]:
     return data
 
 
-def plan_frame(report: PlanReport) -> Any:
-    """The predictions as a pandas DataFrame, ranked, in SI units."""
-    import pandas as pd
-
-    rows = [{"rank": i + 1, "schedule": p.point.schedule, "num_blocks": p.num_blocks, "num_ranks": p.point.num_ranks,
-             "stages_per_rank": p.point.stages_per_rank, "num_microbatches": p.point.num_microbatches,
-             "micro_batch_size": p.point.micro_batch_size, "data_parallel_size": p.point.data_parallel_size,
-             "global_batch": p.point.global_batch, "samples_per_s": p.samples_per_s, "step_time_s": p.step_time_s,
-             "bubble": p.bubble, "bubble_theoretical": p.bubble_theoretical,
-             "memory_bytes_max": p.max_memory_bytes, "fits": p.fits, "recommended": i == report.recommended,
-             "scatter": report.scatter, "grad_accum_steps": p.point.grad_accum_steps, "recompute": p.point.recompute,
-             "allreduce_s": p.allreduce_s, "binding_rank": p.binding_rank, "lost_because": p.lost_because}
-            for i, p in enumerate(report.predictions)]
-    return pd.DataFrame(rows)
-
-
 def print_plan(console: Console, report: PlanReport, fmt: str) -> None:
     """Print a plan in the chosen format (table, json or csv)."""
     if fmt == "json":
         print_json(plan_dict(report))
         return
     if fmt == "csv":
-        plan_frame(report).to_csv(sys.stdout, index=False)
+        report.to_frame().to_csv(sys.stdout, index=False)
         return
     if report.validation is not None:
         console.print(validation_table(report.validation))

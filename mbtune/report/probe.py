@@ -130,7 +130,7 @@ def print_probe(console: Console, result: ProbeResult, fmt: str, *, saved_to: st
         print_json(result.to_dict())
         return
     if fmt == "csv":
-        trials_frame(result.trials).to_csv(sys.stdout, index=False)
+        result.to_frame().to_csv(sys.stdout, index=False)
         return
     console.print(trials_table(result.trials))
     console.print(summary_panel(result))
@@ -139,12 +139,3 @@ def print_probe(console: Console, result: ProbeResult, fmt: str, *, saved_to: st
         console.print(f"profile saved to {saved_to}")
 
 
-def trials_frame(trials: tuple[TrialOutcome, ...]):
-    """The trials as a pandas DataFrame (one row per trial, SI units)."""
-    import pandas as pd
-
-    return pd.DataFrame([{
-        "batch_size": t.batch_size, "status": t.status, "peak_memory_bytes": t.peak_memory_bytes,
-        "peak_reserved_bytes": t.peak_reserved_bytes, "budget_used_bytes": t.budget_used_bytes,
-        "step_time_s": t.step_time_s, "samples_per_s": t.samples_per_s, "wall_s": t.wall_s, "error": t.error,
-    } for t in trials])

@@ -1,9 +1,8 @@
-"""`mbtune serve` results for people (rich), machines (JSON, CSV), servers (Triton's config.pbtxt fragment,
-TorchServe's settings) and pictures (the throughput-latency curve)."""
+"""`mbtune serve` results for people (rich), machines (JSON, CSV), servers (the files serving/export.py
+writes for Triton and TorchServe) and pictures (the throughput-latency curve)."""
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,47 +12,38 @@ from rich.panel import Panel
 from rich.table import Table
 
 from mbtune.report import fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
-from mbtune.serving.records import BatchConfig, ConfigAnswer, LoadResult, ServeReport
+from mbtune.serving.export import (
+    model_name,
+    torchserve_model_config,
+    torchserve_properties,
+    torchserve_settings,
+    triton_config,
+)
+from mbtune.serving.records import ConfigAnswer, ServeReport
 
 
-def triton_fragment(config: BatchConfig, queue_timeout_s: float | None = None) -> str:
-    """The configuration as Triton Inference Server's config.pbtxt lines; with the queue timeout it was
-    measured under, as Triton's policy of rejecting requests that wait longer."""
-    lines = [f"max_batch_size: {config.max_batch_size}", "dynamic_batching {"]
-    if config.preferred:
-        lines.append(f"  preferred_batch_size: [ {', '.join(map(str, config.preferred))} ]")
-    lines.append(f"  max_queue_delay_microseconds: {round(config.max_queue_delay_s * 1e6)}")
-    if queue_timeout_s is not None:
-        lines += ["  default_queue_policy {", "    timeout_action: REJECT",
-                  f"    default_timeout_microseconds: {round(queue_timeout_s * 1e6)}", "  }"]
-    lines.append("}")
-    return "\n".join(lines)
-
-
-def torchserve_settings(config: BatchConfig) -> dict[str, int]:
-    """TorchServe's batch_size and max_batch_delay (milliseconds) for the configuration. TorchServe has no
-    preferred sizes: it waits up to the delay to fill batch_size."""
-    return {"batch_size": config.max_batch_size, "max_batch_delay": math.ceil(config.max_queue_delay_s * 1e3)}
-
-
-def print_serve(console: Console, report: ServeReport, fmt: str, *, saved_to: str | None = None) -> None:
+def print_serve(console: Console, report: ServeReport, fmt: str, *, saved_to: str | None = None,
+                exported: dict[str, Path] | None = None) -> None:
     if fmt == "json":
-        print_json(serve_document(report))
+        print_json(serve_document(report, exported))
         return
     if fmt == "csv":
-        loads_frame(report).to_csv(sys.stdout, index=False)
+        report.to_frame().to_csv(sys.stdout, index=False)
         return
     console.print(curve_table(report))
     console.print(loads_table(report))
     console.print(answers_table(report))
     console.print(summary_panel(report))
     winner = report.winner
-    if winner is not None:
+    if winner is not None and exported:
+        console.print("serving files for the chosen configuration (take these):")
+        for label, path in exported.items():
+            console.print(f"  {label}: {path}")
+    elif winner is not None:
         settings = torchserve_settings(winner.config)
-        console.print(Panel(triton_fragment(winner.config, report.queue_timeout_s), title="Triton config.pbtxt", title_align="left",
-                            expand=False))
-        console.print(f"TorchServe: batch_size={settings['batch_size']} max_batch_delay={settings['max_batch_delay']}"
-                      " (ms; TorchServe has no preferred sizes)")
+        console.print(f"TorchServe: batchSize={settings['batchSize']} maxBatchDelay={settings['maxBatchDelay']} (ms; "
+                      "no preferred sizes). --export DIR writes Triton's whole config.pbtxt and TorchServe's "
+                      "model-config.yaml and config.properties.")
     for reason in report.skipped:
         console.print(f"[dim]skipped: {reason}[/]")
     print_warnings(console, report.warnings)
@@ -63,14 +53,18 @@ def print_serve(console: Console, report: ServeReport, fmt: str, *, saved_to: st
         console.print(f"profile saved to {saved_to}")
 
 
-def serve_document(report: ServeReport) -> dict[str, Any]:
-    """The JSON output: the report as saved, with the winner's server settings beside it."""
+def serve_document(report: ServeReport, exported: dict[str, Path] | None = None) -> dict[str, Any]:
+    """The JSON output: the report as saved, with the winner's server settings and files beside it."""
     winner = report.winner
+    name = model_name(report.workload)
     return {"serve": report.to_dict(),
             "winner": None if winner is None else {
                 "config": winner.config.to_dict(), "max_rate_per_s": winner.max_rate_per_s,
-                "triton_config_pbtxt": triton_fragment(winner.config, report.queue_timeout_s),
-                "torchserve": torchserve_settings(winner.config)}}
+                "triton_config_pbtxt": triton_config(report, winner.config, name),
+                "torchserve": torchserve_settings(winner.config),
+                "torchserve_model_config_yaml": torchserve_model_config(winner.config),
+                "torchserve_config_properties": torchserve_properties(winner.config, name),
+                "files": {label: str(path) for label, path in (exported or {}).items()}}}
 
 
 def curve_table(report: ServeReport) -> Table:
@@ -158,24 +152,6 @@ def summary_panel(report: ServeReport) -> Panel:
                                               f"transport {fmt_seconds(check.overhead_s)} per request")
     grid.add_row("strategy", report.strategy)
     return Panel(grid, title="Serving result", title_align="left", expand=False)
-
-
-def loads_frame(report: ServeReport) -> Any:
-    import pandas as pd
-
-    return pd.DataFrame([_load_row(load, report.p99_budget_s) for load in report.loads])
-
-
-def _load_row(load: LoadResult, budget_s: float) -> dict[str, Any]:
-    return {
-        "max_batch_size": load.config.max_batch_size, "max_queue_delay_s": load.config.max_queue_delay_s,
-        "preferred": ",".join(map(str, load.config.preferred)), "kind": load.kind, "rate_per_s": load.rate_per_s,
-        "concurrency": load.concurrency, "throughput_per_s": load.throughput_per_s, "p50_s": load.p50_s,
-        "p90_s": load.p90_s, "p99_s": load.p99_s, "predicted_p99_s": load.predicted_p99_s,
-        "mean_batch_size": load.mean_batch_size, "queue_share": load.queue_share, "sent": load.sent,
-        "completed": load.completed, "rejected": load.rejected, "timed_out": load.timed_out,
-        "stable": load.stable, "windows": load.windows, "meets_budget": load.meets(budget_s),
-    }
 
 
 def write_serve_plot(report: ServeReport, directory: Path) -> Path:

@@ -332,7 +332,7 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
         print_json(report.to_dict())
         return
     if fmt == "csv":
-        results_frame(report).to_csv(sys.stdout, index=False)
+        report.to_frame().to_csv(sys.stdout, index=False)
         return
     console.print(results_table(report, console=console))
     if report.skipped:
@@ -355,43 +355,6 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
         console.print("[yellow]interrupted:[/] the points above finished; the rest did not run")
     if saved_to:
         console.print(f"profile saved to {saved_to}")
-
-
-def results_frame(report: SweepReport):
-    """The results as a pandas DataFrame, one row per point that ran (SI units), ranked."""
-    import pandas as pd
-
-    rows = []
-    for index, r in enumerate(report.results):
-        p = r.point
-        advice = report.advice_for(p.global_batch)
-        rows.append({
-            "rank": report.ranking.index(index) + 1 if index in report.ranking else None,
-            "schedule": p.schedule, "num_ranks": p.num_ranks, "num_microbatches": p.num_microbatches,
-            "grad_accum_steps": p.grad_accum_steps, "data_parallel_size": p.data_parallel_size,
-            "recompute": p.recompute,
-            "micro_batch_size": p.micro_batch_size,
-            "global_batch": p.global_batch, "lr_scale": advice.scale if advice else None,
-            "lr": advice.lr if advice else None, "status": r.status, "num_repeats": r.num_repeats,
-            "samples_per_s": r.samples_per_s, "samples_per_s_min": r.samples_per_s_min,
-            "samples_per_s_max": r.samples_per_s_max, "samples_per_s_ci_half_pct": r.ci_half_pct,
-            "ci_basis": r.ci_basis, "stopped": r.stopped, "busy_reruns": r.busy_reruns,
-            "tied_with_best": index in report.ties,
-            "tokens_per_s": r.tokens_per_s, "step_time_median_s": r.step_time_median_s,
-            "step_time_cv_pct": r.step_time_cv_pct, "allreduce_s": r.allreduce_s,
-            "stage_imbalance": r.stage_imbalance,
-            "bubble_measured": r.bubble_measured,
-            "bubble_measured_min": r.bubble_measured_min, "bubble_measured_max": r.bubble_measured_max,
-            "bubble_theoretical": r.bubble_theoretical,
-            **{f"idle_{cause}": getattr(r.idle, cause) if r.idle else None
-               for cause in ("schedule", "transfer", "overhead")},
-            "peak_memory_bytes_max": r.max_peak_memory_bytes,
-            "mfu_pct": r.mfu_pct, "pareto": index in report.pareto,
-            "load_avg_1m": r.load.load_avg_1m if r.load else None,
-            "other_cpu_share": r.load.other_cpu_share if r.load else None,
-            "machine_busy": r.load.busy if r.load else None, "error": r.error,
-        })
-    return pd.DataFrame(rows).sort_values("rank", na_position="last") if rows else pd.DataFrame(rows)
 
 
 def write_artifacts(console: Console, report: SweepReport, *, plot_dir: Path | None, trace_path: Path | None) -> None:

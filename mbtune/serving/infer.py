@@ -12,7 +12,7 @@ import torch
 
 from mbtune.inference import InferenceModel
 from mbtune.serving.config import serve_threads
-from mbtune.serving.records import ServiceCurve, ServiceTime
+from mbtune.serving.records import ServiceCurve, ServiceTime, TensorSignature
 from mbtune.workloads import load_workload
 
 # Each size of the curve: warm-up passes, then timed passes until both counts below are reached (or the
@@ -71,4 +71,7 @@ def measure_curve(spec: CurveSpec) -> ServiceCurve:
                 stopped = (f"sizes above {size} not measured: one batch of {size} takes "
                            f"{times[-1].median_s * 1e3:.1f} ms, over the {spec.stop_above_s * 1e3:g} ms budget")
             break
-    return ServiceCurve(times=tuple(times), threads=serve_threads(spec.model.threads), stopped=stopped)
+    inputs, outputs = model.signature()
+    return ServiceCurve(times=tuple(times), threads=serve_threads(spec.model.threads), stopped=stopped,
+                        inputs=tuple(TensorSignature(dtype=d, dims=s) for d, s in inputs),
+                        outputs=tuple(TensorSignature(dtype=d, dims=s) for d, s in outputs))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from mbtune.probing.records import ProbeResult
 from mbtune.recordio import Record
@@ -63,12 +63,24 @@ class ServiceTime(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TensorSignature(Record):
+    """One input or output of the served model: its dtype (torch's name, e.g. int64) and its dimensions
+    after the batch's."""
+
+    dtype: str
+    dims: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServiceCurve(Record):
     """Service time by batch size, and why it stops where it does."""
 
     times: tuple[ServiceTime, ...]
     threads: int
     stopped: str = ""  # why larger sizes were not measured ("" when every size asked for was)
+    # The model's tensors, as the serving files declare them (from one forward pass of one sample).
+    inputs: tuple[TensorSignature, ...] = ()
+    outputs: tuple[TensorSignature, ...] = ()
 
     def at(self, batch_size: int) -> ServiceTime | None:
         return next((t for t in self.times if t.batch_size == batch_size), None)
@@ -182,7 +194,11 @@ class ServeReport(Record):
     """Everything `mbtune serve` found."""
 
     __repr__ = Record.__repr__
-    FRAME_ROWS: ClassVar[str] = "loads"
+    def to_frame(self) -> Any:
+        """A pandas DataFrame shaped for analysis (mbtune/frames.py)."""
+        from mbtune.frames import serve_frame
+
+        return serve_frame(self)
 
     workload: str
     workload_options: dict[str, Any] = field(default_factory=dict)

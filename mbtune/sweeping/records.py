@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from mbtune.checking.records import CheckResult
 from mbtune.pipeline.point import SweepPoint
@@ -137,7 +137,11 @@ class SweepReport(Record):
     """A whole sweep: every point run, every point skipped, the ranking and the best."""
 
     __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
-    FRAME_ROWS: ClassVar[str] = 'results'
+    def to_frame(self) -> Any:
+        """A pandas DataFrame shaped for analysis (mbtune/frames.py)."""
+        from mbtune.frames import sweep_frame
+
+        return sweep_frame(self)
 
     workload: str
     workload_options: dict[str, Any] = field(default_factory=dict)

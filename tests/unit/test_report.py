@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from mbtune.pipeline.point import SweepPoint
 from mbtune.records import DeviceInfo
 from mbtune.report.probe import summary_panel, trials_table
-from mbtune.report.sweep import best_panel, results_frame, results_table, skipped_table
+from mbtune.report.sweep import best_panel, results_table, skipped_table
 from mbtune.sweeping.grid import rank_results
 from mbtune.sweeping.records import PointResult, SkippedPoint, SweepReport
 from tests.unit.test_records import sample_probe
@@ -74,8 +75,21 @@ def test_best_panel_and_skipped_points():
     assert "1f1b needs at least as many micro-batches" in render(skipped_table(report), 120)
 
 
-def test_results_frame_is_ranked_with_si_units():
-    frame = results_frame(sweep_report())
+def test_the_sweeps_frame_is_ranked_as_its_table_with_si_units_a_column_per_stage_and_nan_for_missing():
+    import math
+
+    report = sweep_report()
+    frame = report.to_frame()
     assert list(frame["schedule"]) == ["1f1b", "gpipe", "gpipe"]
     assert list(frame["rank"][:2]) == [1, 2] and frame["pareto"].tolist() == [True, False, False]
     assert frame.iloc[0]["peak_memory_bytes_max"] == 250 * 2**20
+    best = report.results[report.ranking[0]]
+    for stage, peak in enumerate(best.peak_memory_bytes):
+        assert frame.iloc[0][f"peak_memory_bytes_stage{stage}"] == peak
+    assert "peak_memory_bytes" not in frame.columns and "bubble_measured" not in frame.columns
+    assert frame.iloc[0]["bubble_theoretical_pct"] == pytest.approx(100 * best.bubble_theoretical)
+    for column in ("mfu_pct", "tokens_per_s", "allreduce_s", "lr", "samples_per_s_ci_half_pct"):
+        assert frame[column].dtype == float, column
+    assert math.isnan(frame.iloc[0]["allreduce_s"])
+    # Every column is a number, a flag or text: arithmetic on a figure never meets a list.
+    assert not any(isinstance(v, list | tuple) for column in frame.columns for v in frame[column])

@@ -17,8 +17,9 @@ from mbtune.qualifying.judge import serve_thresholds
 from mbtune.qualifying.records import FAIL, INCONCLUSIVE, PASS
 from mbtune.qualifying.spec import QualifySpec
 from mbtune.records import DeviceInfo
-from mbtune.report.serve import loads_frame, print_serve, serve_document, torchserve_settings, triton_fragment
+from mbtune.report.serve import print_serve, serve_document
 from mbtune.serving.config import ServeConfig
+from mbtune.serving.export import TORCHSERVE_KEYS, torchserve_settings
 from mbtune.serving.records import (
     BatchConfig,
     ConfigAnswer,
@@ -34,19 +35,9 @@ from tests.unit.test_records import sample_probe
 WINNER = BatchConfig(max_batch_size=32, max_queue_delay_s=0.0025, preferred=(8, 16))
 
 
-def test_the_triton_fragment_is_config_pbtxt():
-    assert triton_fragment(WINNER) == ("max_batch_size: 32\n"
-                                       "dynamic_batching {\n"
-                                       "  preferred_batch_size: [ 8, 16 ]\n"
-                                       "  max_queue_delay_microseconds: 2500\n"
-                                       "}")
-    assert triton_fragment(WINNER, 0.5).endswith("  default_queue_policy {\n    timeout_action: REJECT\n"
-                                                 "    default_timeout_microseconds: 500000\n  }\n}")
-    assert "preferred" not in triton_fragment(BatchConfig(max_batch_size=4))
-
-
-def test_torchserve_takes_the_max_batch_and_the_delay_in_whole_milliseconds():
-    assert torchserve_settings(WINNER) == {"batch_size": 32, "max_batch_delay": 3}
+def test_torchserve_takes_the_max_batch_and_the_delay_in_whole_milliseconds_in_its_own_keys():
+    assert torchserve_settings(WINNER) == {"batchSize": 32, "maxBatchDelay": 3}
+    assert set(torchserve_settings(WINNER)) <= set(TORCHSERVE_KEYS)
 
 
 def load(config, rate, p99, stable=True):
@@ -72,16 +63,18 @@ def report() -> ServeReport:
                        skipped=("max batch size 64: above the inference safe batch (40)",), threads=1)
 
 
-def render(width=180):
+def render(width=180, exported=None):
     console = Console(file=io.StringIO(), width=width, color_system=None)
-    print_serve(console, report(), "table", saved_to="profiles/cpu-test-cpu/mlp.json")
+    print_serve(console, report(), "table", saved_to="profiles/cpu-test-cpu/mlp.json", exported=exported)
     return console.file.getvalue()
 
 
 def test_the_tables_show_the_curve_the_loads_the_answers_and_the_winner_as_server_settings():
     text = render()
     assert "max 32, delay 2.5 ms, preferred 8,16" in text
-    assert "max_queue_delay_microseconds: 2500" in text and "TorchServe: batch_size=32 max_batch_delay=3" in text
+    assert "TorchServe: batchSize=32 maxBatchDelay=3" in text and "--export DIR writes" in text
+    exported = render(exported={"triton": "out/triton/mlp/config.pbtxt"})
+    assert "take these" in exported and "triton: out/triton/mlp/config.pbtxt" in exported
     assert "lost >1%" in text  # the load whose p99 fell among rejected requests
     assert "200 requests/s within the budget" in text
     assert "skipped: max batch size 64" in text and "profile saved to" in text
@@ -90,9 +83,11 @@ def test_the_tables_show_the_curve_the_loads_the_answers_and_the_winner_as_serve
 def test_json_holds_the_report_and_the_winner_settings_and_csv_a_row_per_load(capsys):
     document = serve_document(report())
     assert ServeReport.from_dict(document["serve"]) == report()
-    assert document["winner"]["torchserve"] == {"batch_size": 32, "max_batch_delay": 3}
-    frame = loads_frame(report())
+    assert document["winner"]["torchserve"] == {"batchSize": 32, "maxBatchDelay": 3}
+    assert document["winner"]["triton_config_pbtxt"].startswith('name: "mlp"\nbackend: "pytorch"\nmax_batch_size: 32')
+    frame = report().to_frame()
     assert len(frame) == 5 and list(frame["meets_budget"]) == [True, True, False, True, False]
+    assert "queue_pct" in frame.columns and "queue_share" not in frame.columns
 
 
 def test_the_profile_keeps_serve_beside_probe_and_sweep(tmp_path):
