@@ -217,6 +217,9 @@ class ServeReport(Record):
     threads: int = 1
     interrupted: bool = False
     queue_timeout_s: float | None = None  # a request waiting longer was rejected
+    # Requests/s the load generator carried here with a model that answers at once, measured before the
+    # default rates were chosen (None: --rates given, or not measured).
+    generator_capacity_per_s: float | None = None
 
     def __post_init__(self) -> None:
         require(self.best is None or 0 <= self.best < len(self.answers), "best", self.best,

@@ -60,7 +60,12 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
     if not rules:
         raise ConfigError(f"no configuration to run: {'; '.join(skipped)}",
                           hint="Give --max-batch-sizes within the safe batch whose batch fits in the budget.")
-    rates = config.rates or _default_rates(curve, rules)
+    generator = None
+    if not config.rates:
+        from mbtune.serving.server import generator_capacity
+
+        generator = generator_capacity(timeout_s=config.trial_timeout_s)
+    rates = config.rates or _default_rates(curve, rules, generator, warnings)
     service = simulate.curve_sampler(curve)
     runs: list[ConfigRun] = []
     interrupted = False
@@ -83,7 +88,8 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
         precision=config.precision, p99_budget_s=config.p99_budget_s, ceiling=ceiling, curve=curve,
         runs=tuple(runs), answers=answers, best=best, strategy=config.strategy,
         simulator=_validation(runs, curve, fit), skipped=tuple(skipped), warnings=tuple(warnings),
-        threads=curve.threads, interrupted=interrupted, queue_timeout_s=config.queue_timeout)
+        threads=curve.threads, interrupted=interrupted, queue_timeout_s=config.queue_timeout,
+        generator_capacity_per_s=generator)
 
 
 # At the probe's first trial one warm pass is all there is, so a budget is refused there only when that
@@ -166,9 +172,25 @@ def _configurations(config: ServeConfig, ceiling: ProbeResult, curve: ServiceCur
                  for size, delay in itertools.product(sizes, config.delays_s))
 
 
-def _default_rates(curve: ServiceCurve, rules: Sequence[BatchConfig]) -> tuple[float, ...]:
-    """Shares of the largest configuration's capacity, to two significant figures."""
+# The highest default rate is at most this share of what the load generator carries with a model that
+# answers at once: beside a real model it has less of the machine.
+GENERATOR_SHARE = 0.5
+
+
+def _default_rates(curve: ServiceCurve, rules: Sequence[BatchConfig], generator_per_s: float | None = None,
+                   warnings: list[str] | None = None) -> tuple[float, ...]:
+    """Shares of the largest configuration's capacity, to two significant figures; where the load
+    generator cannot send that much here (`generator_per_s`, measured first), shares of what it can."""
     capacity = max((curve.capacity_per_s(r.max_batch_size) for r in rules), default=1.0)
+    top = max(DEFAULT_RATE_SHARES)
+    if generator_per_s is not None and capacity * top > GENERATOR_SHARE * generator_per_s:
+        if warnings is not None:
+            warnings.append(
+                f"the model serves up to {capacity:,.0f} requests/s, more than the load generator can send on this "
+                f"machine (about {generator_per_s:,.0f}/s with a model that answers at once): rates go up to "
+                f"{GENERATOR_SHARE * generator_per_s:,.0f}/s, so the configurations' limits may lie above them; "
+                "drive the server from a faster machine, or give --rates and --concurrency yourself")
+        capacity = GENERATOR_SHARE * generator_per_s / top
     return tuple(sorted({_two_figures(share * capacity) for share in DEFAULT_RATE_SHARES}))
 
 
@@ -322,6 +344,11 @@ def _load_warnings(runs: Sequence[ConfigRun], config: ServeConfig) -> list[str]:
 
     found = [f"{run.config.label}: {run.error}" for run in runs if run.error]
     found += [w for run in runs if (w := busy_warning(run.config.label, run.machine))]
+    behind = [f"{run.config.label} at {load.label} ({load.not_sent} of {load.not_sent + load.sent} never sent)"
+              for run in runs for load in run.loads if load.not_sent > 0.01 * (load.sent + load.not_sent)]
+    if behind:
+        found.append("the load generator could not deliver these loads (it fell behind; the unsent requests "
+                     f"count as lost): {', '.join(behind)}; give lower --rates, or --concurrency for closed-loop load")
     unstable = [f"{run.config.label} at {load.label}" for run in runs for load in run.loads
                 if not load.stable and load.meets(config.p99_budget_s)]
     if unstable:

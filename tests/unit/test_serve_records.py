@@ -158,3 +158,19 @@ def test_a_spec_serve_section_reads_durations_and_a_serving_spec_runs_no_trainin
     assert loaded.probe is None and loaded.serve is not None
     assert (loaded.serve.p99_budget_s, loaded.serve.queue_delays_s, loaded.serve.max_batch_sizes) == (0.05, (0.0, 0.002), (8,))
     assert loaded.serve.workload_options == (("width", 32),) and loaded.thresholds == (("min_rate_at_p99", 100.0),)
+
+
+def test_default_rates_stay_within_what_the_load_generator_can_send():
+    from mbtune.serving.config import DEFAULT_RATE_SHARES
+    from mbtune.serving.run import GENERATOR_SHARE, _default_rates
+
+    curve = ServiceCurve(times=(ServiceTime(batch_size=32, times_s=(0.0001,)),), threads=1)  # 320,000/s
+    rules = [BatchConfig(max_batch_size=32)]
+    free = _default_rates(curve, rules)
+    assert max(free) == pytest.approx(max(DEFAULT_RATE_SHARES) * 320_000, rel=0.05)  # two figures
+    warnings: list[str] = []
+    capped = _default_rates(curve, rules, 10_000.0, warnings)
+    assert max(capped) <= GENERATOR_SHARE * 10_000 * 1.05 and len(capped) == len(free)
+    assert warnings and "more than the load generator can send" in warnings[0] and "--rates" in warnings[0]
+    warnings.clear()
+    assert _default_rates(curve, rules, 10_000_000.0, warnings) == free and not warnings
