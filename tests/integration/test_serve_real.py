@@ -87,7 +87,7 @@ def test_the_profile_holds_the_run_and_show_prints_it(served, capsys, monkeypatc
     assert load_profile(outcome.saved_to).serve == outcome.serve
     assert run_cli(["show", str(outcome.saved_to)], monkeypatch, tmp_path) == 0
     shown = capsys.readouterr().out
-    assert "Triton config.pbtxt" in shown and "max_batch_size: 8" in shown
+    assert "TorchServe: batchSize=8" in shown and "--export DIR writes" in shown
 
 
 def test_an_interrupted_run_keeps_what_finished_and_resumes_without_measuring_it_again(tmp_path):
