@@ -14,11 +14,17 @@ from mbtune.workloads import load_workload
 from mbtune.workloads import slowdown as knob
 
 
-def test_the_extra_time_is_the_share_of_the_blocks_own_forward_and_backward(monkeypatch):
+def ticking_clock(monkeypatch) -> list[float]:
+    """The knob's clock reads 0, 1, 2, ... seconds; what it would spin is recorded, not spun."""
     ticks = itertools.count()
     monkeypatch.setattr(knob, "_now", lambda _like: float(next(ticks)))
     spun: list[float] = []
     monkeypatch.setattr(knob, "spin", lambda seconds, _like: spun.append(seconds))
+    return spun
+
+
+def test_the_extra_time_is_the_share_of_the_blocks_own_forward_and_backward(monkeypatch):
+    spun = ticking_clock(monkeypatch)
     block = knob.slowed(lambda: nn.Linear(4, 4), 0.25)()
     x = torch.randn(2, 4, requires_grad=True)
     block(x).sum().backward()
@@ -28,10 +34,7 @@ def test_the_extra_time_is_the_share_of_the_blocks_own_forward_and_backward(monk
 
 
 def test_a_block_whose_input_has_no_gradient_spins_twice_its_forwards_share_in_backward(monkeypatch):
-    ticks = itertools.count()
-    monkeypatch.setattr(knob, "_now", lambda _like: float(next(ticks)))
-    spun: list[float] = []
-    monkeypatch.setattr(knob, "spin", lambda seconds, _like: spun.append(seconds))
+    spun = ticking_clock(monkeypatch)
     block = knob.slowed(lambda: nn.Embedding(10, 4), 0.5)()
     block(torch.tensor([[1, 2, 3]])).sum().backward()
     assert spun == [0.5, 1.0]
