@@ -222,8 +222,9 @@ def best_panel(report: SweepReport) -> Panel:
     grid.add_row("accumulation steps", str(point.grad_accum_steps))
     grid.add_row("global batch", f"{point.global_batch} (= {point.micro_batch_size} x {point.num_microbatches} x "
                  f"{point.grad_accum_steps} x {point.data_parallel_size} data-parallel)")
-    grid.add_row("throughput", f"{fmt_rate(best.samples_per_s)} samples/s"
-                 + _range(best.samples_per_s_min, best.samples_per_s_max, fmt_rate)
+    interval = (f" ±{best.ci_half_pct:.1f}% (95% interval over {best.ci_basis})" if best.ci_half_pct is not None
+                else _range(best.samples_per_s_min, best.samples_per_s_max, fmt_rate))
+    grid.add_row("throughput", f"{fmt_rate(best.samples_per_s)} samples/s" + interval
                  + (f", {fmt_rate(best.tokens_per_s)} tokens/s" if best.tokens_per_s else ""))
     grid.add_row("bubble", f"measured {_pct(best.bubble_measured)}"
                  + _range(best.bubble_measured_min, best.bubble_measured_max, _bare_pct)
@@ -231,8 +232,8 @@ def best_panel(report: SweepReport) -> Panel:
     if report.ties:
         tied = ", ".join(report.results[i].point.label for i in report.ties[:3])
         more = f" and {len(report.ties) - 3} more" if len(report.ties) > 3 else ""
-        grid.add_row("tied with", f"{tied}{more}: their ranges overlap this one's, so this ranking is not "
-                                  "certain (--repeats N narrows the ranges)")
+        grid.add_row("tied with", f"{tied}{more}: their 95% intervals overlap this one's, so this ranking is "
+                                  "not certain (a longer --max-time-per-point, or more --repeats, narrows them)")
     if best.idle is not None:
         grid.add_row("bubble, by cause", f"{_pct(best.idle.schedule)} schedule + {_pct(best.idle.transfer)} transfer"
                      f" + {_pct(best.idle.overhead)} overhead")
