@@ -44,7 +44,6 @@ class InferenceModel:
         _first_tensor(outputs).sum().item()  # the answer leaves the device, as a server's response does
         return time.perf_counter() - start
 
-
     def signature(self) -> tuple[list[tuple[str, tuple[int, ...]]], list[tuple[str, tuple[int, ...]]]]:
         """The model's inputs and outputs as (dtype, dimensions after the batch's), from one sample."""
         inputs = self.inputs(1)

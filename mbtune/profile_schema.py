@@ -5,7 +5,7 @@ every record an object whose fields without a default are required and whose unk
 newer mbtune's additions); `X | None` accepts null; tuples are arrays (of one type, or of fixed length);
 dicts are objects; floats are finite numbers; a field with fixed choices is an enum. The file ships as
 mbtune/schemas/profile-v<schema_version>.schema.json, so a profile's `schema_version` names its schema;
-`python -m mbtune.profile_schema` prints it (the tests hold the shipped file to it).
+`python docs/generate_profile_schema.py` writes it (the tests hold the shipped file to it).
 """
 
 from __future__ import annotations
@@ -90,5 +90,6 @@ def _type(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
     return dict(scalars.get(hint, {}))
 
 
-if __name__ == "__main__":
-    print(json.dumps(profile_schema(), indent=1, sort_keys=False))
+def schema_text() -> str:
+    """The schema as the shipped file holds it."""
+    return json.dumps(profile_schema(), indent=1) + "\n"

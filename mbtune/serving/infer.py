@@ -24,6 +24,20 @@ MAX_PASSES = 40
 MAX_TIMED_S = 3.0
 
 
+NO_MODEL = ""  # ModelSpec.workload of a server that measures the load generator (serving/generator.py)
+
+
+class NoModel:
+    """A model that answers at once: a server holding it measures what the pipes and the load generator
+    carry on this machine, and nothing else."""
+
+    def gather(self, indices: list[int]) -> list[int]:
+        return indices
+
+    def run(self, inputs: object) -> float:
+        return 0.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """The model a serving process holds: the workload, where, at what precision, on how many threads."""
@@ -34,6 +48,10 @@ class ModelSpec:
     precision: str = "fp32"
     threads: int | None = None  # None: serve_threads' default
     seed: int = 0
+
+    def served(self, pool_size: int = 0) -> InferenceModel | NoModel:
+        """The model a server process holds: load()'s, or for NO_MODEL one that answers at once."""
+        return NoModel() if self.workload == NO_MODEL else self.load(pool_size)
 
     def load(self, pool_size: int = 0) -> InferenceModel:
         """In the serving process: its torch threads set, the model built and ready."""

@@ -62,7 +62,7 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
                           hint="Give --max-batch-sizes within the safe batch whose batch fits in the budget.")
     generator = None
     if not config.rates:
-        from mbtune.serving.server import generator_capacity
+        from mbtune.serving.generator import generator_capacity
 
         generator = generator_capacity(timeout_s=config.trial_timeout_s)
     rates = config.rates or _default_rates(curve, rules, generator, warnings)

@@ -63,26 +63,12 @@ class LoadPlan:
     ready_timeout_s: float = 120.0
 
 
-class _NoModel:
-    """A model that answers at once: the server with it measures what the pipes and the load generator
-    can carry on this machine, and nothing else."""
-
-    def gather(self, indices: list[int]) -> list[int]:
-        return indices
-
-    def run(self, inputs: object) -> float:
-        return 0.0
-
-
-NO_MODEL = ""  # ModelSpec.workload of the server that measures the load generator (generator_capacity)
-
-
 def serve_requests(conn: Connection, spec: ServerSpec) -> dict[str, float]:
     """The server process: hold the model, batch requests by the rules, answer each batch."""
     from mbtune.serving.config import serve_threads
 
     pool = max(POOL_SIZE, spec.rules.max_batch_size)
-    model = _NoModel() if spec.model.workload == NO_MODEL else spec.model.load(pool_size=pool)
+    model = spec.model.served(pool_size=pool)
     threads = serve_threads(spec.model.threads)
     for size in sorted({1, *spec.rules.sizes, spec.rules.max_batch_size}):  # warm: first passes are slow
         for _ in range(2):
@@ -408,23 +394,6 @@ def run_config(spec: ServerSpec, plan: LoadPlan, *, timeout_s: float) -> ConfigR
     elif error and front.status != OK:
         error = f"the load generator {front.status}: {error}"
     return ConfigRun(config=spec.rules, loads=loads, error=error, machine=machine)
-
-
-GENERATOR_CONCURRENCY = 256  # requests in flight while the generator's capacity is measured
-
-
-def generator_capacity(*, timeout_s: float = 60.0) -> float | None:
-    """Requests per second the load generator and the server's pipes carry here with a model that answers
-    at once (batches of up to 32, GENERATOR_CONCURRENCY in flight, closed loop): no rate above it can be
-    offered on this machine. None where it could not be measured."""
-    from mbtune.serving.infer import ModelSpec
-
-    rules = BatchConfig(max_batch_size=32)
-    plan = LoadPlan(rules=rules, loads=((gen.CLOSED, float(GENERATOR_CONCURRENCY)),), budget_s=60.0,
-                    window_s=0.5, max_windows=4, stable_windows=2, stop_after_failure=False)
-    run = run_config(ServerSpec(model=ModelSpec(workload=NO_MODEL), rules=rules), plan, timeout_s=timeout_s)
-    throughput = run.loads[0].throughput_per_s if run.loads else None
-    return throughput if throughput else None
 
 
 def _last_line(text: str) -> str:

@@ -168,19 +168,12 @@ def load_workload(name: str, options: Sequence[tuple[str, Any]] = ()) -> Workloa
     """Resolve a built-in name, ``hf:<family or config.json>`` (workloads/hf.py) or ``package.module:factory``
     and call the factory with the options. The option `slowdown` (a share, e.g. 0.15) belongs to every
     workload: each block then takes that much longer (workloads/slowdown.py)."""
-    from mbtune.workloads.slowdown import MAX_SLOWDOWN, OPTION, slowed
+    from mbtune.workloads.slowdown import slowed, split_slowdown
 
-    share = dict(options).get(OPTION)
-    if share is not None:
-        try:
-            share = float(share)
-        except (TypeError, ValueError):
-            share = -1.0
-        if not 0 <= share <= MAX_SLOWDOWN:
-            raise WorkloadError(f"-O {OPTION}={dict(options)[OPTION]} is out of range",
-                                hint=f"Give a share of each block's time from 0 to {MAX_SLOWDOWN:g} (0.15: 15% longer).")
-        workload = load_workload(name, [(k, v) for k, v in options if k != OPTION])
-        return replace(workload, blocks=tuple(slowed(b, share) for b in workload.blocks)) if share else workload
+    share, options = split_slowdown(options)
+    if share:
+        workload = load_workload(name, options)
+        return replace(workload, blocks=tuple(slowed(b, share) for b in workload.blocks))
     if name.startswith("hf:"):
         from mbtune.workloads.hf import hf_workload
 

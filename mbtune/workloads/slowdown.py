@@ -11,14 +11,32 @@ block's parameter names, and so its ties, stay as they are.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from mbtune.errors import WorkloadError
+
 OPTION = "slowdown"
 MAX_SLOWDOWN = 10.0  # ten times the block's own time: beyond it the knob measures the knob
+
+
+def split_slowdown(options: Sequence[tuple[str, Any]]) -> tuple[float | None, list[tuple[str, Any]]]:
+    """(the slowdown share asked for, or None; the workload's own options), refusing a share out of range."""
+    rest = [(k, v) for k, v in options if k != OPTION]
+    raw = dict(options).get(OPTION)
+    if raw is None:
+        return None, rest
+    try:
+        share = float(raw)
+    except (TypeError, ValueError):
+        share = -1.0
+    if not 0 <= share <= MAX_SLOWDOWN:
+        raise WorkloadError(f"-O {OPTION}={raw} is out of range",
+                            hint=f"Give a share of each block's time from 0 to {MAX_SLOWDOWN:g} (0.15: 15% longer).")
+    return share, rest
 
 
 def spin(seconds: float, like: torch.Tensor) -> None:

@@ -1,0 +1,26 @@
+"""Write mbtune/schemas/profile-v<N>.schema.json from the records (mbtune/profile_schema.py).
+
+Run from the checkout after changing a record: `python docs/generate_profile_schema.py`.
+tests/unit/test_profile_schema.py fails when the shipped file differs from what the records give.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    from mbtune.profile_schema import schema_file_name, schema_text
+    from mbtune.profiles import SCHEMA_VERSION
+
+    path = ROOT / "mbtune" / "schemas" / schema_file_name(SCHEMA_VERSION)
+    path.write_text(schema_text())
+    sys.stdout.write(f"wrote {path.relative_to(ROOT)}\n")
+
+
+if __name__ == "__main__":
+    main()
