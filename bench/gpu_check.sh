@@ -8,6 +8,8 @@
 #   probe-device    bf16 probe of a GPT of realistic size (~400M parameters, seq_len 1024), whole device
 #   probe-budget    the same under --memory-budget 16GiB
 #   sweep           a one-GPU sweep (gpipe and 1f1b, one stage) with NVML sampling
+#   plan-memory     `plan` of an 8B-parameter Llama on 8 stages of 141 GB, no profile: every stage's peak on
+#                   fake tensors, timed on this machine's cores (skipped without transformers)
 #   summary         one JSON of every figure: ceiling, safe batch, the ceiling predicted on fake tensors before
 #                   any trial, throughput, MFU, NVML kernel-active share, peak memory, CUDA-event against
 #                   wall-clock step time
@@ -116,6 +118,19 @@ run_step probe-budget "$LIMIT_BUDGET" "$OUT_DIR/probe-budget.json" \
 run_step sweep "$LIMIT_SWEEP" "$OUT_DIR/sweep.json" \
   "${MBTUNE[@]}" sweep "${COMMON[@]}" --stages 1 "${SWEEP[@]}" --point-timeout "$POINT_TIMEOUT"
 
+if "$PY" -c "import transformers" >/dev/null 2>&1; then
+  if [ "$MODE" = gpu ]; then
+    LLAMA=(-O hidden_size=4096 -O intermediate_size=14336 -O num_hidden_layers=32 -O num_attention_heads=32
+           -O num_key_value_heads=8 -O vocab_size=128256 -O max_position_embeddings=8192 -O seq_len=4096)
+  else
+    LLAMA=(-O hidden_size=64 -O intermediate_size=128 -O num_hidden_layers=8 -O num_attention_heads=4
+           -O num_key_value_heads=2 -O vocab_size=256 -O seq_len=32)
+  fi
+  run_step plan-memory 120 "$OUT_DIR/plan-memory.json" \
+    "${MBTUNE[@]}" plan -w hf:llama "${LLAMA[@]}" --device-memory 141GB --stages 8 --schedules 1f1b -m 8 \
+    --precision bf16 -f json
+fi
+
 export GPU_CHECK_OUT="$OUT_DIR" GPU_CHECK_MODE="$MODE" GPU_CHECK_BUDGET="$BUDGET"
 run_step summary 30 "$OUT_DIR/summary.json" "$PY" - <<'PY'
 """Read the steps' outputs and print one JSON of the figures; a missing or broken output becomes an error."""
@@ -125,6 +140,7 @@ import statistics
 import xml.etree.ElementTree as ElementTree
 
 from mbtune.device.peak_flops import peak_flops
+from mbtune.planning.memory_plan import MemoryPlan
 from mbtune.probing.records import ProbeResult
 from mbtune.sweeping.records import SweepReport
 
@@ -202,6 +218,10 @@ for key, name in (("probe_whole_device", "probe-device.json"), ("probe_budget", 
     probes[key] = probe_figures(probe) if probe else None
     errors += [error] if error else []
     devices += [probe.device] if probe else []
+plan = None
+if os.path.exists(os.path.join(out, "plan-memory.json")):
+    plan, error = load("plan-memory.json", MemoryPlan.from_dict)
+    errors += [error] if error else []
 sweep, error = load("sweep.json", SweepReport.from_dict)
 errors += [error] if error else []
 devices += [sweep.device] if sweep else []
@@ -217,6 +237,11 @@ summary = {
     "sweep": {"points": [point_figures(r) for r in sweep.results],
               "best": sweep.best.point.label if sweep.best else None,
               "warnings": list(sweep.warnings)} if sweep else None,
+    "plan_memory": {"seconds": plan.seconds, "cpus": len(os.sched_getaffinity(0)),
+                    "rows": [{"label": f"{r.schedule} m{r.num_microbatches} {r.recompute}",
+                              "micro_batch_size": r.micro_batch_size, "binding_rank": r.binding_rank,
+                              "peak_gib": [round(b / 2**30, 1) for b in r.peak_bytes]} for r in plan.rows]}
+    if plan else None,
     "errors": errors,
     "ok": all(s["ok"] for s in steps.values()) and not errors,
 }

@@ -42,11 +42,15 @@ class TensorBytes(TorchDispatchMode):
     """Counts the live tensor storages of one device type (None: every device, fake tensors included).
 
     `live_bytes` and `peak_bytes` are the counts now and at most; with `budget_bytes`, a storage that would
-    take the count past it raises torch.OutOfMemoryError (`over_budget` keeps the first such message)."""
+    take the count past it raises torch.OutOfMemoryError (`over_budget` keeps the first such message). With
+    `timeline`, the live count after every operator is kept in `timeline` (one program counted at two batch
+    sizes gives each moment's bytes as a line in the batch size)."""
 
-    def __init__(self, *, budget_bytes: int | None = None, device_type: str | None = "cpu") -> None:
+    def __init__(self, *, budget_bytes: int | None = None, device_type: str | None = "cpu",
+                 timeline: bool = False) -> None:
         super().__init__()
         self.budget_bytes, self.device_type = budget_bytes, device_type
+        self.timeline: list[int] | None = [] if timeline else None
         self.live_bytes = 0
         self.peak_bytes = 0
         self.over_budget = ""
@@ -76,6 +80,8 @@ class TensorBytes(TorchDispatchMode):
             raise torch.OutOfMemoryError(self.over_budget)
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
+        if self.timeline is not None:
+            self.timeline.append(self.live_bytes)
         return out
 
     def _track(self, tensor: torch.Tensor) -> int:

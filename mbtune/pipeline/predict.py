@@ -20,8 +20,12 @@ stage is built with them and torch's first-step shape exchange between ranks is 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -45,6 +49,24 @@ def predict_rank_peaks(spec: PipelineSpec, *, workload: Workload | None = None) 
     return RankPeaks(workload)(spec)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What every rank of one spec shares: the fake mode its tensors live in, the stages' blocks and shapes."""
+
+    spec: PipelineSpec
+    mode: Any
+    blocks: tuple[tuple[int, ...], ...]
+    shapes: dict[int, StageShapes]
+    keys: tuple[tuple[str, ...] | None, ...]
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    peak_bytes: int
+    timeline: np.ndarray | None = None  # live bytes after every operator, when asked for
+    seconds: float = 0.0
+
+
 class RankPeaks:
     """Predicts the ranks' peaks of many specs of one workload; what does not depend on the spec (the blocks'
     handover keys, a trace of the whole chain) is found once."""
@@ -61,15 +83,29 @@ class RankPeaks:
         return self._keys[spec.seed]
 
     def __call__(self, spec: PipelineSpec) -> tuple[int, ...]:
+        prepared = self.prepare(spec)
+        return tuple(self.rank(prepared, rank).peak_bytes for rank in range(spec.num_ranks))
+
+    def prepare(self, spec: PipelineSpec) -> Prepared:
+        """The fake mode, blocks and stage shapes of `spec` (its ranks may then be traced in any process)."""
         from mbtune.pipeline.runner import stage_blocks
 
         keys = self.keys(spec)
-        with fake_tensors():
-            blocks = stage_blocks(spec, self.workload)
+        mode = fake_tensors()
+        with mode:
+            blocks = tuple(tuple(b) for b in stage_blocks(spec, self.workload))
             shapes = stage_shapes(spec, self.workload, blocks, keys)
-            extra = training_workspace_bytes(spec.device)
-            return tuple(extra + _rank_peak(spec, self.workload, blocks, shapes, keys, rank)
-                         for rank in range(spec.num_ranks))
+        return Prepared(spec=spec, mode=mode, blocks=blocks, shapes=shapes, keys=keys)
+
+    def rank(self, prepared: Prepared, rank: int, *, timeline: bool = False) -> RankTrace:
+        """One rank's step on fake tensors: its peak (and its live bytes after every operator)."""
+        started = time.perf_counter()
+        spec = prepared.spec
+        extra = training_workspace_bytes(spec.device)
+        with prepared.mode:
+            count = _rank_count(spec, self.workload, prepared, rank, timeline=timeline)
+        line = None if count.timeline is None else np.asarray(count.timeline, dtype=np.int64) + extra
+        return RankTrace(peak_bytes=extra + count.peak_bytes, timeline=line, seconds=time.perf_counter() - started)
 
 
 def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],
@@ -90,24 +126,24 @@ def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequen
     return shapes
 
 
-def _rank_peak(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],
-               shapes: dict[int, StageShapes], keys: Sequence[tuple[str, ...] | None], rank: int) -> int:
+def _rank_count(spec: PipelineSpec, workload: Workload, prepared: Prepared, rank: int, *,
+                timeline: bool) -> TensorBytes:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from mbtune.pipeline.runner import _groups, _RankRun, _StepTimes, _tie_groups
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec.world_size)
     try:
-        count = TensorBytes()
+        count = TensorBytes(timeline=timeline)
         with count, works_hold_their_tensors():
             pipeline_group, replica_group = _groups(spec, rank)
-            all_blocks = tuple(tuple(b) for b in blocks)
-            run = _RankRun(spec, rank, CPU, workload, all_blocks, pipeline_group=pipeline_group,
-                           replica_group=replica_group, tie_groups=_tie_groups(spec, workload, all_blocks, rank),
-                           count=count, stage_shapes=shapes, keys=keys)
+            run = _RankRun(spec, rank, CPU, workload, prepared.blocks, pipeline_group=pipeline_group,
+                           replica_group=replica_group,
+                           tie_groups=_tie_groups(spec, workload, prepared.blocks, rank), count=count,
+                           stage_shapes=prepared.shapes, keys=prepared.keys)
             take_shapes_as_given(run.schedule)
             run.read_losses = False
             run._optimizer_step(0, _StepTimes(), timed_step=None, capture=False)
-        return count.peak_bytes
+        return count
     finally:
         dist.destroy_process_group()

@@ -1,25 +1,34 @@
 """`mbtune plan` without a saved profile: every stage's peak memory predicted for configurations beyond this
 machine, and the largest micro-batch size each stage holds in a device's memory.
 
-Per schedule, micro-batch count and recompute mode, every rank's peak is predicted (pipeline/predict.py: the
-rank's own code on fake tensors, counted as a device's allocator counts) at micro-batch sizes 1 and 2; a
-rank's activations grow with the micro-batch size, so the two give each rank's line and the largest size it
-holds. The smallest of those binds; the peaks are then predicted at that size (and the size stepped down
-where a rank's line was optimistic), so every peak printed is a prediction, not an extrapolation.
+Per schedule, micro-batch count and recompute mode, every rank's step is traced (pipeline/predict.py: the
+rank's own code on fake tensors, counted as a device's allocator counts) at micro-batch sizes 1 and 2, with
+its live bytes after every operator. The same step at two sizes runs the same operators, and every tensor
+that holds the batch grows with it, so each moment's bytes are a line in the micro-batch size: the largest
+size at which every moment of a rank's step fits is that rank's limit (a peak that moves from one moment to
+another as the size grows is found too). The smallest limit binds; the peaks are then predicted at that size
+(and the size stepped down where the lines were optimistic), so every peak printed is a prediction, not an
+extrapolation. The ranks' steps are traced in forked processes, one per core.
 """
 
 from __future__ import annotations
 
-import math
+import multiprocessing
+import os
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.theory import check_point, stages_per_rank
 from mbtune.recordio import Record
+
+if TYPE_CHECKING:
+    from mbtune.pipeline.predict import Prepared, RankPeaks, RankTrace
 
 MAX_STEPS_DOWN = 4  # sizes tried below the lines' answer where a rank's line was optimistic
 
@@ -39,6 +48,7 @@ class MemoryPlanConfig:
     precision: str = "fp32"
     optimizer: str = "adamw"
     timeout_s: float = 3600.0
+    workers: int | None = None  # processes tracing ranks at once (None: one per core this process may use)
 
     def specs(self) -> list[tuple[str, int, str, PipelineSpec | None, str]]:
         """Every configuration (schedule, micro-batches, recompute) as a spec at micro-batch size 1, or None
@@ -94,6 +104,9 @@ def plan_memory(config: MemoryPlanConfig) -> MemoryPlan:
     from mbtune.worker import run_isolated
 
     result = run_isolated(_plan_here, config, timeout_s=config.timeout_s)
+    config_error = f"{ConfigError.__module__}.{ConfigError.__name__}: "
+    if result.status == "error" and result.cause.startswith(config_error):
+        raise ConfigError(result.cause.removeprefix(config_error))  # the configuration's fault, not the model's
     if result.status != "ok":
         raise WorkloadError(f"the memory plan could not be predicted: {result.cause}", detail=result.error)
     return result.value
@@ -108,8 +121,18 @@ def _plan_here(config: MemoryPlanConfig) -> MemoryPlan:
         raise ConfigError(f"the workload has {workload.num_blocks} blocks, too few for {config.num_ranks} stages")
     from mbtune.pipeline.predict import RankPeaks
 
-    predict = RankPeaks(workload)
-    rows = [_row(*planned, config, predict) for planned in config.specs()]
+    planned = config.specs()
+    runnable = {index: spec for index, (*_, spec, _why) in enumerate(planned) if spec is not None}
+    traces = _Traces(RankPeaks(workload), config.workers)
+    traces.run([replace(spec, micro_batch_size=size) for spec in runnable.values() for size in (1, 2)],
+               timeline=True)
+    lines = {index: [_Line.of(traces.get(spec, 1, rank), traces.get(spec, 2, rank))
+                     for rank in range(spec.num_ranks)] for index, spec in runnable.items()}
+    sizes = {index: min(line.largest(config.device_memory_bytes) for line in lines[index]) for index in runnable}
+    traces.run([replace(spec, micro_batch_size=sizes[index]) for index, spec in runnable.items()
+                if sizes[index] > 2])
+    rows = [_row(*planned[index], config, traces, lines.get(index), sizes.get(index, 0))
+            for index in range(len(planned))]
     return MemoryPlan(workload=config.workload, workload_options=dict(config.workload_options),
                       device_memory_bytes=config.device_memory_bytes, num_ranks=config.num_ranks,
                       data_parallel_size=config.data_parallel_size, grad_accum_steps=config.grad_accum_steps,
@@ -118,41 +141,104 @@ def _plan_here(config: MemoryPlanConfig) -> MemoryPlan:
 
 
 def _row(schedule: str, m: int, recompute: str, spec: PipelineSpec | None, why: str, config: MemoryPlanConfig,
-         predict: Any) -> MemoryPlanRow:
-    if spec is None:
+         traces: _Traces, lines: list[_Line] | None, size: int) -> MemoryPlanRow:
+    if spec is None or lines is None:
         return MemoryPlanRow(schedule=schedule, num_microbatches=m, recompute=recompute, micro_batch_size=0,
                              global_batch=0, binding_rank=None, skipped=why)
-    started = time.perf_counter()
     memory = config.device_memory_bytes
-
-    known: dict[int, tuple[int, ...]] = {}
-
-    def peaks(size: int) -> tuple[int, ...]:
-        if size not in known:
-            known[size] = predict(replace(spec, micro_batch_size=size))
-        return known[size]
-
-    one, two = peaks(1), peaks(2)
-    limits = tuple(_largest(memory, a, b) for a, b in zip(one, two, strict=True))
-    size = min(limits)
-    at = peaks(max(size, 1))
-    for _ in range(MAX_STEPS_DOWN):
-        if size <= 1 or max(at) <= memory:
+    at = traces.peaks(spec, max(size, 1))
+    for _ in range(MAX_STEPS_DOWN):  # where the lines were optimistic (rounding, a path that changed): the
+        if size <= 1 or max(at) <= memory:  # size the lines give in the memory less what they missed
             break
-        size -= 1
-        at = peaks(size)
+        missed = max(peak - line.peak(size) for peak, line in zip(at, lines, strict=True))
+        size = max(1, min(size - 1, *(line.largest(memory - max(missed, 0)) for line in lines)))
+        traces.run([replace(spec, micro_batch_size=size)])
+        at = traces.peaks(spec, size)
     if max(at) > memory:
         size = 0
+    limits = tuple(line.largest(memory) for line in lines)
     binding = min(range(len(limits)), key=lambda r: (limits[r], -at[r]))
     return MemoryPlanRow(schedule=spec.schedule, num_microbatches=spec.num_microbatches, recompute=spec.recompute,
                          micro_batch_size=size, global_batch=size * spec.num_microbatches * spec.grad_accum_steps
                          * spec.data_parallel_size, binding_rank=binding, peak_bytes=at, limits=limits,
-                         seconds=time.perf_counter() - started)
+                         seconds=traces.seconds(spec))
 
 
-def _largest(memory: int, at_one: int, at_two: int) -> int:
-    """The largest micro-batch size a rank holds, from its peaks at sizes 1 and 2 (0: not even one)."""
-    if at_one > memory:
-        return 0
-    grows = at_two - at_one
-    return 2**30 if grows <= 0 else max(1, math.floor((memory - at_one) / grows) + 1)
+@dataclass(frozen=True)
+class _Line:
+    """A rank's live bytes at every moment of its step as a line in the micro-batch size b: at + (b - 1) *
+    grows (from the same step counted at sizes 1 and 2; its peak alone where the two steps differ)."""
+
+    at: np.ndarray
+    grows: np.ndarray
+
+    @classmethod
+    def of(cls, one: RankTrace, two: RankTrace) -> _Line:
+        if one.timeline is None or two.timeline is None or len(one.timeline) != len(two.timeline):
+            return cls(np.array([one.peak_bytes]), np.array([two.peak_bytes - one.peak_bytes]))
+        return cls(one.timeline, two.timeline - one.timeline)
+
+    def peak(self, size: int) -> int:
+        return int((self.at + (size - 1) * self.grows).max())
+
+    def largest(self, memory: int) -> int:
+        """The largest micro-batch size whose every moment fits `memory` (0: not even one sample)."""
+        if int(self.at.max()) > memory:
+            return 0
+        growing = self.grows > 0
+        if not growing.any():
+            return 2**30
+        return int(((memory - self.at[growing]) // self.grows[growing]).min()) + 1
+
+
+class _Traces:
+    """Every rank of many specs traced, in forked processes on every core this one may use, and kept by
+    (spec, rank) for the plan to read."""
+
+    def __init__(self, predict: RankPeaks, workers: int | None) -> None:
+        self.predict = predict
+        self.workers = workers or len(os.sched_getaffinity(0))
+        self.done: dict[tuple[PipelineSpec, int], RankTrace] = {}
+
+    def run(self, specs: list[PipelineSpec], *, timeline: bool = False) -> None:
+        jobs = [(prepared, rank, timeline) for prepared in map(self.predict.prepare, specs)
+                for rank in range(prepared.spec.num_ranks)]
+        for (prepared, rank, _), trace in zip(jobs, _fork_map(self.predict, jobs, self.workers), strict=True):
+            self.done[prepared.spec, rank] = trace
+
+    def get(self, spec: PipelineSpec, size: int, rank: int) -> RankTrace:
+        return self.done[replace(spec, micro_batch_size=size), rank]
+
+    def peaks(self, spec: PipelineSpec, size: int) -> tuple[int, ...]:
+        return tuple(self.get(spec, size, rank).peak_bytes for rank in range(spec.num_ranks))
+
+    def seconds(self, spec: PipelineSpec) -> float:
+        return sum(trace.seconds for (traced, _), trace in self.done.items()
+                   if replace(traced, micro_batch_size=1) == spec)
+
+
+_JOBS: list[tuple[Any, ...]] = []  # what forked workers trace, set before they fork
+
+
+def _fork_map(predict: RankPeaks, jobs: list[tuple[Prepared, int, bool]], workers: int) -> list[RankTrace]:
+    """Each job's rank traced: in this process when one worker would do, else in forked workers (they
+    inherit the loaded workload and the prepared fake tensors, so nothing but the answers crosses)."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [predict.rank(prepared, rank, timeline=timeline) for prepared, rank, timeline in jobs]
+    _JOBS[:] = [(predict, *job) for job in jobs]
+    try:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs)), initializer=_one_thread) as pool:
+            return pool.map(_traced_job, range(len(jobs)), chunksize=1)
+    finally:
+        _JOBS.clear()
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _traced_job(index: int) -> RankTrace:
+    predict, prepared, rank, timeline = _JOBS[index]
+    return predict.rank(prepared, rank, timeline=timeline)

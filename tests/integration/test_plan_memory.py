@@ -35,3 +35,12 @@ def test_a_configuration_that_cannot_run_is_named_not_planned():
     plan = plan_memory(MemoryPlanConfig(workload="gpt", device_memory_bytes=MEMORY, num_ranks=2,
                                         schedules=("1f1b",), micro_batches=(1,)))  # 1f1b needs m >= stages
     assert plan.rows[0].skipped and plan.rows[0].micro_batch_size == 0
+
+
+def test_ranks_traced_in_forked_workers_predict_what_one_process_predicts():
+    config = MemoryPlanConfig(workload="gpt", device_memory_bytes=MEMORY, num_ranks=2, schedules=("gpipe",),
+                              micro_batches=(2,), recompute=("none", "full"))
+    alone, forked = (plan_memory(replace(config, workers=workers)) for workers in (1, 2))
+    assert [(r.micro_batch_size, r.peak_bytes, r.limits) for r in alone.rows] == \
+        [(r.micro_batch_size, r.peak_bytes, r.limits) for r in forked.rows]
+    assert all(row.micro_batch_size > 2 for row in alone.rows)  # the peaks shown were traced at that size
