@@ -34,6 +34,7 @@ from mbtune.workloads import Workload
 
 DEFAULT_SEQ_LEN = 64
 MASKED_SHARE = 0.15  # masked LM: this share of each sequence is masked (a fixed count per sample)
+MIN_TRANSFORMERS = (5, 24)  # the pyproject's hf extra; 5.17 (with torch 2.11) traced llama so that it did not split
 INSTALL_HINT = "Install the extra: pip install 'mbtune[hf]' (transformers)."
 FROM_MODULE_HINT = ("Load it yourself and pass it to Workload.from_module(lambda: model, make_batch=..., loss=...) "
                     "(docs/guides/workloads.md).")
@@ -74,10 +75,35 @@ def hf_workload(spec: str, options: dict[str, Any]) -> Workload:
 def _transformers() -> Any:
     try:
         import transformers
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "transformers":
+            raise WorkloadError(f"hf: transformers is installed but does not import: {exc}",
+                                hint=INSTALL_HINT) from None
         raise WorkloadError("hf: workloads need transformers, which is not installed", hint=INSTALL_HINT) from None
+    except ImportError as exc:  # its own check of its dependencies' versions, or a broken install
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise WorkloadError(f"hf: transformers is installed but does not import: {first}",
+                            hint=INSTALL_HINT) from None
+    found = _release(transformers.__version__)
+    if found < MIN_TRANSFORMERS:
+        raise WorkloadError(f"hf: transformers {transformers.__version__} is older than the "
+                            f"{'.'.join(map(str, MIN_TRANSFORMERS))} hf: workloads are split with",
+                            hint="pip install -U 'mbtune[hf]'")
     transformers.logging.set_verbosity_error()
     return transformers
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """A version's leading numbers ('5.24.0.dev0' -> (5, 24, 0))."""
+    import re
+
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        numbers.append(int(digits.group()))
+    return tuple(numbers)
 
 
 def families() -> dict[str, str]:
