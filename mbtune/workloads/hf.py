@@ -21,6 +21,7 @@ micro-batch's mean has the same count and micro-batching keeps the whole batch's
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,6 @@ def _transformers() -> Any:
 
 def _release(version: str) -> tuple[int, ...]:
     """A version's leading numbers ('5.24.0.dev0' -> (5, 24, 0))."""
-    import re
-
     numbers = []
     for part in version.split("+")[0].split("."):
         digits = re.match(r"\d+", part)
