@@ -1,12 +1,13 @@
 """Benchmark: do qualification verdicts mean something on this machine?
 
-(a) Self-check: make a baseline like `make demo` (the gpt workload tuned on the CPU under a 512 MiB cap),
-    or reuse one with --profile, then qualify this machine against it --runs times (default 10) at the
-    default tolerance. Nothing changed, so no run may FAIL (PASS or INCONCLUSIVE are both honest).
-(b) Slow-down check: qualify once more pinned to one core (`taskset -c 0`, half the cores of a two-core
-    machine, and OMP_NUM_THREADS=1). That machine really is slower, so the verdict must be FAIL. A
-    shortfall measured while other work keeps the machine busy is INCONCLUSIVE by design, so run this on
-    a machine nothing else is measuring on; the "busy points" column says whether it was.
+(a) Self-check: make a baseline (the workload tuned on the CPU, each point measured as precisely as
+    qualify measures: a 95% interval a quarter of the tolerance wide, or 30 s), or reuse one with
+    --profile, then qualify this machine against it --runs times (default 10) at the default tolerance.
+    Nothing changed: the rule is at least 9 in 10 PASS and no FAIL.
+(b) Slowdowns: the same baseline with `-O slowdown=S` added to its workload (workloads/slowdown.py: every
+    block's throughput cut by S), qualified --slow-runs times per S against the unchanged figures. The rule
+    at 15% is at least 9 in 10 FAIL; 10% and 5% give the detection rate. A shortfall measured while other
+    work keeps the machine busy is INCONCLUSIVE by design; the "busy points" column says whether it was.
 
 Prints every run's verdict, exit code and wall time, the gating figures (best throughput now / baseline,
 the geometric mean over common points, each with its measured spread), the counts, and whether both
@@ -52,8 +53,13 @@ def make_baseline(args: argparse.Namespace, scratch: Path) -> Path:
     """Tune the workload like `make demo` into a scratch profiles folder; the profile's path."""
     root = scratch / "baseline"
     options = [x for kv in args.option for x in ("-O", kv)]
+    # Measured as precisely as qualify measures (a quarter of the tolerance, up to its 30 s a point): a
+    # baseline is made once and judged against many times, so its own error would bias every verdict.
+    tolerance = float(args.tolerance.rstrip("%")) / (100 if args.tolerance.endswith("%") else 1) \
+        if args.tolerance else 0.10
     command = ["tune", "--workload", args.workload, *options, "--device", "cpu", "--memory-budget",
-               args.memory_budget, "--steps", "2", "--profiles-dir", str(root), *shlex.split(args.tune_args)]
+               args.memory_budget, "--steps", "2", "--profiles-dir", str(root), "--target-ci", f"{tolerance / 4:g}",
+               "--max-time-per-point", "30", *shlex.split(args.tune_args)]
     print("baseline: mbtune " + " ".join(command), flush=True)
     done, wall_s = mbtune(command, cwd=scratch)
     if done.returncode != 0:
@@ -146,12 +152,16 @@ def counts_line(label: str, runs: list[dict]) -> dict[str, int]:
 def summarize(runs: list[dict], slowed: dict[float, list[dict]]) -> None:
     print()
     counts = counts_line("unchanged", runs)
+    unchanged = [r["aggregate_ratio"] for r in runs if r.get("aggregate_ratio") is not None]
     need = len(runs) - len(runs) // 10
     print(f"  rule: at least {need} PASS and no FAIL: "
           f"{'held' if counts['PASS'] >= need and counts['FAIL'] == 0 else 'DID NOT HOLD'}")
     for share, slow_runs in slowed.items():
         counts = counts_line(f"slowdown {share:.0%}", slow_runs)
-        print(f"  detection rate (FAIL share): {counts['FAIL'] / len(slow_runs):.0%}")
+        ratios = [r["aggregate_ratio"] for r in slow_runs if r.get("aggregate_ratio") is not None]
+        shown = (f"; the step's throughput fell by {1 - statistics.median(ratios) / statistics.median(unchanged):.1%}"
+                 " (median geometric mean against the unchanged runs')") if ratios and unchanged else ""
+        print(f"  detection rate (FAIL share): {counts['FAIL'] / len(slow_runs):.0%}{shown}")
         if abs(share - 0.15) < 1e-9:
             need = len(slow_runs) - len(slow_runs) // 10
             print(f"  rule: at least {need} FAIL: {'held' if counts['FAIL'] >= need else 'DID NOT HOLD'}")
@@ -162,7 +172,9 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="Reuse this baseline profile instead of making one.")
     parser.add_argument("--runs", type=int, default=10, help="Self-qualifications to make (default 10).")
     parser.add_argument("--slow-runs", type=int, default=10, help="Qualifications per slowdown (default 10).")
-    parser.add_argument("--slowdowns", default="0.15,0.10,0.05", help="Shares of -O slowdown to qualify.")
+    parser.add_argument("--slowdowns", default="0.15,0.10,0.05",
+                        help="Shares of -O slowdown to qualify, each S or S:RUNS (RUNS instead of --slow-runs).")
+    parser.add_argument("--keep-baseline", type=Path, help="Copy the baseline made here to this path.")
     parser.add_argument("--repeats", type=int, default=None, help="qualify --repeats (default: until known).")
     parser.add_argument("--tolerance", default=None, help="qualify --tolerance (default: qualify's, 10%%).")
     parser.add_argument("--workload", default="mlp", help="Workload of the baseline tune (default mlp).")
@@ -173,6 +185,9 @@ def main() -> None:
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="mbtune-bench-qualify-"))
     baseline = args.profile.resolve() if args.profile else make_baseline(args, scratch)
+    if args.keep_baseline:
+        args.keep_baseline.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(baseline, args.keep_baseline)
     print(f"machine: {os.cpu_count()} CPUs, {len(os.sched_getaffinity(0))} usable; qualify "
           f"{'--repeats ' + str(args.repeats) if args.repeats else 'until known'}, tolerance "
           f"{args.tolerance or 'default'}; best = fastest now / fastest baseline")
@@ -182,10 +197,12 @@ def main() -> None:
         runs.append(qualify_once(baseline, args, scratch))
         print_run(f"{i + 1}", runs[-1])
     slowed: dict[float, list[dict]] = {}
-    for share in (float(s) for s in args.slowdowns.split(",") if s):
+    for item in (s for s in args.slowdowns.split(",") if s):
+        share_text, _, count = item.partition(":")
+        share = float(share_text)
         path = slowed_baseline(baseline, share, scratch)
         slowed[share] = []
-        for i in range(args.slow_runs):
+        for i in range(int(count) if count else args.slow_runs):
             slowed[share].append(qualify_once(path, args, scratch))
             print_run(f"s{share:g}.{i + 1}", slowed[share][-1])
     summarize(runs, slowed)

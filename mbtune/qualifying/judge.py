@@ -23,11 +23,12 @@ Uncertainty. Every check carries the spread of what it compares, as a share of t
   the sizes that were neither seen to fit nor seen to fail (0 when exact or stopped at max_batch);
   the larger of now's and the baseline's;
 - best throughput: the larger spread of the two points compared;
-- the aggregate over k points: the larger of two estimates of how far its mean can move. The points'
-  scatter: the width of a +-2 standard-error band of the mean log-ratio, 4 x sd(ln ratio) / sqrt(k),
-  for k >= 3 (it holds both runs' noise and how differently the points changed). The points' own
-  spreads: their geometric mean / sqrt(k) (independent noise averages out over k points), so a few
-  points whose ratios agree by chance cannot claim a spread their repeats do not show.
+- the aggregate over k points: the points' log-ratios pooled as a meta-analysis pools studies (a
+  random-effects mean, DerSimonian-Laird): each point weighted by 1 / (its own variance + the variance
+  between points that their scatter shows beyond their own intervals), and the pooled value's 95%
+  half-interval. Points that agree within their intervals narrow it as independent measurements do
+  (k points of spread s: s / sqrt(k)); points that disagree widen it. With a point's interval unknown, the
+  plain geometric mean and Student's t over the points' scatter (k >= 3).
 
 Decision, with r = measured / bound (bound / measured for an upper bound) and s the spread:
 
@@ -60,8 +61,10 @@ from mbtune.qualifying.records import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Che
 from mbtune.records import OK, OOM
 from mbtune.serving.records import ServeReport
 from mbtune.sweeping.records import PointResult, SweepReport
+from mbtune.sweeping.stopping import t975
 
 AGGREGATE = "throughput, all common points (geometric mean of now/baseline ratios)"
+Z95 = 1.959964  # the normal distribution's 97.5% quantile: a 95% interval is +-Z95 standard errors
 BEST = "best throughput (samples/s)"
 _AGGREGATE_MIN_POINTS = 3
 
@@ -248,7 +251,7 @@ def _best(was: PointResult, sweep: SweepReport | None, tolerance: float, rule: s
 
 
 def _aggregate(baseline: SweepReport, sweep: SweepReport | None, tolerance: float) -> Check:
-    """The geometric mean of now/baseline over the points both completed, against its standard error."""
+    """The points' now/baseline ratios pooled into one, with its 95% interval (see the module docstring)."""
     keep = 1.0 - tolerance
     rule = f">= {keep:.2f}"
     now = {r.point: r for r in sweep.results if r.ok and r.samples_per_s} if sweep else {}
@@ -258,30 +261,43 @@ def _aggregate(baseline: SweepReport, sweep: SweepReport | None, tolerance: floa
         measured = 0.0 if sweep is not None and sweep.results else None
         return judge(AGGREGATE, measured, keep, rule=rule, note="no point the baseline ran completed here")
     logs = [math.log(_rate(after) / _rate(before)) for before, after in pairs]
-    spread = _aggregate_spread(logs, [ratio_spread(point_spread(b, "baseline"), point_spread(a, "now"))
-                                      for b, a in pairs])
+    pooled, spread = pool_ratios(logs, [ratio_spread(point_spread(b, "baseline"), point_spread(a, "now"))
+                                        for b, a in pairs])
     missing = sum(1 for r in baseline.results if r.ok and r.samples_per_s) - len(pairs)
     note = f"{len(pairs)} points, ratios {math.exp(min(logs)):.2f}-{math.exp(max(logs)):.2f}"
     if missing:
         note += f"; {missing} baseline point(s) did not complete here (see per point)"
-    return judge(AGGREGATE, math.exp(statistics.fmean(logs)), keep, rule=rule, spread=spread,
-                 tolerance=tolerance, note=note, busy=busy_reason([after for _, after in pairs]))
+    return judge(AGGREGATE, math.exp(pooled), keep, rule=rule, spread=spread, tolerance=tolerance, note=note,
+                 busy=busy_reason([after for _, after in pairs]))
 
 
-def _aggregate_spread(logs: list[float], spreads: list[Spread | None]) -> Spread | None:
-    """The larger of the points' scatter (4 standard errors of the mean log-ratio, k >= 3) and their own
-    measured spreads averaged over k points (their geometric mean / sqrt(k)); either may be unknown."""
+def pool_ratios(logs: list[float], spreads: list[Spread | None]) -> tuple[float, Spread | None]:
+    """The log-ratios of k points pooled into one, and its 95% half-interval as a share.
+
+    With every point's own interval known: a random-effects mean (DerSimonian-Laird), each point weighted
+    by 1 / (its variance + the variance between points); the variance between points is what their scatter
+    shows beyond their own intervals (0 when they agree within them), so points that disagree widen the
+    interval and points that agree narrow it as independent measurements do. With an interval unknown:
+    the plain mean, its interval from the points' scatter (Student's t, k >= 3) or unknown."""
     k = len(logs)
-    known = [s.share for s in spreads if s is not None]
-    found = []
-    if k >= _AGGREGATE_MIN_POINTS:
-        found.append(Spread(share=4 * statistics.stdev(logs) / math.sqrt(k),
-                            basis=f"4 standard errors over {k} points"))
-    if known:
-        typical = math.exp(statistics.fmean(math.log(max(s, 1e-9)) for s in known))
-        found.append(Spread(share=typical / math.sqrt(k),
-                            basis=f"the points' own spreads, typically {typical:.0%}, over {k} points"))
-    return wider(*found)
+    if all(s is not None for s in spreads):
+        variances = [max(s.share / Z95, 1e-6) ** 2 for s in spreads if s is not None]  # shares as logs
+        weights = [1 / v for v in variances]
+        fixed = sum(w * x for w, x in zip(weights, logs, strict=True)) / sum(weights)
+        q = sum(w * (x - fixed) ** 2 for w, x in zip(weights, logs, strict=True))
+        scale = sum(weights) - sum(w * w for w in weights) / sum(weights)
+        between = max(0.0, (q - (k - 1)) / scale) if k > 1 and scale > 0 else 0.0
+        weights = [1 / (v + between) for v in variances]
+        mean = sum(w * x for w, x in zip(weights, logs, strict=True)) / sum(weights)
+        half = Z95 / math.sqrt(sum(weights))
+        basis = ("its own interval" if k == 1 else f"{k} points' own intervals") + (f", and their scatter of {math.sqrt(between):.0%} "
+                                                "beyond them" if between > 0 else ", which they agree within")
+        return mean, Spread(share=half, basis=basis)
+    mean = statistics.fmean(logs)
+    if k < _AGGREGATE_MIN_POINTS:
+        return mean, None
+    half = t975(k - 1) * statistics.stdev(logs) / math.sqrt(k)
+    return mean, Spread(share=half, basis=f"the scatter of {k} points (a point's own interval unknown)")
 
 
 def _points(baseline: SweepReport, sweep: SweepReport | None, tolerance: float, rule: str) -> list[Check]:

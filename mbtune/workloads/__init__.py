@@ -167,7 +167,7 @@ def _set_parameter(module: nn.Module, name: str, parameter: nn.Parameter) -> Non
 def load_workload(name: str, options: Sequence[tuple[str, Any]] = ()) -> Workload:
     """Resolve a built-in name, ``hf:<family or config.json>`` (workloads/hf.py) or ``package.module:factory``
     and call the factory with the options. The option `slowdown` (a share, e.g. 0.15) belongs to every
-    workload: each block then takes that much longer (workloads/slowdown.py)."""
+    workload: each block's throughput then falls by that share (workloads/slowdown.py)."""
     from mbtune.workloads.slowdown import slowed, split_slowdown
 
     share, options = split_slowdown(options)

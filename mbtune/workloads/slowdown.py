@@ -1,8 +1,10 @@
-"""The slowdown knob: `-O slowdown=0.15` on any workload makes every block take 15% longer, in proportion
-to its own time, so a qualification can be shown a known regression (bench/qualify.py).
+"""The slowdown knob: `-O slowdown=0.15` on any workload cuts every block's throughput by 15% (each block
+takes 1 / 0.85 as long, 17.6% longer), in proportion to its own time, so a qualification can be shown a
+known regression (bench/qualify.py). The step's throughput falls by a little less: what is not a block
+(the optimizer's update, hand-overs between stages) runs as fast as before.
 
 Each block's forward is timed (the device synchronized first on CUDA) and followed by real arithmetic for
-that share of it; its backward likewise, timed from the gradient arriving at its output to the gradient
+S / (1 - S) of it; its backward likewise, timed from the gradient arriving at its output to the gradient
 leaving at its input (a block whose input carries no gradient, an embedding say, is given twice its
 forward's extra time instead: a backward costs about two forwards). Hooks, not a wrapper module: the
 block's parameter names, and so its ties, stay as they are.
@@ -20,7 +22,7 @@ from torch import nn
 from mbtune.errors import WorkloadError
 
 OPTION = "slowdown"
-MAX_SLOWDOWN = 10.0  # ten times the block's own time: beyond it the knob measures the knob
+MAX_SLOWDOWN = 0.9  # a tenth of the block's throughput left: beyond it the knob measures the knob
 
 
 def split_slowdown(options: Sequence[tuple[str, Any]]) -> tuple[float | None, list[tuple[str, Any]]]:
@@ -35,7 +37,8 @@ def split_slowdown(options: Sequence[tuple[str, Any]]) -> tuple[float | None, li
         share = -1.0
     if not 0 <= share <= MAX_SLOWDOWN:
         raise WorkloadError(f"-O {OPTION}={raw} is out of range",
-                            hint=f"Give a share of each block's time from 0 to {MAX_SLOWDOWN:g} (0.15: 15% longer).")
+                            hint=f"Give the share of each block's throughput to take away, from 0 to {MAX_SLOWDOWN:g} "
+                                 "(0.15: 15% fewer samples a second).")
     return share, rest
 
 
@@ -113,7 +116,8 @@ def _through(values: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 def slowed(build: Callable[[], nn.Module], share: float) -> Callable[[], nn.Module]:
-    """A block builder whose blocks take `share` longer, forward and backward (module docstring)."""
+    """A block builder whose blocks' throughput falls by `share`, forward and backward (module docstring)."""
+    share = share / (1 - share)  # the extra time, as a share of the block's own
 
     def build_slowed() -> nn.Module:
         block = build()

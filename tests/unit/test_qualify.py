@@ -305,3 +305,26 @@ def test_compare_profiles_and_device_refusal():
         check_same_device("cuda: NVIDIA H200", "cuda: NVIDIA A100", allow=False, what="the profiles")
     check_same_device("cuda: NVIDIA H200", "cuda: NVIDIA A100", allow=True, what="the profiles")
     assert isinstance(sweep_report().results[0], PointResult)
+
+
+def test_pooled_ratios_narrow_as_agreeing_points_add_up_and_widen_when_they_disagree():
+    from mbtune.qualifying.judge import Spread, pool_ratios
+
+    own = [Spread(share=0.08, basis="x")] * 4
+    mean, agree = pool_ratios([0.0, 0.0, 0.0, 0.0], own)
+    assert mean == 0.0 and agree.share == pytest.approx(0.04) and "agree within" in agree.basis
+    mean, disagree = pool_ratios([-0.3, 0.3, -0.3, 0.3], own)
+    assert mean == pytest.approx(0.0) and disagree.share > 0.2 and "scatter" in disagree.basis
+    # Where they agree within their intervals, a precise point outweighs a vague one.
+    mean, _ = pool_ratios([0.0, -0.05], [Spread(share=0.01, basis="x"), Spread(share=0.2, basis="x")])
+    assert -0.001 < mean < 0
+
+
+def test_pooled_ratios_without_their_own_intervals_fall_back_to_their_scatter():
+    from mbtune.qualifying.judge import pool_ratios
+    from mbtune.sweeping.stopping import t975
+
+    logs = [0.1, 0.0, -0.1]
+    mean, spread = pool_ratios(logs, [None, None, None])
+    assert mean == pytest.approx(0.0) and spread.share == pytest.approx(t975(2) * 0.1 / 3**0.5)
+    assert pool_ratios([0.1, -0.1], [None, None])[1] is None
