@@ -143,5 +143,6 @@ def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
                         num_ranks=max(p.num_ranks for p in points) if points else 1, points=points,
                         objective=baseline.sweep.objective, warmup_steps=baseline.sweep.warmup_steps,
                         measured_steps=baseline.sweep.measured_steps, repeats=repeats,
-                        balance=baseline.sweep.balance.by)
+                        balance=baseline.sweep.balance.by, precision=baseline.sweep.precision,
+                        optimizer=baseline.sweep.optimizer, lr=baseline.sweep.lr)
     return probe, sweep

@@ -328,3 +328,16 @@ def test_pooled_ratios_without_their_own_intervals_fall_back_to_their_scatter():
     mean, spread = pool_ratios(logs, [None, None, None])
     assert mean == pytest.approx(0.0) and spread.share == pytest.approx(t975(2) * 0.1 / 3**0.5)
     assert pool_ratios([0.1, -0.1], [None, None])[1] is None
+
+
+def test_a_baseline_is_re_run_with_its_own_precision_optimizer_and_learning_rate():
+    from mbtune.qualifying.run import _qualify_configs
+
+    meta = Metadata(mbtune_version="0", torch_version="0", python_version="0", host="h", platform="p",
+                    command_line="", created_at="")
+    sweep = replace(sweep_report(), precision="bf16", optimizer="sgd", lr=0.01, measured_steps=4, warmup_steps=2)
+    baseline = Profile(schema_version=1, metadata=meta, probe=sample_probe(), sweep=sweep)
+    _, config = _qualify_configs(QualifySpec(baseline="b.json"), baseline, repeats=None)
+    assert (config.precision, config.optimizer, config.lr) == ("bf16", "sgd", 0.01)
+    assert (config.measured_steps, config.warmup_steps) == (4, 2)
+    assert config.points == tuple(r.point for r in sweep.results if r.ok)
