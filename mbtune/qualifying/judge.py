@@ -117,9 +117,11 @@ def judge(name: str, measured: float | None, bound: float, *, rule: str, spread:
         status = PASS
         reason = f"clears the bound by more than the {figures}" if share > tolerance else ""
     elif share > tolerance:
-        status, reason = INCONCLUSIVE, f"{figures} is wider than the {tolerance:.0%} tolerance"
+        status = INCONCLUSIVE
+        reason = f"{figures} is wider than the {tolerance:.0%} tolerance{_decider(ratio, share, tolerance)}"
     else:
-        status, reason = INCONCLUSIVE, f"short of the bound by less than the {figures}"
+        status = INCONCLUSIVE
+        reason = f"short of the bound by less than the {figures}{_decider(ratio, share, tolerance)}"
     if spread is None:
         reason = figures
     if status == FAIL and busy is not None and ratio * (1 + share) >= 1 - busy.other_share:
@@ -127,6 +129,18 @@ def judge(name: str, measured: float | None, bound: float, *, rule: str, spread:
     detail = "; ".join(part for part in (note, reason) if part)
     return Check(name=name, status=status, measured=measured, expected=bound, rule=rule, detail=detail,
                  spread_pct=100.0 * spread.share if spread else None, gating=gating)
+
+
+def _decider(ratio: float, share: float, tolerance: float) -> str:
+    """What would decide an INCONCLUSIVE check: the spread under which the same figure passes or fails, and
+    how many times the measurements that takes (an interval narrows as one over the square root of them)."""
+    if ratio >= 1:
+        needed, verdict = max(tolerance, 1 - 1 / ratio), "pass"
+    else:
+        needed, verdict = 1 / ratio - 1, "fail"
+    if needed < 0.001:
+        return "; it sits at the bound, where no spread decides it"
+    return f"; a spread under {needed:.1%} would {verdict} it (about {(share / needed) ** 2:.0f}x the measurements)"
 
 
 def at_least(name: str, measured: float | None, bound: float, rule: str, spread: Spread | None = None) -> Check:
