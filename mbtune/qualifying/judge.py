@@ -140,7 +140,7 @@ def _decider(ratio: float, share: float, tolerance: float) -> str:
         needed, verdict = 1 / ratio - 1, "fail"
     if needed < 0.001:
         return "; it sits at the bound, where no spread decides it"
-    return f"; a spread under {needed:.1%} would {verdict} it (about {(share / needed) ** 2:.0f}x the measurements)"
+    return f"; a spread under {needed:.1%} would {verdict} it (about {(share / needed) ** 2:.1f}x the measurements)"
 
 
 def at_least(name: str, measured: float | None, bound: float, rule: str, spread: Spread | None = None) -> Check:
