@@ -104,21 +104,27 @@ def plan_memory(config: MemoryPlanConfig) -> MemoryPlan:
     from mbtune.worker import run_isolated
 
     result = run_isolated(_plan_here, config, timeout_s=config.timeout_s)
-    config_error = f"{ConfigError.__module__}.{ConfigError.__name__}: "
-    if result.status == "error" and result.cause.startswith(config_error):
-        raise ConfigError(result.cause.removeprefix(config_error))  # the configuration's fault, not the model's
     if result.status != "ok":
         raise WorkloadError(f"the memory plan could not be predicted: {result.cause}", detail=result.error)
+    if isinstance(result.value, _Refused):  # the configuration's fault, not the model's
+        raise ConfigError(result.value.why)
     return result.value
 
 
-def _plan_here(config: MemoryPlanConfig) -> MemoryPlan:
+@dataclass(frozen=True)
+class _Refused:
+    """What the child answers when the configuration does not fit the workload it loaded."""
+
+    why: str
+
+
+def _plan_here(config: MemoryPlanConfig) -> MemoryPlan | _Refused:
     from mbtune.workloads import load_workload
 
     started = time.perf_counter()
     workload = load_workload(config.workload, config.workload_options)
     if config.num_ranks > workload.num_blocks:
-        raise ConfigError(f"the workload has {workload.num_blocks} blocks, too few for {config.num_ranks} stages")
+        return _Refused(f"the workload has {workload.num_blocks} blocks, too few for {config.num_ranks} stages")
     from mbtune.pipeline.predict import RankPeaks
 
     planned = config.specs()

@@ -13,22 +13,7 @@ typical throughput; the same point re-run now would be judged against that lucky
 by the noise alone. The fastest point now is a maximum too, over the same points, so both sides carry
 the same kind of selection. The detail names both points and what the baseline's best point gives now.
 
-Uncertainty. Every check carries the spread of what it compares, as a share of the median (`spread_pct`):
-
-- a sweep point: half the 95% interval of its samples/s (sweeping/stopping.py: over its fresh-process
-  repeats, measured until that interval is a quarter of the tolerance wide or the time cap passes; over
-  its measured steps when it ran once), or, for a record without one, (max - min) / median over its
-  repeats; now's and the baseline's combined in quadrature, the uncertainty of their ratio;
-- the ceiling and the safe batch: the probe's bracket, (first_failing - granularity - ceiling) / ceiling,
-  the sizes that were neither seen to fit nor seen to fail (0 when exact or stopped at max_batch);
-  the larger of now's and the baseline's;
-- best throughput: the larger spread of the two points compared;
-- the aggregate over k points: the points' log-ratios pooled as a meta-analysis pools studies (a
-  random-effects mean, DerSimonian-Laird): each point weighted by 1 / (its own variance + the variance
-  between points that their scatter shows beyond their own intervals), and the pooled value's 95%
-  half-interval. Points that agree within their intervals narrow it as independent measurements do
-  (k points of spread s: s / sqrt(k)); points that disagree widen it. With a point's interval unknown, the
-  plain geometric mean and Student's t over the points' scatter (k >= 3).
+Uncertainty: every check carries the spread of what it compares (qualifying/spreads.py).
 
 Decision, with r = measured / bound (bound / measured for an upper bound) and s the spread:
 
@@ -51,34 +36,31 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mbtune.errors import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN, EXIT_INCONCLUSIVE, EXIT_OK
 from mbtune.probing.records import ProbeResult
 from mbtune.qualifying.records import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check
+from mbtune.qualifying.spreads import (
+    Spread,
+    bubble_spread,
+    point_spread,
+    pool_ratios,
+    probe_spread,
+    ratio_spread,
+    wider,
+)
 from mbtune.records import OK, OOM
 from mbtune.serving.records import ServeReport
 from mbtune.sweeping.records import PointResult, SweepReport
-from mbtune.sweeping.stopping import t975
 
 AGGREGATE = "throughput, all common points (geometric mean of now/baseline ratios)"
-Z95 = 1.959964  # the normal distribution's 97.5% quantile: a 95% interval is +-Z95 standard errors
 BEST = "best throughput (samples/s)"
-_AGGREGATE_MIN_POINTS = 3
 
 # Threshold keys of a qualification spec and the quantity each bounds.
 MINIMUMS = {"min_ceiling": "ceiling", "min_safe_batch": "safe batch", "min_best_samples_per_s": "best throughput"}
 MAXIMUMS = {"max_best_bubble": "best point's measured bubble"}
-
-
-@dataclass(frozen=True)
-class Spread:
-    """A measurement's own spread as a share of its median, and what it was measured over."""
-
-    share: float
-    basis: str  # e.g. "now, over 3 repeats"
 
 
 @dataclass(frozen=True)
@@ -153,46 +135,6 @@ def at_most(name: str, measured: float | None, bound: float, rule: str, spread: 
     return judge(name, measured, bound, rule=rule, spread=spread, upper=True)
 
 
-def point_spread(result: PointResult, side: str) -> Spread | None:
-    """A point's uncertainty as a share of its samples/s: half its 95% interval (sweeping/stopping.py: over
-    its repeats, or over its steps when it ran once); without one, its min-max range. None: unknown."""
-    median = result.samples_per_s
-    if not result.ok or not median:
-        return None
-    if result.ci_half_pct is not None:
-        basis = result.ci_basis or f"{result.num_repeats} repeats"
-        return Spread(share=result.ci_half_pct / 100.0, basis=f"{side}, 95% interval over {basis}")
-    low, high = result.samples_per_s_min, result.samples_per_s_max
-    if result.num_repeats > 1:
-        basis = f"over {result.num_repeats} repeats"
-    else:
-        basis = f"over {len(result.step_times_s)} steps" if result.step_times_s else "over its steps"
-        if (low is None or high is None) and len(result.step_times_s) >= 2:
-            rates = [result.point.global_batch / s for s in result.step_times_s if s > 0]
-            low, high = min(rates), max(rates)
-    if low is None or high is None:
-        return None
-    return Spread(share=max(0.0, high - low) / median, basis=f"{side}, {basis}")
-
-
-def ratio_spread(baseline: Spread | None, now: Spread | None) -> Spread | None:
-    """The uncertainty of now / baseline from each side's own: in quadrature, as independent errors add;
-    one side unknown counts as 0."""
-    known = [s for s in (baseline, now) if s is not None]
-    if not known:
-        return None
-    return Spread(share=math.sqrt(sum(s.share**2 for s in known)), basis="; ".join(s.basis for s in known))
-
-
-def probe_spread(probe: ProbeResult, side: str) -> Spread:
-    """The sizes between the largest seen to fit and the smallest seen to fail, as a share of the ceiling."""
-    if probe.first_failing is None or probe.ceiling <= 0:
-        return Spread(share=0.0, basis=f"{side}, stopped at the largest size asked for")
-    unseen = max(0, probe.first_failing - probe.granularity - probe.ceiling)
-    return Spread(share=unseen / probe.ceiling,
-                  basis=f"{side}, fits at {probe.ceiling}, fails at {probe.first_failing}")
-
-
 def busy_reason(results: list[PointResult]) -> Busy | None:
     """How busy the machine was, when it was busy while more than half of these results were measured."""
     busy = [r.load for r in results if r.load is not None and r.load.busy]
@@ -204,12 +146,6 @@ def busy_reason(results: list[PointResult]) -> Busy | None:
     if len(results) > 1:
         reason = f"{len(busy)} of {len(results)} points, e.g. {reason}"
     return Busy(reason=reason, other_share=max(shares))
-
-
-def wider(*spreads: Spread | None) -> Spread | None:
-    """The widest of the known spreads."""
-    known = [s for s in spreads if s is not None]
-    return max(known, key=lambda s: s.share) if known else None
 
 
 def fastest(sweep: SweepReport | None) -> PointResult | None:
@@ -285,35 +221,6 @@ def _aggregate(baseline: SweepReport, sweep: SweepReport | None, tolerance: floa
                  busy=busy_reason([after for _, after in pairs]))
 
 
-def pool_ratios(logs: list[float], spreads: list[Spread | None]) -> tuple[float, Spread | None]:
-    """The log-ratios of k points pooled into one, and its 95% half-interval as a share.
-
-    With every point's own interval known: a random-effects mean (DerSimonian-Laird), each point weighted
-    by 1 / (its variance + the variance between points); the variance between points is what their scatter
-    shows beyond their own intervals (0 when they agree within them), so points that disagree widen the
-    interval and points that agree narrow it as independent measurements do. With an interval unknown:
-    the plain mean, its interval from the points' scatter (Student's t, k >= 3) or unknown."""
-    k = len(logs)
-    if all(s is not None for s in spreads):
-        variances = [max(s.share / Z95, 1e-6) ** 2 for s in spreads if s is not None]  # shares as logs
-        weights = [1 / v for v in variances]
-        fixed = sum(w * x for w, x in zip(weights, logs, strict=True)) / sum(weights)
-        q = sum(w * (x - fixed) ** 2 for w, x in zip(weights, logs, strict=True))
-        scale = sum(weights) - sum(w * w for w in weights) / sum(weights)
-        between = max(0.0, (q - (k - 1)) / scale) if k > 1 and scale > 0 else 0.0
-        weights = [1 / (v + between) for v in variances]
-        mean = sum(w * x for w, x in zip(weights, logs, strict=True)) / sum(weights)
-        half = Z95 / math.sqrt(sum(weights))
-        basis = ("its own interval" if k == 1 else f"{k} points' own intervals") + (f", and their scatter of {math.sqrt(between):.0%} "
-                                                "beyond them" if between > 0 else ", which they agree within")
-        return mean, Spread(share=half, basis=basis)
-    mean = statistics.fmean(logs)
-    if k < _AGGREGATE_MIN_POINTS:
-        return mean, None
-    half = t975(k - 1) * statistics.stdev(logs) / math.sqrt(k)
-    return mean, Spread(share=half, basis=f"the scatter of {k} points (a point's own interval unknown)")
-
-
 def _points(baseline: SweepReport, sweep: SweepReport | None, tolerance: float, rule: str) -> list[Check]:
     """Every point the baseline ran, within tolerance now: shown, not gating. A point skipped here (the
     safe batch shrank) or out of memory fails; one that crashed is an ERROR, reported once by run_errors."""
@@ -349,7 +256,7 @@ def against_thresholds(thresholds: Mapping[str, float], probe: ProbeResult | Non
         "min_ceiling": (probe.ceiling if probe else None, probed),
         "min_safe_batch": (probe.safe_batch if probe else None, probed),
         "min_best_samples_per_s": (top.samples_per_s if top else None, point_spread(top, "now") if top else None),
-        "max_best_bubble": (best.bubble_measured if best else None, _bubble_spread(best)),
+        "max_best_bubble": (best.bubble_measured if best else None, bubble_spread(best)),
     }
     checks = []
     for key, bound in thresholds.items():
@@ -390,15 +297,6 @@ def serve_thresholds(thresholds: Mapping[str, float], report: ServeReport | None
         return [dataclasses.replace(check, status=INCONCLUSIVE, detail=f"{detail}; the windows at that rate disagreed "
                                                                          "by more than 10% (unstable)")]
     return [dataclasses.replace(check, detail="; ".join(p for p in (detail, check.detail) if p))]
-
-
-def _bubble_spread(result: PointResult | None) -> Spread | None:
-    if result is None or not result.bubble_measured:
-        return None
-    low, high = result.bubble_measured_min, result.bubble_measured_max
-    if low is None or high is None:
-        return None
-    return Spread(share=max(0.0, high - low) / result.bubble_measured, basis=f"now, over {result.num_repeats} repeats")
 
 
 def run_errors(probe_error: str | None, sweep: SweepReport | None) -> list[Check]:

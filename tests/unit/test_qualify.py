@@ -132,7 +132,7 @@ def test_a_shortfall_measured_on_a_busy_machine_is_inconclusive_not_fail():
 
 
 def test_judge_decides_against_the_spread():
-    from mbtune.qualifying.judge import Spread
+    from mbtune.qualifying.spreads import Spread
 
     wide = Spread(share=0.2, basis="now, over 3 repeats")
     assert judge("x", 95.0, 90.0, rule="", spread=wide, tolerance=0.1).status == INCONCLUSIVE
@@ -308,7 +308,7 @@ def test_compare_profiles_and_device_refusal():
 
 
 def test_pooled_ratios_narrow_as_agreeing_points_add_up_and_widen_when_they_disagree():
-    from mbtune.qualifying.judge import Spread, pool_ratios
+    from mbtune.qualifying.spreads import Spread, pool_ratios
 
     own = [Spread(share=0.08, basis="x")] * 4
     mean, agree = pool_ratios([0.0, 0.0, 0.0, 0.0], own)
@@ -321,7 +321,7 @@ def test_pooled_ratios_narrow_as_agreeing_points_add_up_and_widen_when_they_disa
 
 
 def test_pooled_ratios_without_their_own_intervals_fall_back_to_their_scatter():
-    from mbtune.qualifying.judge import pool_ratios
+    from mbtune.qualifying.spreads import pool_ratios
     from mbtune.sweeping.stopping import t975
 
     logs = [0.1, 0.0, -0.1]
@@ -354,6 +354,6 @@ def test_an_inconclusive_check_names_the_spread_that_would_decide_it():
 
 
 def _spread(share: float):
-    from mbtune.qualifying.judge import Spread
+    from mbtune.qualifying.spreads import Spread
 
     return Spread(share=share, basis="x")
