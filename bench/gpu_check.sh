@@ -9,7 +9,8 @@
 #   probe-budget    the same under --memory-budget 16GiB
 #   sweep           a one-GPU sweep (gpipe and 1f1b, one stage) with NVML sampling
 #   plan-memory     `plan` of an 8B-parameter Llama on 8 stages of 141 GB, no profile: every stage's peak on
-#                   fake tensors, timed on this machine's cores (skipped without transformers)
+#                   fake tensors, timed on this machine's cores (the built-in GPT at the same sizes where
+#                   transformers is missing or torch is older than 2.13)
 #   summary         one JSON of every figure: ceiling, safe batch, the ceiling predicted on fake tensors before
 #                   any trial, throughput, MFU, NVML kernel-active share, peak memory, CUDA-event against
 #                   wall-clock step time
@@ -118,18 +119,25 @@ run_step probe-budget "$LIMIT_BUDGET" "$OUT_DIR/probe-budget.json" \
 run_step sweep "$LIMIT_SWEEP" "$OUT_DIR/sweep.json" \
   "${MBTUNE[@]}" sweep "${COMMON[@]}" --stages 1 "${SWEEP[@]}" --point-timeout "$POINT_TIMEOUT"
 
-if "$PY" -c "import transformers" >/dev/null 2>&1; then
+# hf:llama where it pipelines (transformers installed; torch 2.13 or later, which hands its bool attention mask
+# between stages), else the built-in GPT at the same sizes.
+if "$PY" -c "import sys, torch, transformers; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 13))" \
+    >/dev/null 2>&1; then
   if [ "$MODE" = gpu ]; then
-    LLAMA=(-O hidden_size=4096 -O intermediate_size=14336 -O num_hidden_layers=32 -O num_attention_heads=32
-           -O num_key_value_heads=8 -O vocab_size=128256 -O max_position_embeddings=8192 -O seq_len=4096)
+    PLAN_MODEL=(-w hf:llama -O hidden_size=4096 -O intermediate_size=14336 -O num_hidden_layers=32
+                -O num_attention_heads=32 -O num_key_value_heads=8 -O vocab_size=128256 -O max_position_embeddings=8192
+                -O seq_len=4096)
   else
-    LLAMA=(-O hidden_size=64 -O intermediate_size=128 -O num_hidden_layers=8 -O num_attention_heads=4
-           -O num_key_value_heads=2 -O vocab_size=256 -O seq_len=32)
+    PLAN_MODEL=(-w hf:llama -O hidden_size=64 -O intermediate_size=128 -O num_hidden_layers=8 -O num_attention_heads=4
+                -O num_key_value_heads=2 -O vocab_size=256 -O seq_len=32)
   fi
-  run_step plan-memory 120 "$OUT_DIR/plan-memory.json" \
-    "${MBTUNE[@]}" plan -w hf:llama "${LLAMA[@]}" --device-memory 141GB --stages 8 --schedules 1f1b -m 8 \
-    --precision bf16 -f json
+elif [ "$MODE" = gpu ]; then
+  PLAN_MODEL=(-w gpt -O layers=32 -O d_model=4096 -O heads=32 -O seq_len=4096 -O vocab=128256)
+else
+  PLAN_MODEL=(-w gpt -O layers=8 -O d_model=64 -O heads=4 -O seq_len=32 -O vocab=256)
 fi
+run_step plan-memory 120 "$OUT_DIR/plan-memory.json" \
+  "${MBTUNE[@]}" plan "${PLAN_MODEL[@]}" --device-memory 141GB --stages 8 --schedules 1f1b -m 8 --precision bf16 -f json
 
 export GPU_CHECK_OUT="$OUT_DIR" GPU_CHECK_MODE="$MODE" GPU_CHECK_BUDGET="$BUDGET"
 run_step summary 30 "$OUT_DIR/summary.json" "$PY" - <<'PY'
@@ -237,7 +245,7 @@ summary = {
     "sweep": {"points": [point_figures(r) for r in sweep.results],
               "best": sweep.best.point.label if sweep.best else None,
               "warnings": list(sweep.warnings)} if sweep else None,
-    "plan_memory": {"seconds": plan.seconds, "cpus": len(os.sched_getaffinity(0)),
+    "plan_memory": {"workload": plan.workload, "seconds": plan.seconds, "cpus": len(os.sched_getaffinity(0)),
                     "rows": [{"label": f"{r.schedule} m{r.num_microbatches} {r.recompute}",
                               "micro_batch_size": r.micro_batch_size, "binding_rank": r.binding_rank,
                               "peak_gib": [round(b / 2**30, 1) for b in r.peak_bytes]} for r in plan.rows]}

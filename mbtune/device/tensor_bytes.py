@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 BLOCK_BYTES = 512  # CUDA's caching allocator rounds every allocation up to a multiple of this
+_DEVICE = torch.ops.prim.device.default  # a tensor subclass asked for its device: nothing is allocated
 
 
 def block_bytes(nbytes: int) -> int:
@@ -67,6 +68,8 @@ class TensorBytes(TorchDispatchMode):
         super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _DEVICE:  # autograd asks a fake tensor this for every gradient (two thirds of a fake step's
+            return _device_of(args[0])  # operators): answered as the fake tensor does, and not a moment
         out = func(*args, **(kwargs or {}))
         if isinstance(out, torch.Tensor):
             grown = self._track(out)
@@ -117,6 +120,14 @@ class TensorBytes(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
+
+
+def _device_of(tensor: torch.Tensor) -> torch.device:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(tensor, FakeTensor) and not tensor.fake_mode.in_kernel_invocation:
+        return tensor.fake_device
+    return _DEVICE(tensor)
 
 
 def fake_tensors() -> Any:

@@ -112,9 +112,14 @@ def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequen
                  keys: Sequence[tuple[str, ...] | None]) -> dict[int, StageShapes]:
     """Per model stage, its inputs and outputs of one micro-batch (from one forward of the chain)."""
     from mbtune.pipeline.runner import stage_module, step_batch
+    from mbtune.workloads.chain import batch_rows
 
-    inputs, _ = step_batch(workload, spec.micro_batch_size, seed=spec.seed, step_index=0, accum_index=0)
-    args = tuple(inputs) if isinstance(inputs, tuple) else (inputs,)
+    # The first micro-batch as the step hands it over (the replicas' batch, the first replica's rows, torch's
+    # chunk of them): torch checks given inputs against it, strides too, and a batch of one sample made at
+    # size one can have other strides (a size-1 dimension's stride is free).
+    inputs, _ = step_batch(workload, spec.replicas_batch_size, seed=spec.seed, step_index=0, accum_index=0)
+    rows = batch_rows(inputs, slice(0, spec.pipeline_batch_size))
+    args = tuple(_first_chunk(t, spec.num_microbatches) for t in (rows if isinstance(rows, tuple) else (rows,)))
     shapes: dict[int, StageShapes] = {}
     for stage, stage_blocks in enumerate(blocks):
         built = on_device(workload.build(stage_blocks, seed=spec.seed, recompute="none"), CPU)
@@ -124,6 +129,11 @@ def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequen
         shapes[stage] = (args, outputs)
         args = outputs
     return shapes
+
+
+def _first_chunk(tensor: torch.Tensor, chunks: int) -> torch.Tensor:
+    """The first of `chunks` micro-batches of a tensor, as torch's schedules split a step's inputs."""
+    return torch.tensor_split(tensor, chunks, 0)[0]
 
 
 def _rank_count(spec: PipelineSpec, workload: Workload, prepared: Prepared, rank: int, *,

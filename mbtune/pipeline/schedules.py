@@ -120,10 +120,29 @@ def run_schedule_step(schedule: Any, args: tuple[torch.Tensor, ...], *, target: 
 
     The last stage's outputs are not kept (they would only add memory) where torch lets us say so.
     """
-    if _accepts_return_outputs(type(schedule).step):
-        schedule.step(*args, target=target, losses=losses, return_outputs=False)
-    else:
-        schedule.step(*args, target=target, losses=losses)
+    try:
+        if _accepts_return_outputs(type(schedule).step):
+            schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        else:
+            schedule.step(*args, target=target, losses=losses)
+    except RuntimeError as exc:
+        if _INTEGER_HANDOVER in str(exc):
+            raise _integer_handover_error() from exc
+        raise
+
+
+# What torch before 2.13 raises where a stage receives a tensor that is not floating point: it makes every
+# received tensor require a gradient, and sends a gradient back for every one.
+_INTEGER_HANDOVER = "only Tensors of floating point dtype can require gradients"
+
+
+def _integer_handover_error() -> Exception:
+    from mbtune.errors import WorkloadError
+
+    return WorkloadError(
+        f"torch {torch.__version__} hands only floating-point tensors from one pipeline stage to the next, and "
+        "this model hands over an integer or bool tensor (an attention mask, position ids)",
+        hint="Use torch 2.13 or later, or have the model hand such values over as floating-point tensors.")
 
 
 @functools.cache

@@ -100,31 +100,53 @@ class MemoryPlan(Record):
 
 def plan_memory(config: MemoryPlanConfig) -> MemoryPlan:
     """The memory plan, predicted in a child process (the workload is user code) under the timeout."""
-    from mbtune.errors import WorkloadError
+    from mbtune.errors import WHOLE_TEXT, WorkloadError
     from mbtune.worker import run_isolated
 
     result = run_isolated(_plan_here, config, timeout_s=config.timeout_s)
     if result.status != "ok":
-        raise WorkloadError(f"the memory plan could not be predicted: {result.cause}", detail=result.error)
-    if isinstance(result.value, _Refused):  # the configuration's fault, not the model's
-        raise ConfigError(result.value.why)
+        raise WorkloadError(f"the memory plan could not be predicted: {result.cause}", detail=result.error,
+                            hint=f"{WHOLE_TEXT[0].upper()}{WHOLE_TEXT[1:]}.")
+    if isinstance(result.value, _Refused):  # bad input: the configuration's or the workload's
+        raise result.value.error()
     return result.value
 
 
 @dataclass(frozen=True)
 class _Refused:
-    """What the child answers when the configuration does not fit the workload it loaded."""
+    """What the child answers where the input is at fault (a configuration the workload it loaded cannot take,
+    a workload that cannot be loaded or pipelined): the error to raise, as data."""
 
     why: str
+    hint: str | None = None
+    config: bool = False  # a ConfigError (else a WorkloadError)
+
+    def error(self) -> Exception:
+        from mbtune.errors import WorkloadError
+
+        return ConfigError(self.why, hint=self.hint) if self.config else WorkloadError(self.why, hint=self.hint)
 
 
 def _plan_here(config: MemoryPlanConfig) -> MemoryPlan | _Refused:
+    from mbtune.errors import WorkloadError
+
+    # The plan is for other machines' devices, traced on fake CPU tensors: this machine's GPUs are hidden, so
+    # that nothing the workload's libraries ask of CUDA starts it here (its forked workers could not use it).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        return _plan(config)
+    except (ConfigError, WorkloadError) as exc:
+        return _Refused(exc.message, exc.hint, config=isinstance(exc, ConfigError))
+
+
+def _plan(config: MemoryPlanConfig) -> MemoryPlan | _Refused:
     from mbtune.workloads import load_workload
 
     started = time.perf_counter()
     workload = load_workload(config.workload, config.workload_options)
     if config.num_ranks > workload.num_blocks:
-        return _Refused(f"the workload has {workload.num_blocks} blocks, too few for {config.num_ranks} stages")
+        return _Refused(f"the workload has {workload.num_blocks} blocks, too few for {config.num_ranks} stages",
+                        config=True)
     from mbtune.pipeline.predict import RankPeaks
 
     planned = config.specs()
@@ -229,7 +251,7 @@ _JOBS: list[tuple[Any, ...]] = []  # what forked workers trace, set before they 
 def _fork_map(predict: RankPeaks, jobs: list[tuple[Prepared, int, bool]], workers: int) -> list[RankTrace]:
     """Each job's rank traced: in this process when one worker would do, else in forked workers (they
     inherit the loaded workload and the prepared fake tensors, so nothing but the answers crosses)."""
-    if workers <= 1 or len(jobs) <= 1:
+    if workers <= 1 or len(jobs) <= 1 or _cuda_started():
         return [predict.rank(prepared, rank, timeline=timeline) for prepared, rank, timeline in jobs]
     _JOBS[:] = [(predict, *job) for job in jobs]
     try:
@@ -237,6 +259,13 @@ def _fork_map(predict: RankPeaks, jobs: list[tuple[Prepared, int, bool]], worker
             return pool.map(_traced_job, range(len(jobs)), chunksize=1)
     finally:
         _JOBS.clear()
+
+
+def _cuda_started() -> bool:
+    """Whether CUDA was started in this process: a forked child could not use it (nor trace beside it)."""
+    import torch
+
+    return torch.cuda.is_initialized()
 
 
 def _one_thread() -> None:

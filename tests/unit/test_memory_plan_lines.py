@@ -81,3 +81,20 @@ def test_where_the_lines_were_optimistic_the_size_steps_down_by_what_they_missed
     missed = truth.peak(size) - (truth.at + (size - 1) * truth.grows)
     assert row.micro_batch_size >= size - missed // truth.grows - 1  # gave up no more than the miss spans
     assert len(truth.traced) == 1  # one step down: the size the lines give in the memory less what they missed
+
+
+def test_ranks_are_traced_in_this_process_once_cuda_has_started_here(monkeypatch):
+    # A forked child cannot use the CUDA its parent started (a workload's library may start it while loading).
+    from mbtune.planning import memory_plan
+
+    class Predict:
+        def rank(self, prepared, rank, *, timeline):
+            return RankTrace(peak_bytes=10 * rank + prepared)
+
+    def no_fork(_method):
+        raise AssertionError("forked after CUDA started")
+
+    monkeypatch.setattr(memory_plan, "_cuda_started", lambda: True)
+    monkeypatch.setattr(memory_plan.multiprocessing, "get_context", no_fork)
+    traces = memory_plan._fork_map(Predict(), [(1, 0, False), (1, 1, False), (2, 1, False)], workers=2)
+    assert [t.peak_bytes for t in traces] == [1, 11, 12]
