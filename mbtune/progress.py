@@ -13,3 +13,6 @@ class TrialProgress(Protocol):
     def start_trial(self, description: str) -> None: ...
 
     def end_trial(self, status: str, detail: str = "") -> None: ...
+
+    def working(self, description: str) -> None:
+        """What runs now, between trials (a sweep measuring its points round-robin); not a trial of its own."""

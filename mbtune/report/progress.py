@@ -45,6 +45,9 @@ class TrialProgressBar:
         self._description = description
         self._progress.update(self._task, current=f"trial {self._count}: {description}")
 
+    def working(self, description: str) -> None:
+        self._progress.update(self._task, current=description)
+
     def end_trial(self, status: str, detail: str = "") -> None:
         self._progress.advance(self._task)
         style = {"ok": "green", "oom": "yellow"}.get(status, "red")

@@ -82,7 +82,7 @@ class PointResult(Outcome):
     rank_nodes: tuple[str, ...] = ()
     # Measured until known (sweeping/stopping.py): the 95% interval of samples/s as half its width in % of
     # samples/s, what it was taken over, and why measuring stopped (known, time cap, most repeats, fixed,
-    # failed); repeats run again because other processes loaded the machine while they ran.
+    # failed, interrupted); repeats run again because other processes loaded the machine while they ran.
     ci_half_pct: float | None = None
     ci_basis: str = ""
     stopped: str = ""

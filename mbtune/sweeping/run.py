@@ -20,6 +20,7 @@ from mbtune.records import DeviceInfo
 from mbtune.settings import lr_for
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.records import Balance, PointResult, SkippedPoint, SweepReport
+from mbtune.sweeping.stopping import INTERRUPTED
 
 if TYPE_CHECKING:
     from mbtune.journal import Journal
@@ -65,10 +66,10 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
             assert quick is not None, "the quick strategy needs the planner's search"
             not_run, note = _quick(quick, grid.points, points.run, config, points.balance.block_times_s)
         else:
-            for point in grid.points:
-                points.run(point)
+            points.run_all(grid.points)
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C on the command line, or in a notebook
         interrupted = True
+        points.keep_unfinished()
     finally:
         if config.launcher == "torchrun" and config.nnodes == 1:  # across nodes, the command ends the session
             from mbtune.pipeline.torchrun import close_session
@@ -92,6 +93,8 @@ class _Points:
         self.progress, self.store = progress, store
         self.peak_flops = peak_flops(info.name, config.precision)
         self.results: list[PointResult] = []
+        self.order: dict[SweepPoint, int] = {}
+        self.unfinished: dict[SweepPoint, _Measuring] = {}
         self.done = {r.point: r for r in map(PointResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
         # A resumed sweep keeps the split its journaled points ran with.
         replayed = [Balance.from_dict(b) for b in store.replayed(BALANCE)] if store else []
@@ -102,19 +105,55 @@ class _Points:
             progress.set_total(len(points))
 
     def run(self, point: SweepPoint) -> PointResult:
-        if self.progress:
-            self.progress.start_trial(point.label)
-        result, detail = self.done.get(point), REPLAYED
-        if result is None:
-            peak = self.peak_flops * point.num_processes if self.peak_flops else None
-            result = _run_repeats(point, self.config, self.device, self.threads, self.workload, peak,
-                                  self.balance.block_times_s or None)
-            detail = _result_detail(result)
-            if self.store:
-                self.store.record(SWEEP_POINT, result.to_dict())
+        """One point, measured to its end (the quick strategy chooses the next point from this one's result)."""
+        if point in self.done:
+            return self._finished(point, self.done[point], REPLAYED)
+        measuring = self._measuring(point)
+        while not measuring.stopped:
+            measuring.repeat()
+        return self._finished(point, measuring.result(), "")
+
+    def run_all(self, points: Sequence[SweepPoint]) -> None:
+        """Every point, measured round-robin: one repeat of each point still measuring, then the next round,
+        until each has stopped. A machine whose speed drifts over minutes then slows every point alike, and
+        the points compare as they would side by side; one measured to its end before the next would carry
+        the speed of its own minutes alone."""
+        self.order = {point: index for index, point in enumerate(points)}
+        for point in points:
+            if point in self.done:
+                self._finished(point, self.done[point], REPLAYED)
+        self.unfinished = {point: self._measuring(point) for point in points if point not in self.done}
+        while self.unfinished:
+            for point, measuring in list(self.unfinished.items()):
+                if self.progress:
+                    self.progress.working(f"{point.label}, repeat {len(measuring.runs) + 1}{measuring.so_far()}")
+                measuring.repeat()
+                if measuring.stopped:
+                    del self.unfinished[point]
+                    self._finished(point, measuring.result(), "")
+        self.results.sort(key=lambda r: self.order.get(r.point, len(self.order)))
+
+    def keep_unfinished(self) -> None:
+        """Interrupted: the points still measuring keep the repeats they finished (not journaled: a resumed
+        sweep measures them anew)."""
+        for measuring in self.unfinished.values():
+            if measuring.runs:
+                self.results.append(replace(measuring.result(), stopped=INTERRUPTED))
+        self.unfinished = {}
+        self.results.sort(key=lambda r: self.order.get(r.point, len(self.order)))
+
+    def _measuring(self, point: SweepPoint) -> _Measuring:
+        peak = self.peak_flops * point.num_processes if self.peak_flops else None
+        return _Measuring(point, self.config, self.device, self.threads, self.workload, peak,
+                          self.balance.block_times_s or None)
+
+    def _finished(self, point: SweepPoint, result: PointResult, detail: str) -> PointResult:
+        if self.store and detail != REPLAYED:
+            self.store.record(SWEEP_POINT, result.to_dict())
         self.results.append(result)
         if self.progress:
-            self.progress.end_trial(result.status, detail)
+            self.progress.start_trial(point.label)
+            self.progress.end_trial(result.status, detail or _result_detail(result))
         return result
 
 
@@ -202,44 +241,69 @@ def _balance(config: SweepConfig, points: Sequence[SweepPoint], device: str, thr
     return Balance(by="time", block_times_s=times, micro_batch_size=size)
 
 
-def _run_repeats(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
-                 peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> PointResult:
-    """The point run in fresh processes, repeat after repeat, merged: config.repeats times, or until its
-    throughput is known (sweeping/stopping.py). Until known, a repeat measured while other processes loaded
-    the machine is run again (at most MAX_BUSY_RERUNS per point); a failed repeat fails the point. Until known, the
-    repeats after the first measure enough steps to fill MIN_REPEAT_WINDOW_S each (at most MAX_STEPS)."""
-    import time
+class _Measuring:
+    """One point's repeats in fresh processes, one at a time: config.repeats of them, or until its throughput
+    is known (sweeping/stopping.py); `result` merges them. Until known, a repeat measured while other
+    processes loaded the machine is run again (at most MAX_BUSY_RERUNS per point); a failed repeat fails the
+    point; the repeats after the first measure enough steps to fill MIN_REPEAT_WINDOW_S each (at most
+    MAX_STEPS); the time cap counts this point's own repeats, not the others' run between them."""
 
-    from mbtune.sweeping.grid import merge_repeats
-    from mbtune.sweeping.stopping import FAILED, FIXED, MAX_BUSY_RERUNS, should_stop
+    def __init__(self, point: SweepPoint, config: SweepConfig, device: str, threads: int | None,
+                 workload: WorkloadFacts, peak_total: float | None,
+                 block_times_s: tuple[float, ...] | None = None) -> None:
+        self.point, self.config, self.device, self.threads = point, config, device, threads
+        self.workload, self.peak_total, self.block_times_s = workload, peak_total, block_times_s
+        self.steps = config.measured_steps
+        self.runs: list[PointResult] = []
+        self.reruns, self.spent_s, self.stopped = 0, 0.0, ""
 
-    started, steps = time.monotonic(), config.measured_steps
-    runs: list[PointResult] = []
-    reruns, stopped = 0, ""
-    while not stopped:
-        run = _run_point(point, replace(config, measured_steps=steps), device, threads, workload, peak_total,
-                         block_times_s)
+    def repeat(self) -> None:
+        import time
+
+        from mbtune.sweeping.stopping import FAILED, FIXED, MAX_BUSY_RERUNS, should_stop
+
+        config, point = self.config, self.point
+        started = time.monotonic()
+        run = _run_point(point, replace(config, measured_steps=self.steps), self.device, self.threads,
+                         self.workload, self.peak_total, self.block_times_s)
+        self.spent_s += time.monotonic() - started
         # Until known only (fixed repeats run exactly as many as asked), and on one node (across nodes this
         # host's load is not the point's whole story): elsewhere a busy repeat keeps its warning.
-        if (run.ok and run.load is not None and run.load.busy and reruns < MAX_BUSY_RERUNS
+        if (run.ok and run.load is not None and run.load.busy and self.reruns < MAX_BUSY_RERUNS
                 and config.repeats is None and config.nnodes == 1):
-            reruns += 1
+            self.reruns += 1
             log.info("%s: measured while the machine was busy (%s); running it again", point.label, run.load.reason)
-            continue
-        runs.append(run)
+            return
+        self.runs.append(run)
         if not run.ok:
-            stopped = FAILED
+            self.stopped = FAILED
         elif config.repeats is not None:
-            stopped = FIXED if len(runs) >= config.repeats else ""
+            self.stopped = FIXED if len(self.runs) >= config.repeats else ""
         else:
-            if len(runs) == 1:
-                steps = steps_to_fill(run.step_times_s, steps)
-            rates = [point.global_batch / r.step_time_median_s for r in runs if r.step_time_median_s]
-            elapsed = time.monotonic() - started
-            stopped = should_stop(rates, target_width=config.target_ci, elapsed_s=elapsed,
-                                  repeat_s=elapsed / (len(runs) + reruns),
-                                  max_time_s=config.max_time_per_point_s) or ""
-    return replace(merge_repeats(runs), stopped=stopped, busy_reruns=reruns)
+            if len(self.runs) == 1:
+                self.steps = steps_to_fill(run.step_times_s, self.steps)
+            self.stopped = should_stop(self._rates(), target_width=config.target_ci, elapsed_s=self.spent_s,
+                                       repeat_s=self.spent_s / (len(self.runs) + self.reruns),
+                                       max_time_s=config.max_time_per_point_s) or ""
+
+    def _rates(self) -> list[float]:
+        return [self.point.global_batch / r.step_time_median_s for r in self.runs if r.step_time_median_s]
+
+    def so_far(self) -> str:
+        """The mean rate so far and its interval, for the progress line (empty before the first)."""
+        from mbtune.sweeping.stopping import interval
+
+        rates = self._rates()
+        if not rates:
+            return ""
+        known = interval(rates, "")
+        spread = f" +-{known.half:.1%}" if known else ""
+        return f" (so far {sum(rates) / len(rates):,.1f} samples/s{spread})"
+
+    def result(self) -> PointResult:
+        from mbtune.sweeping.grid import merge_repeats
+
+        return replace(merge_repeats(self.runs), stopped=self.stopped, busy_reruns=self.reruns)
 
 
 MIN_REPEAT_WINDOW_S = 0.5  # until known, a repeat measures at least this long (the first one calibrates)

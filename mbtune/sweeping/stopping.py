@@ -24,6 +24,7 @@ MAX_BUSY_RERUNS = 3  # repeats run again, per point, because other processes loa
 
 REPEATS_ENV = "MBTUNE_REPEATS"  # a machine's default --repeats (e.g. 1 for a CI smoke run); unset: until known
 KNOWN, TIME_CAP, MOST_REPEATS, FIXED, FAILED = "known", "time cap", "most repeats", "fixed", "failed"
+INTERRUPTED = "interrupted"  # the sweep was stopped (Ctrl-C) while this point was still measuring
 
 # Two-sided 95% quantiles of Student's t, by degrees of freedom 1..30; beyond, the normal's 1.96 plus the
 # first term of the Cornish-Fisher expansion (within 0.1% of the exact value from 30 on).
