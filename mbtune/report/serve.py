@@ -103,18 +103,28 @@ def _latency(value: float | None) -> str:
 
 
 def answers_table(report: ServeReport) -> Table:
-    table = Table(title="Highest Poisson rate with p99 within the budget", title_justify="left")
+    table = Table(title="Highest Poisson rate with p99 within the budget", title_justify="left",
+                  caption="* best   = tied with the best (its highest rate could be the best one's: the brackets "
+                          "overlap)", caption_justify="left")
     for name in ("", "configuration", "max rate/s", "p99 there", "throughput/s", "first over budget",
-                 "predicted max rate/s"):
+                 "highest rate lies in", "predicted max rate/s"):
         table.add_column(name, justify="left" if name in ("", "configuration") else "right")
     for index, answer in enumerate(report.answers):
-        mark = "*" if index == report.best else ""
+        mark = "*" if index == report.best else "=" if index in report.ties else ""
         table.add_row(mark, answer.config.label, _rate(answer), fmt_seconds(answer.p99_at_max_s)
                       if answer.p99_at_max_s is not None else "", fmt_rate(answer.throughput_at_max_per_s)
                       if answer.throughput_at_max_per_s is not None else "",
                       f"{answer.first_failing_rate_per_s:g}" if answer.first_failing_rate_per_s else "",
+                      _bracket(answer),
                       f"{answer.predicted_max_rate_per_s:g}" if answer.predicted_max_rate_per_s else "none")
     return table
+
+
+def _bracket(answer: ConfigAnswer) -> str:
+    if not answer.ran:
+        return ""
+    high = f"{answer.bracket_high_per_s:g})" if answer.bracket_high_per_s is not None else "above)"
+    return f"[{answer.bracket_low_per_s:g}, {high}"
 
 
 def _rate(answer: ConfigAnswer) -> str:
@@ -140,6 +150,10 @@ def summary_panel(report: ServeReport) -> Panel:
     grid.add_row("best", f"[bold green]{winner.config.label}[/]: {winner.max_rate_per_s:g} requests/s within the "
                          f"budget (p99 {fmt_seconds(winner.p99_at_max_s)})" if winner and winner.max_rate_per_s
                  else "[red]no configuration met the budget at any rate it ran[/]")
+    if report.ties:
+        tied = ", ".join(report.answers[i].config.label for i in report.ties)
+        grid.add_row("tied with", f"{tied}: where each one's highest rate lies overlaps the best one's (a p99 near "
+                                  "the budget counts either way), so a second run could name either")
     check = report.simulator
     if check is not None:
         error = (f"median {check.median_error_pct:.0f}%, worst {check.worst_error_pct:.0f}% over {check.points} "

@@ -54,7 +54,7 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     else:
         spread = "ranges: the 95% interval and min-max over one run's measured steps (narrower than between runs)"
     table.caption = "  ".join(["bubble: measured / theoretical", spread, "* Pareto front (throughput vs peak memory)",
-                               "= tied with the best (intervals overlap)", "! see warnings", *_global_batch_note(report),
+                               "= tied with the best (a 95% test of the difference cannot tell them apart)", "! see warnings", *_global_batch_note(report),
                                *_lr_caption(report), *notes])
     return table
 
@@ -232,7 +232,8 @@ def best_panel(report: SweepReport) -> Panel:
     if report.ties:
         tied = ", ".join(report.results[i].point.label for i in report.ties[:3])
         more = f" and {len(report.ties) - 3} more" if len(report.ties) > 3 else ""
-        grid.add_row("tied with", f"{tied}{more}: their 95% intervals overlap this one's, so this ranking is "
+        grid.add_row("tied with", f"{tied}{more}: a 95% test of the difference (round by round where they were "
+                                  "measured in the same rounds) cannot tell them from this one, so this ranking is "
                                   "not certain (a longer --max-time-per-point, or more --repeats, narrows them)")
     if best.idle is not None:
         grid.add_row("bubble, by cause", f"{_pct(best.idle.schedule)} schedule + {_pct(best.idle.transfer)} transfer"

@@ -174,6 +174,11 @@ class ConfigAnswer(Record):
     ran: bool = True  # False: only simulated (--strategy quick did not pick it)
     stable: bool = True  # the measurement at max_rate_per_s was stable
     note: str = ""
+    # Where the configuration's true highest rate lies, on the evidence: from max_rate_per_s up to the first
+    # rate over the budget, each widened one rung of the rates where its p99 was within the noise of the
+    # budget (a pass or a failure that a second measurement could turn); None above: no rate failed.
+    bracket_low_per_s: float = 0.0
+    bracket_high_per_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,6 +215,7 @@ class ServeReport(Record):
     runs: tuple[ConfigRun, ...] = ()
     answers: tuple[ConfigAnswer, ...] = ()
     best: int | None = None  # index into answers: the configuration that sustains the highest rate
+    ties: tuple[int, ...] = ()  # answers whose bracket overlaps the best one's: on this evidence, tied with it
     strategy: str = "grid"
     simulator: SimulatorCheck | None = None
     skipped: tuple[str, ...] = ()  # configurations and rates not run, each with its reason

@@ -20,11 +20,11 @@ from mbtune.errors import ConfigError, Interrupted, TrialFailedError
 from mbtune.probing.records import ProbeResult, TrialOutcome
 from mbtune.records import OK
 from mbtune.serving import simulate
+from mbtune.serving.answers import answer, best_answer, tied_with_best
 from mbtune.serving.config import DEFAULT_MAX_BATCH_SIZES, DEFAULT_RATE_SHARES, ServeConfig
 from mbtune.serving.load import CLOSED, POISSON
 from mbtune.serving.records import (
     BatchConfig,
-    ConfigAnswer,
     ConfigRun,
     LoadResult,
     ServeReport,
@@ -77,16 +77,16 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
     fit = calibrate(curve, [load for run in runs for load in run.loads])
     runs = _predicted(runs, curve, config)
     service = simulate.curve_sampler(curve, fit.service_scale)
-    answers = tuple(_answer(rule, runs, rates, service, fit.overhead_s, config) for rule in rules)
+    answers = tuple(answer(rule, runs, rates, service, fit.overhead_s, config) for rule in rules)
     warnings += _load_warnings(runs, config)
-    best = _best(answers)
+    best = best_answer(answers)
     if best is not None and answers[best].max_rate_per_s == max(rates):
         warnings.append(f"{answers[best].config.label} met the budget at the highest rate tried "
                         f"({max(rates):g}/s): it may sustain more (add higher --rates)")
     return ServeReport(
         workload=config.workload, workload_options=dict(config.workload_options), device=ceiling.device,
         precision=config.precision, p99_budget_s=config.p99_budget_s, ceiling=ceiling, curve=curve,
-        runs=tuple(runs), answers=answers, best=best, strategy=config.strategy,
+        runs=tuple(runs), answers=answers, best=best, ties=tied_with_best(answers, best), strategy=config.strategy,
         simulator=_validation(runs, curve, fit), skipped=tuple(skipped), warnings=tuple(warnings),
         threads=curve.threads, interrupted=interrupted, queue_timeout_s=config.queue_timeout,
         generator_capacity_per_s=generator)
@@ -302,41 +302,6 @@ def _predicted(runs: Sequence[ConfigRun], curve: ServiceCurve, config: ServeConf
             loads.append(load)
         predicted.append(dataclasses.replace(run, loads=tuple(loads)))
     return predicted
-
-
-def _answer(rule: BatchConfig, runs: Sequence[ConfigRun], rates: Sequence[float], service: simulate.ServiceSampler,
-            overhead_s: float, config: ServeConfig) -> ConfigAnswer:
-    """The highest rate measured within the budget, every lower rate measured having met it too."""
-    predicted, _ = simulate.predicted_max_rate(rule, rates, service, config.p99_budget_s, overhead_s=overhead_s,
-                                               queue_timeout_s=config.queue_timeout, seed=config.seed)
-    run = next((r for r in runs if r.config == rule), None)
-    if run is None:
-        return ConfigAnswer(config=rule, max_rate_per_s=None, predicted_max_rate_per_s=predicted, ran=False,
-                            note="predicted only")
-    passing: LoadResult | None = None
-    failing: LoadResult | None = None
-    for load in sorted((x for x in run.loads if x.kind == POISSON), key=lambda x: x.rate_per_s or 0.0):
-        if not load.meets(config.p99_budget_s):
-            failing = load
-            break
-        passing = load
-    note = run.error or ("" if passing else "no rate it ran met the budget")
-    return ConfigAnswer(
-        config=rule, max_rate_per_s=passing.rate_per_s if passing else None,
-        p99_at_max_s=passing.p99_s if passing else None,
-        throughput_at_max_per_s=passing.throughput_per_s if passing else None,
-        first_failing_rate_per_s=failing.rate_per_s if failing else None, predicted_max_rate_per_s=predicted,
-        stable=passing.stable if passing else True, note=note)
-
-
-def _best(answers: Sequence[ConfigAnswer]) -> int | None:
-    """The configuration that sustains the highest rate (ties: a stable measurement there, then the
-    lower p99)."""
-    measured = [i for i, a in enumerate(answers) if a.max_rate_per_s is not None]
-    if not measured:
-        return None
-    return max(measured, key=lambda i: (answers[i].max_rate_per_s or 0.0, answers[i].stable,
-                                        -(answers[i].p99_at_max_s or 0.0)))
 
 
 def _load_warnings(runs: Sequence[ConfigRun], config: ServeConfig) -> list[str]:

@@ -6,6 +6,7 @@ Planning and ranking are pure functions; `run_point` is the one place that start
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -247,28 +248,60 @@ def merge_loads(loads: Sequence[MachineLoad | None]) -> MachineLoad | None:
 
 def tied_with_best(results: Sequence[PointResult], ranking: Sequence[int], objective: str, *,
                    same_global_batch: bool = False) -> tuple[int, ...]:
-    """Ranked points whose measured interval overlaps the best one's: on this evidence they are tied with
-    it. Throughput carries its 95% interval (sweeping/stopping.py; its range where it has none), bubble
-    its range; memory is ranked exactly. With global batches held fixed, only
-    rows of the best one's global batch can tie with it (another global batch is another recipe)."""
+    """Ranked points that, on this evidence, could be as good as the best one: a 95% test of their difference
+    does not tell them apart. Throughput measured round-robin compares round by round (the rounds both ran,
+    at least MIN_REPEATS: the machine's drift over the run cancels in each round's ratio); otherwise the two
+    95% intervals combined in quadrature (the interval of a difference of independent means); where a point
+    has no interval, the ranges overlap. Bubble compares its ranges; memory is ranked exactly. With global
+    batches held fixed, only rows of the best one's global batch can tie with it (another global batch is
+    another recipe)."""
     if not ranking or objective == "memory":
         return ()
-
-    def span(result: PointResult) -> tuple[float, float] | None:
-        if objective == "throughput" and (ci := result.samples_per_s_ci) is not None:
-            return ci
-        if objective == "throughput":
-            low, high, mid = result.samples_per_s_min, result.samples_per_s_max, result.samples_per_s
-        else:
-            low, high, mid = result.bubble_measured_min, result.bubble_measured_max, result.bubble_measured
-        return None if mid is None else (mid if low is None else low, mid if high is None else high)
-
-    best = span(results[ranking[0]])
-    if best is None:
+    best = results[ranking[0]]
+    if _span(best, objective) is None:
         return ()
-    size = results[ranking[0]].point.global_batch
+    size = best.point.global_batch
     return tuple(i for i in ranking[1:] if (not same_global_batch or results[i].point.global_batch == size)
-                 and (other := span(results[i])) and other[0] <= best[1] and best[0] <= other[1])
+                 and _tied(best, results[i], objective))
+
+
+def _span(result: PointResult, objective: str) -> tuple[float, float] | None:
+    if objective == "throughput" and (ci := result.samples_per_s_ci) is not None:
+        return ci
+    if objective == "throughput":
+        low, high, mid = result.samples_per_s_min, result.samples_per_s_max, result.samples_per_s
+    else:
+        low, high, mid = result.bubble_measured_min, result.bubble_measured_max, result.bubble_measured
+    return None if mid is None else (mid if low is None else low, mid if high is None else high)
+
+
+def _tied(best: PointResult, other: PointResult, objective: str) -> bool:
+    if objective == "throughput":
+        paired = paired_difference(best, other)
+        if paired is not None:
+            mean, half = paired
+            return abs(mean) <= half
+        if best.ci_half_pct is not None and other.ci_half_pct is not None and best.samples_per_s \
+                and other.samples_per_s:
+            bound = math.hypot(best.samples_per_s * best.ci_half_pct, other.samples_per_s * other.ci_half_pct) / 100
+            return abs(best.samples_per_s - other.samples_per_s) <= bound
+    mine, theirs = _span(best, objective), _span(other, objective)
+    return mine is not None and theirs is not None and theirs[0] <= mine[1] and mine[0] <= theirs[1]
+
+
+def paired_difference(a: PointResult, b: PointResult) -> tuple[float, float] | None:
+    """The mean log ratio of a's throughput over b's, round by round over the rounds both measured, and its 95%
+    half-interval (Student's t); None under MIN_REPEATS shared rounds."""
+    from mbtune.sweeping.stopping import MIN_REPEATS, t975
+
+    mine = dict(zip(a.repeat_rounds, a.repeat_step_time_medians_s, strict=False))
+    theirs = dict(zip(b.repeat_rounds, b.repeat_step_time_medians_s, strict=False))
+    shared = sorted(set(mine) & set(theirs))
+    if len(shared) < MIN_REPEATS:
+        return None
+    # Throughput is the global batch over the step time.
+    ratios = [math.log(a.point.global_batch / mine[k]) - math.log(b.point.global_batch / theirs[k]) for k in shared]
+    return statistics.fmean(ratios), t975(len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
 
 
 def median_step(step_times_s: Sequence[float]) -> int:

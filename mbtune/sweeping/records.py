@@ -64,6 +64,9 @@ class PointResult(Outcome):
     # run, over its measured steps. step_times_s then holds every repeat's steps, in order.
     num_repeats: int = 1
     repeat_step_time_medians_s: tuple[float, ...] = ()  # one per repeat that completed
+    # Measured round-robin: the round each of those repeats ran in (points compared round by round, where the
+    # machine's drift is shared); () where the point was measured on its own.
+    repeat_rounds: tuple[int, ...] = ()
     samples_per_s_min: float | None = None
     samples_per_s_max: float | None = None
     bubble_measured_min: float | None = None

@@ -123,8 +123,11 @@ class _Points:
             if point in self.done:
                 self._finished(point, self.done[point], REPLAYED)
         self.unfinished = {point: self._measuring(point) for point in points if point not in self.done}
+        rounds = 0
         while self.unfinished:
+            rounds += 1
             for point, measuring in list(self.unfinished.items()):
+                measuring.round = rounds
                 if self.progress:
                     self.progress.working(f"{point.label}, repeat {len(measuring.runs) + 1}{measuring.so_far()}")
                 measuring.repeat()
@@ -256,6 +259,8 @@ class _Measuring:
         self.steps = config.measured_steps
         self.runs: list[PointResult] = []
         self.reruns, self.spent_s, self.stopped = 0, 0.0, ""
+        self.round = 0  # the round-robin round the next repeat runs in (0: measured on its own)
+        self.rounds: list[int] = []  # the round each kept repeat ran in
 
     def repeat(self) -> None:
         import time
@@ -275,6 +280,7 @@ class _Measuring:
             log.info("%s: measured while the machine was busy (%s); running it again", point.label, run.load.reason)
             return
         self.runs.append(run)
+        self.rounds.append(self.round)
         if not run.ok:
             self.stopped = FAILED
         elif config.repeats is not None:
@@ -303,7 +309,8 @@ class _Measuring:
     def result(self) -> PointResult:
         from mbtune.sweeping.grid import merge_repeats
 
-        return replace(merge_repeats(self.runs), stopped=self.stopped, busy_reruns=self.reruns)
+        rounds = tuple(self.rounds) if self.round else ()
+        return replace(merge_repeats(self.runs), stopped=self.stopped, busy_reruns=self.reruns, repeat_rounds=rounds)
 
 
 MIN_REPEAT_WINDOW_S = 0.5  # until known, a repeat measures at least this long (the first one calibrates)

@@ -47,6 +47,7 @@ def test_fixed_repeats_go_round_the_points_not_point_by_point(monkeypatch):
     points.run_all(POINTS)
     assert machine.order == POINTS * 3
     assert [r.point for r in points.results] == POINTS and {r.stopped for r in points.results} == {FIXED}
+    assert {r.repeat_rounds for r in points.results} == {(1, 2, 3)}  # what the ties compare round by round
 
 
 def test_a_point_known_early_leaves_the_round_and_the_others_go_on(monkeypatch):

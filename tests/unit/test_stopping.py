@@ -10,7 +10,7 @@ import pytest
 
 from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.rank_device import own_cores
-from mbtune.sweeping.grid import merge_repeats, tied_with_best
+from mbtune.sweeping.grid import merge_repeats, paired_difference, tied_with_best
 from mbtune.sweeping.records import PointResult
 from mbtune.sweeping.run import MAX_STEPS, MIN_REPEAT_WINDOW_S, steps_to_fill
 from mbtune.sweeping.stopping import (
@@ -111,11 +111,44 @@ def test_merged_repeats_carry_the_interval_over_their_rates():
     assert single.ci_basis == "3 steps of one run" and single.ci_half_pct > 0
 
 
-def test_ties_are_the_rows_whose_intervals_overlap_the_best_ones():
+def test_ties_are_the_rows_a_95_percent_test_of_the_difference_cannot_tell_from_the_best():
     def row(rate: float, half_pct: float) -> PointResult:
         return PointResult(point=POINT, status="ok", samples_per_s=rate, ci_half_pct=half_pct,
                            samples_per_s_min=rate * 0.5, samples_per_s_max=rate * 1.5)
 
-    results = [row(100.0, 2.0), row(97.0, 2.0), row(90.0, 2.0)]
-    # 98-102 against 95.06-98.94: they overlap; 88.2-91.8 does not, though the min-max ranges all would.
-    assert tied_with_best(results, (0, 1, 2), "throughput") == (1,)
+    results = [row(100.0, 2.0), row(98.0, 2.0), row(97.0, 2.0), row(90.0, 2.0)]
+    # The difference's interval is the two combined in quadrature: +-2.8 here. 98 is within it; 97 is not,
+    # though its interval (95.06-98.94) overlaps the best one's (98-102); the min-max ranges would tie all.
+    assert tied_with_best(results, (0, 1, 2, 3), "throughput") == (1,)
+    # Without intervals, the ranges decide.
+    bare = [PointResult(point=POINT, status="ok", samples_per_s=r, samples_per_s_min=r - 5, samples_per_s_max=r + 5)
+            for r in (100.0, 92.0, 80.0)]
+    assert tied_with_best(bare, (0, 1, 2), "throughput") == (1,)
+
+
+def _rounds(rates: list[float], rounds: list[int], half_pct: float = 20.0) -> PointResult:
+    medians = tuple(POINT.global_batch / r for r in rates)
+    return PointResult(point=POINT, status="ok", samples_per_s=statistics.median(rates), ci_half_pct=half_pct,
+                       repeat_step_time_medians_s=medians, repeat_rounds=tuple(rounds))
+
+
+def test_points_measured_in_the_same_rounds_are_compared_round_by_round():
+    # The machine drifts +-20% from round to round, alike for both points: each interval alone is wide and
+    # they overlap, but in every round the first point is 5% faster, so they are not tied.
+    drift = [1.0, 1.2, 0.8, 1.1, 0.9]
+    fast, slow = _rounds([105 * d for d in drift], [1, 2, 3, 4, 5]), _rounds([100 * d for d in drift], [1, 2, 3, 4, 5])
+    mean, half = paired_difference(fast, slow)
+    assert mean == pytest.approx(math.log(1.05)) and half == pytest.approx(0.0, abs=1e-9)
+    assert tied_with_best([fast, slow], (0, 1), "throughput") == ()
+    # The same rates, a round apart (no round in common enough): the quadrature rule ties them.
+    apart = _rounds([100 * d for d in drift], [6, 7, 8, 9, 10])
+    assert paired_difference(fast, apart) is None
+    assert tied_with_best([fast, apart], (0, 1), "throughput") == (1,)
+
+
+def test_a_round_by_round_difference_that_changes_sign_is_a_tie():
+    a = _rounds([100, 104, 99, 103], [1, 2, 3, 4])
+    b = _rounds([102, 100, 101, 100], [1, 2, 3, 4])
+    mean, half = paired_difference(a, b)
+    assert abs(mean) <= half
+    assert tied_with_best([a, b], (0, 1), "throughput") == (1,)

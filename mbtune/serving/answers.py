@@ -1,0 +1,93 @@
+"""A serve run's answers: per configuration the highest Poisson rate whose p99 stayed within the budget and
+where its true highest rate lies on the evidence (a bracket on the ladder of rates, widened where a p99 lay
+within the noise of the budget), the best configuration, and those tied with it (brackets that overlap the
+best one's: a second run could name either)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from mbtune.serving import simulate
+from mbtune.serving.config import ServeConfig
+from mbtune.serving.load import POISSON
+from mbtune.serving.records import BatchConfig, ConfigAnswer, ConfigRun, LoadResult
+
+
+def answer(rule: BatchConfig, runs: Sequence[ConfigRun], rates: Sequence[float], service: simulate.ServiceSampler,
+           overhead_s: float, config: ServeConfig) -> ConfigAnswer:
+    """The highest rate measured within the budget, every lower rate measured having met it too."""
+    predicted, _ = simulate.predicted_max_rate(rule, rates, service, config.p99_budget_s, overhead_s=overhead_s,
+                                               queue_timeout_s=config.queue_timeout, seed=config.seed)
+    run = next((r for r in runs if r.config == rule), None)
+    if run is None:
+        return ConfigAnswer(config=rule, max_rate_per_s=None, predicted_max_rate_per_s=predicted, ran=False,
+                            note="predicted only")
+    passing: LoadResult | None = None
+    failing: LoadResult | None = None
+    for load in sorted((x for x in run.loads if x.kind == POISSON), key=lambda x: x.rate_per_s or 0.0):
+        if not load.meets(config.p99_budget_s):
+            failing = load
+            break
+        passing = load
+    note = run.error or ("" if passing else "no rate it ran met the budget")
+    ladder = sorted(x.rate_per_s for x in run.loads if x.kind == POISSON and x.rate_per_s is not None)
+    low, high = bracket(ladder, passing, failing, config.p99_budget_s)
+    return ConfigAnswer(
+        config=rule, max_rate_per_s=passing.rate_per_s if passing else None,
+        p99_at_max_s=passing.p99_s if passing else None,
+        throughput_at_max_per_s=passing.throughput_per_s if passing else None,
+        first_failing_rate_per_s=failing.rate_per_s if failing else None, predicted_max_rate_per_s=predicted,
+        stable=passing.stable if passing else True, note=note, bracket_low_per_s=low, bracket_high_per_s=high)
+
+
+# A load's p99 counts as within the noise of the budget where it lies within this share of it, or within its
+# own windows' spread where that is wider: the share by which one load's p99 moves between measurements.
+P99_NOISE = 0.15
+
+
+def near_budget(load: LoadResult, budget_s: float) -> bool:
+    """Whether a second measurement of this load could land on the budget's other side."""
+    if load.p99_s is None:
+        return False  # over 1% of its requests lost: over the budget by far
+    spread = math.inf if load.window_spread is None else load.window_spread
+    return abs(load.p99_s - budget_s) <= max(P99_NOISE, spread) * budget_s
+
+
+def bracket(ladder: Sequence[float], passing: LoadResult | None, failing: LoadResult | None,
+            budget_s: float) -> tuple[float, float | None]:
+    """Where a configuration's highest rate within the budget lies: [highest passing rate, first failing
+    rate), each end moved one rung of the ladder outwards where its p99 was near the budget (None: no
+    rate above failed)."""
+    low = (passing.rate_per_s or 0.0) if passing else 0.0
+    high = failing.rate_per_s if failing else None
+    if passing is not None and near_budget(passing, budget_s):
+        low = max((rate for rate in ladder if rate < low), default=0.0)
+    if failing is not None and high is not None and near_budget(failing, budget_s):
+        high = min((rate for rate in ladder if rate > high), default=None)
+    return low, high
+
+
+def best_answer(answers: Sequence[ConfigAnswer]) -> int | None:
+    """The configuration that sustains the highest rate (ties: a stable measurement there, then the
+    lower p99)."""
+    measured = [i for i, a in enumerate(answers) if a.max_rate_per_s is not None]
+    if not measured:
+        return None
+    return max(measured, key=lambda i: (answers[i].max_rate_per_s or 0.0, answers[i].stable,
+                                        -(answers[i].p99_at_max_s or 0.0)))
+
+
+def tied_with_best(answers: Sequence[ConfigAnswer], best: int | None) -> tuple[int, ...]:
+    """The configurations (that ran) whose bracket overlaps the best one's: their highest rates could be the
+    same, so a second run could name either."""
+    if best is None:
+        return ()
+    top = answers[best]
+
+    def below(a: float, b: float | None) -> bool:
+        return b is None or a < b
+
+    return tuple(i for i, a in enumerate(answers) if i != best and a.ran
+                 and below(a.bracket_low_per_s, top.bracket_high_per_s)
+                 and below(top.bracket_low_per_s, a.bracket_high_per_s))

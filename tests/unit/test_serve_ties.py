@@ -1,0 +1,50 @@
+"""Serve's answer as a bracket on the ladder of rates, and the configurations tied with the best
+(serving/answers.py): a p99 near the budget counts either way, one rung further."""
+
+from __future__ import annotations
+
+from mbtune.serving.answers import P99_NOISE, bracket, near_budget, tied_with_best
+from mbtune.serving.records import BatchConfig, ConfigAnswer, LoadResult
+
+BUDGET = 0.100
+LADDER = [100.0, 200.0, 300.0, 400.0]
+CONFIG = BatchConfig(max_batch_size=8)
+
+
+def _load(rate: float, p99: float | None, spread: float | None = 0.05) -> LoadResult:
+    return LoadResult(config=CONFIG, rate_per_s=rate, p99_s=p99, window_spread=spread)
+
+
+def test_a_p99_far_from_the_budget_keeps_the_bracket_between_the_rates_measured():
+    assert bracket(LADDER, _load(200, 0.050), _load(300, 0.300), BUDGET) == (200, 300)
+    assert bracket(LADDER, _load(400, 0.050), None, BUDGET) == (400, None)  # nothing failed: no end above
+    assert bracket(LADDER, None, _load(100, 0.300), BUDGET) == (0.0, 100)
+
+
+def test_a_pass_or_a_failure_near_the_budget_moves_that_end_one_rung_out():
+    near_below, near_above = BUDGET * (1 - P99_NOISE / 2), BUDGET * (1 + P99_NOISE / 2)
+    assert bracket(LADDER, _load(200, near_below), _load(300, 0.300), BUDGET) == (100, 300)
+    assert bracket(LADDER, _load(200, 0.050), _load(300, near_above), BUDGET) == (200, 400)
+    assert bracket(LADDER, _load(100, near_below), _load(400, near_above), BUDGET) == (0.0, None)
+    # Lost requests are far over the budget, whatever the windows did.
+    assert not near_budget(_load(300, None, spread=None), BUDGET)
+
+
+def test_a_load_whose_windows_spread_widely_is_near_the_budget_further_out():
+    assert not near_budget(_load(300, 0.130, spread=0.10), BUDGET)
+    assert near_budget(_load(300, 0.130, spread=0.40), BUDGET)
+    assert near_budget(_load(300, 0.500, spread=None), BUDGET)  # windows that never agreed: anything is near
+
+
+def _answer(label: int, low: float, high: float | None, ran: bool = True) -> ConfigAnswer:
+    return ConfigAnswer(config=BatchConfig(max_batch_size=label), max_rate_per_s=low or None, ran=ran,
+                        bracket_low_per_s=low, bracket_high_per_s=high)
+
+
+def test_configurations_whose_brackets_overlap_the_best_ones_are_tied_with_it():
+    answers = [_answer(1, 300, 400), _answer(2, 200, 400), _answer(4, 200, 300), _answer(8, 400, None),
+               _answer(16, 100, 200), _answer(32, 300, None, ran=False)]
+    assert tied_with_best(answers, 0) == (1,)  # [200, 400) overlaps [300, 400); [200, 300) only touches it
+    assert tied_with_best(answers, 3) == ()  # [400, above) starts where the others end
+    assert tied_with_best(answers, 1) == (0, 2)
+    assert tied_with_best(answers, None) == ()
