@@ -69,14 +69,18 @@ def should_stop(rates: Sequence[float], *, target_width: float, elapsed_s: float
                 max_time_s: float, min_repeats: int = MIN_REPEATS, max_repeats: int = MAX_REPEATS) -> str | None:
     """Why measuring stops after these repeats' rates, or None to run one more: KNOWN when the interval's
     width is at most `target_width` (after `min_repeats`), TIME_CAP when one more repeat (as long as the
-    mean one so far, `repeat_s`) would end past `max_time_s`, MOST_REPEATS at `max_repeats`."""
+    mean one so far, `repeat_s`) would end past `max_time_s` (before `min_repeats`: past twice it),
+    MOST_REPEATS at `max_repeats`."""
     n = len(rates)
     found = interval(rates, f"{n} repeats")
     if n >= min_repeats and found is not None and found.width <= target_width:
         return KNOWN
     if n >= max_repeats:
         return MOST_REPEATS
-    if n >= 1 and elapsed_s + repeat_s > max_time_s:
+    # The cap stops a point once it has MIN_REPEATS (fewer give no interval worth the name, nor a comparison
+    # round by round), or where even those would run past twice the cap.
+    cap = max_time_s if n >= min_repeats else 2 * max_time_s
+    if n >= 1 and elapsed_s + repeat_s > cap:
         return TIME_CAP
     return None
 

@@ -61,8 +61,10 @@ def test_the_time_cap_and_the_most_repeats_end_a_point_that_is_not_known():
     noisy = [100.0, 140.0, 80.0]
     assert should_stop(noisy, target_width=0.05, elapsed_s=9, repeat_s=3, max_time_s=10) == TIME_CAP
     assert should_stop(noisy, target_width=0.05, elapsed_s=6, repeat_s=3, max_time_s=10) is None  # ends at 9 s
-    # One repeat longer than the cap stops after it.
-    assert should_stop([100.0], target_width=0.05, elapsed_s=12, repeat_s=12, max_time_s=10) == TIME_CAP
+    # One repeat longer than twice the cap stops after it; shorter ones go on to MIN_REPEATS past the cap.
+    assert should_stop([100.0], target_width=0.05, elapsed_s=21, repeat_s=21, max_time_s=10) == TIME_CAP
+    assert should_stop([100.0, 120.0], target_width=0.05, elapsed_s=8, repeat_s=4, max_time_s=10) is None
+    assert should_stop(noisy, target_width=0.05, elapsed_s=12, repeat_s=4, max_time_s=10) == TIME_CAP
     assert should_stop(noisy * 4, target_width=0.01, elapsed_s=12, repeat_s=1, max_time_s=60,
                        max_repeats=12) == MOST_REPEATS
 
