@@ -55,7 +55,7 @@ def serve(
     confirm: Confirm = P.confirm,
     threads: Annotated[int | None, typer.Option("--threads", help="torch threads of the model process (default: all cores but one, which the load generator keeps).")] = None,
     window: Annotated[str, typer.Option("--window", help="Measurement window, e.g. 1s (open loop: at least 100 expected arrivals); 3 in a row must agree within 10%.")] = "1s",
-    max_windows: Annotated[int, typer.Option("--max-windows", help="Windows per load before it is reported as unstable.")] = 8,
+    max_windows: Annotated[int, typer.Option("--max-windows", help="Windows per load at most: until 3 in a row agree, then until the p99's 95% interval is within 10% of it.")] = 16,
     queue_timeout: Annotated[str | None, typer.Option("--queue-timeout", help="A request waiting longer in the queue is rejected (default: 10 budgets).")] = None,
     strategy: Annotated[str, typer.Option("--strategy", help="grid: measure every configuration; quick: the queueing simulator, calibrated on the service-time curve, picks the 2 most promising.")] = "grid",
     seed: Seed = P.seed,

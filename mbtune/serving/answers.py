@@ -42,7 +42,8 @@ def answer(rule: BatchConfig, runs: Sequence[ConfigRun], rates: Sequence[float],
 
 
 # A load's p99 counts as within the noise of the budget where it lies within this share of it, or within its
-# own windows' spread where that is wider: the share by which one load's p99 moves between measurements.
+# own 95% interval where that is wider (its windows' spread where it has none): the share by which one
+# load's p99 moves between measurements.
 P99_NOISE = 0.15
 
 
@@ -50,8 +51,11 @@ def near_budget(load: LoadResult, budget_s: float) -> bool:
     """Whether a second measurement of this load could land on the budget's other side."""
     if load.p99_s is None:
         return False  # over 1% of its requests lost: over the budget by far
-    spread = math.inf if load.window_spread is None else load.window_spread
-    return abs(load.p99_s - budget_s) <= max(P99_NOISE, spread) * budget_s
+    if load.p99_ci_half_pct is not None:
+        own = load.p99_ci_half_pct / 100
+    else:
+        own = math.inf if load.window_spread is None else load.window_spread
+    return abs(load.p99_s - budget_s) <= max(P99_NOISE, own) * budget_s
 
 
 def bracket(ladder: Sequence[float], passing: LoadResult | None, failing: LoadResult | None,

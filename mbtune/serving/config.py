@@ -91,7 +91,7 @@ class ServeConfig:
     resolution: int | None = None
     threads: int | None = None  # the model process's torch threads (default: all cores but one)
     window_s: float = 1.0  # a measurement window (open loop: long enough for 100 expected arrivals)
-    max_windows: int = 8
+    max_windows: int = 16
     queue_timeout_s: float | None = None  # default: ten budgets
     strategy: str = "grid"  # grid: every configuration; quick: those the simulator finds promising
     seed: int = 0

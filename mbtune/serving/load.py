@@ -17,6 +17,9 @@ LOAD_KINDS = (POISSON, CLOSED)
 # share on throughput and on mean latency.
 STABLE_WINDOWS = 3
 STABILITY = 0.10
+# Past stability, a load measures windows until its p99's 95% interval lies within this share of it on
+# each side (or the windows run out): a p99 from a few hundred requests is its few slowest.
+P99_TARGET = 0.10
 
 
 def poisson_arrivals(rate_per_s: float, duration_s: float, *, seed: int) -> list[float]:
@@ -41,6 +44,30 @@ def percentile(values: Sequence[float], share: float, *, rejected: int = 0) -> f
     if rank > len(values):
         return math.inf
     return sorted(values)[rank - 1]
+
+
+def quantile_interval(values: Sequence[float], share: float, *, rejected: int = 0,
+                      z: float = 1.959964) -> tuple[float, float]:
+    """A distribution-free 95% interval of the `share` percentile: the order statistics it lies between with
+    95% probability (how many values fall below it is binomial, n x share on average). `rejected` requests
+    count as slower than every served one (inf); nan with nothing at all."""
+    total = len(values) + rejected
+    if total == 0:
+        return math.nan, math.nan
+    centre, spread = share * total, z * math.sqrt(total * share * (1 - share))
+    ordered = sorted(values)
+
+    def at(rank: int) -> float:
+        return ordered[rank - 1] if rank <= len(ordered) else math.inf
+
+    return at(max(1, math.floor(centre - spread))), at(min(total, math.ceil(centre + spread)))
+
+
+def relative_half(low: float, high: float, centre: float) -> float:
+    """Half an interval's width as a share of its centre (inf where either end is not finite)."""
+    if not (math.isfinite(low) and math.isfinite(high) and math.isfinite(centre)) or centre <= 0:
+        return math.inf
+    return (high - low) / 2 / centre
 
 
 @dataclass(frozen=True)

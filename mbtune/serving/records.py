@@ -129,6 +129,7 @@ class LoadResult(Record):
     p50_s: float | None = None  # None: the percentile falls among the dropped requests
     p90_s: float | None = None
     p99_s: float | None = None
+    p99_ci_half_pct: float | None = None  # its 95% interval's half width, % of it (order statistics; None: inf)
     mean_latency_s: float | None = None
     mean_batch_size: float = 0.0
     queue_share: float = 0.0  # of the mean latency, the share spent queued before the batch began

@@ -15,18 +15,18 @@ waited past the queue timeout.
 
 from __future__ import annotations
 
-import math
 import multiprocessing.connection
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from mbtune.records import OK
 from mbtune.serving import load as gen
 from mbtune.serving.batcher import expired, next_batch
 from mbtune.serving.records import BatchConfig, ConfigRun, LoadResult
+from mbtune.serving.requests import Requests, finite, p99_half, summary, window
 
 if TYPE_CHECKING:
     from mbtune.serving.infer import ModelSpec
@@ -54,9 +54,10 @@ class LoadPlan:
     budget_s: float
     window_s: float = 1.0
     min_window_requests: int = 100  # an open-loop window lasts long enough to expect this many arrivals
-    max_windows: int = 8
+    max_windows: int = 16
     stable_windows: int = gen.STABLE_WINDOWS
     stability: float = gen.STABILITY
+    p99_target: float = gen.P99_TARGET  # past stability, windows until the p99's 95% interval is this narrow
     queue_timeout_s: float | None = None
     seed: int = 0
     stop_after_failure: bool = True  # poisson rates ascend: after the first over the budget, stop
@@ -136,31 +137,12 @@ def _next(spec: ServerSpec, queue: deque[tuple[int, float]], ready: threading.Co
             ready.wait(timeout=None if wait is None else max(wait, 0.0) + 1e-4)
 
 
-@dataclass
-class _Requests:
-    """What the generator knows of the requests of one load, filled by the reader thread."""
-
-    due: dict[int, float] = field(default_factory=dict)  # id -> when it was due
-    unsent: int = 0  # of those, due but never sent (the sender fell behind): lost
-    answered: dict[int, tuple[float, float, float, float, int]] = field(default_factory=dict)
-    rejected: dict[int, float] = field(default_factory=dict)  # id -> when the rejection came back
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    settled: threading.Condition = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.settled = threading.Condition(self.lock)
-
-    @property
-    def outstanding(self) -> int:
-        return len(self.due) - len(self.answered) - len(self.rejected)
-
-
 class _Generator:
     """The load generator's side of the pipe: one reader thread for the whole session."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.requests = _Requests()
+        self.requests = Requests()
         self.on_answer: Any = None  # closed loop: called with the time of each answer, to send the next
         self.next_id = 0
         self.failed = threading.Event()
@@ -182,7 +164,7 @@ class _Generator:
                 self.requests.due[request_id] = due
             self.conn.send(("req", request_id))
 
-    def never_sent(self, requests: _Requests, due_times: list[float]) -> None:
+    def never_sent(self, requests: Requests, due_times: list[float]) -> None:
         """Requests that were due but that a lagging sender never sent: lost, not left out."""
         with self._send_lock, requests.lock:
             for due in due_times:
@@ -258,7 +240,7 @@ def drive_load(conn: Connection, plan: LoadPlan) -> tuple[tuple[LoadResult, ...]
 
 
 def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *, seed: int) -> LoadResult:
-    generator.requests = requests = _Requests()
+    generator.requests = requests = Requests()
     open_loop = kind == gen.POISSON
     window_s = max(plan.window_s, plan.min_window_requests / amount) if open_loop else plan.window_s
     start = time.monotonic() + 0.05
@@ -275,14 +257,16 @@ def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *
         generator.on_answer = more
         sender = threading.Thread(target=_send_closed, args=(generator, start, int(amount)), daemon=True)
     windows: list[gen.Window] = []
-    overloaded = False
+    overloaded, settled = False, None  # settled: the first of the windows that agreed
     try:
         sender.start()
         while len(windows) < plan.max_windows and not generator.failed.is_set():
             end = start + (len(windows) + 1) * window_s
             time.sleep(max(0.0, end + READ_LAG_S - time.monotonic()))  # answers stamped before `end` are in
-            windows.append(_window(requests, end - window_s, end, open_loop))
-            if gen.stable(windows, count=plan.stable_windows, within=plan.stability):
+            windows.append(window(requests, end - window_s, end, open_loop))
+            if settled is None and gen.stable(windows, count=plan.stable_windows, within=plan.stability):
+                settled = len(windows) - plan.stable_windows
+            if settled is not None and p99_half(requests, start + settled * window_s, end) <= plan.p99_target:
                 break
             if len(windows) >= plan.stable_windows and windows[-1].mean_latency_s > 3 * plan.budget_s:
                 overloaded = True  # the backlog has outgrown the budget several times over: no need to watch it
@@ -293,13 +277,13 @@ def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *
     sender.join(timeout=window_s)
     _drain(requests, plan, generator.failed)
     span = (start, start + max(1, len(windows)) * window_s)
-    is_stable = not overloaded and gen.stable(windows, count=plan.stable_windows, within=plan.stability)
-    counted = windows[-plan.stable_windows:] if is_stable else windows
+    is_stable = not overloaded and settled is not None
+    counted = windows[settled:] if is_stable else windows
     span = (span[1] - max(1, len(counted)) * window_s, span[1])
     generator.never_sent(requests, [start + d for d in due_times[sent[0]:] if start + d < span[1]])
-    return replace(_summary(requests, plan.rules, span), kind=kind, windows=len(windows), stable=is_stable,
+    return replace(summary(requests, plan.rules, span), kind=kind, windows=len(windows), stable=is_stable,
                    rate_per_s=amount if open_loop else None, concurrency=None if open_loop else int(amount),
-                   window_spread=_finite(gen.spread_of(counted)) if counted else None)
+                   window_spread=finite(gen.spread_of(counted)) if counted else None)
 
 
 def _send_open(generator: _Generator, start: float, due_times: list[float], stop: threading.Event,
@@ -321,14 +305,7 @@ def _send_closed(generator: _Generator, start: float, concurrency: int) -> None:
         generator.send(time.monotonic())
 
 
-def _window(requests: _Requests, begin: float, end: float, open_loop: bool) -> gen.Window:
-    with requests.lock:
-        latencies = [answer[0] - requests.due[i] for i, answer in requests.answered.items() if begin <= answer[0] < end]
-        offered = sum(1 for due in requests.due.values() if begin <= due < end) if open_loop else 0
-    return gen.window_of(latencies, end - begin, offered=offered)
-
-
-def _drain(requests: _Requests, plan: LoadPlan, failed: threading.Event) -> None:
+def _drain(requests: Requests, plan: LoadPlan, failed: threading.Event) -> None:
     """Wait for the requests still in flight: answered, rejected, or given up on (at once if the server
     has gone)."""
     limit = (plan.queue_timeout_s or 10 * plan.budget_s) + 2 * plan.budget_s + 1.0
@@ -336,39 +313,6 @@ def _drain(requests: _Requests, plan: LoadPlan, failed: threading.Event) -> None
     with requests.lock:
         while requests.outstanding > 0 and time.monotonic() < deadline and not failed.is_set():
             requests.settled.wait(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def _summary(requests: _Requests, rules: BatchConfig, span: tuple[float, float]) -> LoadResult:
-    """The figures over the requests due within `span` (latency) and answered within it (throughput)."""
-    begin, end = span
-    with requests.lock:
-        due = {i: t for i, t in requests.due.items() if begin <= t < end}
-        answered = {i: requests.answered[i] for i in due if i in requests.answered}
-        rejected = sum(1 for i in due if i in requests.rejected)
-        throughput = sum(1 for a in requests.answered.values() if begin <= a[0] < end) / (end - begin)
-        sent = len(requests.due) - requests.unsent
-        completed, lost_all = len(requests.answered), len(requests.rejected)
-        unsent = requests.unsent
-    timed_out = len(due) - len(answered) - rejected  # within the span: unanswered, never sent included
-    latencies = [answer[0] - due[i] for i, answer in answered.items()]
-    lost = rejected + timed_out
-    queued = [answer[2] - answer[1] for answer in answered.values()]
-    served = [answer[3] - answer[2] for answer in answered.values()]
-    mean = sum(latencies) / len(latencies) if latencies else None
-    return LoadResult(
-        config=rules, sent=sent, completed=completed, rejected=lost_all, timed_out=max(0, sent - completed - lost_all),
-        not_sent=unsent,
-        duration_s=end - begin, throughput_per_s=throughput,
-        p50_s=_finite(gen.percentile(latencies, 0.50, rejected=lost)),
-        p90_s=_finite(gen.percentile(latencies, 0.90, rejected=lost)),
-        p99_s=_finite(gen.percentile(latencies, 0.99, rejected=lost)), mean_latency_s=mean,
-        mean_batch_size=sum(a[4] for a in answered.values()) / len(answered) if answered else 0.0,
-        queue_share=(sum(queued) / len(queued)) / mean if queued and mean else 0.0,
-        mean_service_s=sum(served) / len(served) if served else None)
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def run_config(spec: ServerSpec, plan: LoadPlan, *, timeout_s: float) -> ConfigRun:

@@ -48,3 +48,25 @@ def test_configurations_whose_brackets_overlap_the_best_ones_are_tied_with_it():
     assert tied_with_best(answers, 3) == ()  # [400, above) starts where the others end
     assert tied_with_best(answers, 1) == (0, 2)
     assert tied_with_best(answers, None) == ()
+
+
+def test_the_p99_interval_is_the_order_statistics_a_binomial_count_puts_it_between():
+    from mbtune.serving.load import percentile, quantile_interval, relative_half
+
+    values = [float(v) for v in range(1, 1001)]  # p99 by nearest rank: the 990th
+    low, high = quantile_interval(values, 0.99)
+    # 990 -+ 1.96 x sqrt(1000 x 0.99 x 0.01) = 990 -+ 6.17: ranks 983 and 997.
+    assert (low, high) == (983.0, 997.0) and percentile(values, 0.99) == 990.0
+    assert relative_half(low, high, 990.0) == (997 - 983) / 2 / 990
+    # Ten times the requests, the same shape: the interval narrows about as 1 / sqrt(n).
+    more = [v / 10 for v in range(1, 10001)]
+    assert relative_half(*quantile_interval(more, 0.99), 990.0) < 0.4 * relative_half(low, high, 990.0)
+    # Rejected requests are slower than all: enough of them put the top of the interval at infinity.
+    assert quantile_interval(values, 0.99, rejected=10)[1] == float("inf")
+    assert relative_half(1.0, float("inf"), 2.0) == float("inf")
+
+
+def test_a_load_with_a_p99_interval_is_near_the_budget_within_it_not_within_its_windows_spread():
+    wide = LoadResult(config=CONFIG, rate_per_s=300, p99_s=0.140, window_spread=0.01, p99_ci_half_pct=45.0)
+    narrow = LoadResult(config=CONFIG, rate_per_s=300, p99_s=0.140, window_spread=0.90, p99_ci_half_pct=5.0)
+    assert near_budget(wide, BUDGET) and not near_budget(narrow, BUDGET)
