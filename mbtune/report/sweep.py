@@ -54,7 +54,8 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     else:
         spread = "ranges: the 95% interval and min-max over one run's measured steps (narrower than between runs)"
     table.caption = "  ".join(["bubble: measured / theoretical", spread, "* Pareto front (throughput vs peak memory)",
-                               "= tied with the best (a 95% test of the difference cannot tell them apart)", "! see warnings", *_global_batch_note(report),
+                               "= tied with the best (a 95% test of the difference cannot tell them apart)",
+                               "! see warnings", *_global_batch_note(report),
                                *_lr_caption(report), *notes])
     return table
 
