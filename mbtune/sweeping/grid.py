@@ -250,7 +250,7 @@ def tied_with_best(results: Sequence[PointResult], ranking: Sequence[int], objec
                    same_global_batch: bool = False) -> tuple[int, ...]:
     """Ranked points that, on this evidence, could be as good as the best one: a 95% test of their difference
     does not tell them apart. Throughput measured round-robin compares round by round (the rounds both ran,
-    at least MIN_REPEATS: the machine's drift over the run cancels in each round's ratio); otherwise the two
+    at least MIN_PAIRED_ROUNDS: the machine's drift over the run cancels in each round's ratio); otherwise the two
     95% intervals combined in quadrature (the interval of a difference of independent means); where a point
     has no interval, the ranges overlap. Bubble compares its ranges; memory is ranked exactly. With global
     batches held fixed, only rows of the best one's global batch can tie with it (another global batch is
@@ -289,15 +289,21 @@ def _tied(best: PointResult, other: PointResult, objective: str) -> bool:
     return mine is not None and theirs is not None and theirs[0] <= mine[1] and mine[0] <= theirs[1]
 
 
+# Rounds two points must share to be compared round by round. At three, the demo's best was judged faster
+# than a row (9%, consistent over its three rounds) that was best in the next three fresh runs: a point's
+# repeats within one run share more than one round's drift, and three rounds cannot show it.
+MIN_PAIRED_ROUNDS = 5
+
+
 def paired_difference(a: PointResult, b: PointResult) -> tuple[float, float] | None:
     """The mean log ratio of a's throughput over b's, round by round over the rounds both measured, and its 95%
-    half-interval (Student's t); None under MIN_REPEATS shared rounds."""
-    from mbtune.sweeping.stopping import MIN_REPEATS, t975
+    half-interval (Student's t); None under MIN_PAIRED_ROUNDS shared rounds."""
+    from mbtune.sweeping.stopping import t975
 
     mine = dict(zip(a.repeat_rounds, a.repeat_step_time_medians_s, strict=False))
     theirs = dict(zip(b.repeat_rounds, b.repeat_step_time_medians_s, strict=False))
     shared = sorted(set(mine) & set(theirs))
-    if len(shared) < MIN_REPEATS:
+    if len(shared) < MIN_PAIRED_ROUNDS:
         return None
     # Throughput is the global batch over the step time.
     ratios = [math.log(a.point.global_batch / mine[k]) - math.log(b.point.global_batch / theirs[k]) for k in shared]

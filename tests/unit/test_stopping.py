@@ -10,7 +10,7 @@ import pytest
 
 from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.rank_device import own_cores
-from mbtune.sweeping.grid import merge_repeats, paired_difference, tied_with_best
+from mbtune.sweeping.grid import MIN_PAIRED_ROUNDS, merge_repeats, paired_difference, tied_with_best
 from mbtune.sweeping.records import PointResult
 from mbtune.sweeping.run import MAX_STEPS, MIN_REPEAT_WINDOW_S, steps_to_fill
 from mbtune.sweeping.stopping import (
@@ -149,8 +149,15 @@ def test_points_measured_in_the_same_rounds_are_compared_round_by_round():
 
 
 def test_a_round_by_round_difference_that_changes_sign_is_a_tie():
-    a = _rounds([100, 104, 99, 103], [1, 2, 3, 4])
-    b = _rounds([102, 100, 101, 100], [1, 2, 3, 4])
+    a = _rounds([100, 104, 99, 103, 101], [1, 2, 3, 4, 5], half_pct=1.0)
+    b = _rounds([102, 100, 101, 100, 102], [1, 2, 3, 4, 5], half_pct=1.0)
     mean, half = paired_difference(a, b)
     assert abs(mean) <= half
     assert tied_with_best([a, b], (0, 1), "throughput") == (1,)
+
+
+def test_fewer_shared_rounds_than_five_are_not_compared_round_by_round():
+    a = _rounds([105, 126, 84], [1, 2, 3], half_pct=20.0)  # 5% faster in each of three rounds
+    b = _rounds([100, 120, 80], [1, 2, 3], half_pct=20.0)
+    assert MIN_PAIRED_ROUNDS == 5 and paired_difference(a, b) is None
+    assert tied_with_best([a, b], (0, 1), "throughput") == (1,)  # the intervals in quadrature: tied
