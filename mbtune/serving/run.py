@@ -179,7 +179,7 @@ GENERATOR_SHARE = 0.5
 
 def _default_rates(curve: ServiceCurve, rules: Sequence[BatchConfig], generator_per_s: float | None = None,
                    warnings: list[str] | None = None) -> tuple[float, ...]:
-    """Shares of the largest configuration's capacity, to two significant figures; where the load
+    """Shares of the largest configuration's capacity, each the nearest E24 number; where the load
     generator cannot send that much here (`generator_per_s`, measured first), shares of what it can."""
     capacity = max((curve.capacity_per_s(r.max_batch_size) for r in rules), default=1.0)
     top = max(DEFAULT_RATE_SHARES)
@@ -191,14 +191,23 @@ def _default_rates(curve: ServiceCurve, rules: Sequence[BatchConfig], generator_
                 f"{GENERATOR_SHARE * generator_per_s:,.0f}/s, so the configurations' limits may lie above them; "
                 "drive the server from a faster machine, or give --rates and --concurrency yourself")
         capacity = GENERATOR_SHARE * generator_per_s / top
-    return tuple(sorted({_two_figures(share * capacity) for share in DEFAULT_RATE_SHARES}))
+    return tuple(sorted({preferred_rate(share * capacity) for share in DEFAULT_RATE_SHARES}))
 
 
-def _two_figures(value: float) -> float:
-    if value <= 0:
+# IEC 60063's E24 series: 24 numbers a decade, each about 10% above the last. Default rates are taken from it,
+# so two runs whose measured capacities differ by a few percent run the same rates and their answers compare
+# rung for rung (rounding to two figures gave each run a ladder of its own).
+E24 = (1.0, 1.1, 1.2, 1.3, 1.5, 1.6, 1.8, 2.0, 2.2, 2.4, 2.7, 3.0, 3.3, 3.6, 3.9, 4.3, 4.7, 5.1, 5.6, 6.2, 6.8, 7.5,
+       8.2, 9.1)
+
+
+def preferred_rate(value: float) -> float:
+    """The E24 number nearest `value` on a log scale (1.0 for nothing)."""
+    if value <= 0 or not math.isfinite(value):
         return 1.0
-    digits = 1 - math.floor(math.log10(value))
-    return max(round(value, digits), 10.0 ** -digits)
+    decade = 10.0 ** math.floor(math.log10(value))
+    candidates = [m * decade for m in E24] + [10.0 * decade]
+    return round(min(candidates, key=lambda c: abs(math.log(c / value))), 10)
 
 
 def _to_run(config: ServeConfig, rules: Sequence[BatchConfig], rates: Sequence[float],

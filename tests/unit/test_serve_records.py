@@ -167,10 +167,30 @@ def test_default_rates_stay_within_what_the_load_generator_can_send():
     curve = ServiceCurve(times=(ServiceTime(batch_size=32, times_s=(0.0001,)),), threads=1)  # 320,000/s
     rules = [BatchConfig(max_batch_size=32)]
     free = _default_rates(curve, rules)
-    assert max(free) == pytest.approx(max(DEFAULT_RATE_SHARES) * 320_000, rel=0.05)  # two figures
+    assert max(free) == pytest.approx(max(DEFAULT_RATE_SHARES) * 320_000, rel=0.05)  # the nearest E24 number
     warnings: list[str] = []
     capped = _default_rates(curve, rules, 10_000.0, warnings)
     assert max(capped) <= GENERATOR_SHARE * 10_000 * 1.05 and len(capped) == len(free)
     assert warnings and "more than the load generator can send" in warnings[0] and "--rates" in warnings[0]
     warnings.clear()
     assert _default_rates(curve, rules, 10_000_000.0, warnings) == free and not warnings
+
+
+def test_default_rates_are_e24_numbers_so_runs_a_few_percent_apart_run_the_same_ladder():
+    from mbtune.serving.run import E24, _default_rates, preferred_rate
+
+    assert preferred_rate(390.0) == 390.0 and preferred_rate(318.0) == 330.0 and preferred_rate(0.0) == 1.0
+    assert preferred_rate(96.0) == 100.0 and preferred_rate(9.6) == 10.0  # the next decade's first
+    rules = [BatchConfig(max_batch_size=32)]
+
+    def ladder(capacity: float) -> tuple[float, ...]:
+        return _default_rates(ServiceCurve(times=(ServiceTime(batch_size=32, times_s=(32 / capacity,)),), threads=1),
+                              rules)
+
+    for rate in ladder(370.0):
+        mantissa = rate / 10 ** math.floor(math.log10(rate))
+        assert any(math.isclose(mantissa, m) for m in E24)
+    # Capacities measured 3% apart share most rates (a share near a boundary falls on either side): over two
+    # hundred capacities, 4 of the 6 on average, where rounding to two figures shared 1.3.
+    shared = [len(set(ladder(c)) & set(ladder(c * 1.03))) for c in (100.0 * 1.013**k for k in range(200))]
+    assert sum(shared) / len(shared) >= 4.0
