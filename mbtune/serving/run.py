@@ -206,8 +206,9 @@ def preferred_rate(value: float) -> float:
     if value <= 0 or not math.isfinite(value):
         return 1.0
     decade = 10.0 ** math.floor(math.log10(value))
-    candidates = [m * decade for m in E24] + [10.0 * decade]
-    return round(min(candidates, key=lambda c: abs(math.log(c / value))), 10)
+    candidates: list[float] = [m * decade for m in E24] + [10.0 * decade]
+    nearest: float = min(candidates, key=lambda c: abs(math.log(c / value)))
+    return round(nearest, 10)
 
 
 def _to_run(config: ServeConfig, rules: Sequence[BatchConfig], rates: Sequence[float],
