@@ -139,14 +139,13 @@ def _plan_here(config: MemoryPlanConfig) -> MemoryPlan | _Refused:
         return _Refused(exc.message, exc.hint, config=isinstance(exc, ConfigError))
 
 
-def _plan(config: MemoryPlanConfig) -> MemoryPlan | _Refused:
+def _plan(config: MemoryPlanConfig) -> MemoryPlan:
     from mbtune.workloads import load_workload
 
     started = time.perf_counter()
     workload = load_workload(config.workload, config.workload_options)
     if config.num_ranks > workload.num_blocks:
-        return _Refused(f"the workload has {workload.num_blocks} blocks, too few for {config.num_ranks} stages",
-                        config=True)
+        raise ConfigError(f"the workload has {workload.num_blocks} blocks, too few for {config.num_ranks} stages")
     from mbtune.pipeline.predict import RankPeaks
 
     planned = config.specs()

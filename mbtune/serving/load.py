@@ -70,6 +70,12 @@ def relative_half(low: float, high: float, centre: float) -> float:
     return (high - low) / 2 / centre
 
 
+def percentile_half(values: Sequence[float], share: float, *, rejected: int = 0) -> float:
+    """Half the 95% interval of the `share` percentile, as a share of the percentile (inf where unbounded)."""
+    return relative_half(*quantile_interval(values, share, rejected=rejected),
+                         percentile(values, share, rejected=rejected))
+
+
 @dataclass(frozen=True)
 class Window:
     """What one measurement window saw: requests completed in it, their latencies, and the rejected."""

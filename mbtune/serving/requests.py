@@ -35,8 +35,7 @@ def p99_half(requests: Requests, begin: float, end: float) -> float:
     with requests.lock:
         latencies = [answer[0] - requests.due[i] for i, answer in requests.answered.items() if begin <= answer[0] < end]
         rejected = sum(1 for when in requests.rejected.values() if begin <= when < end)
-    low, high = gen.quantile_interval(latencies, 0.99, rejected=rejected)
-    return gen.relative_half(low, high, gen.percentile(latencies, 0.99, rejected=rejected))
+    return gen.percentile_half(latencies, 0.99, rejected=rejected)
 
 
 def window(requests: Requests, begin: float, end: float, open_loop: bool) -> gen.Window:
@@ -69,8 +68,8 @@ def summary(requests: Requests, rules: BatchConfig, span: tuple[float, float]) -
         duration_s=end - begin, throughput_per_s=throughput,
         p50_s=finite(gen.percentile(latencies, 0.50, rejected=lost)),
         p90_s=finite(gen.percentile(latencies, 0.90, rejected=lost)),
-        p99_s=finite(p99 := gen.percentile(latencies, 0.99, rejected=lost)),
-        p99_ci_half_pct=finite(100 * gen.relative_half(*gen.quantile_interval(latencies, 0.99, rejected=lost), p99)),
+        p99_s=finite(gen.percentile(latencies, 0.99, rejected=lost)),
+        p99_ci_half_pct=finite(100 * gen.percentile_half(latencies, 0.99, rejected=lost)),
         mean_latency_s=mean,
         mean_batch_size=sum(a[4] for a in answered.values()) / len(answered) if answered else 0.0,
         queue_share=(sum(queued) / len(queued)) / mean if queued and mean else 0.0,
