@@ -54,12 +54,14 @@ def test_requalifying_the_same_machine_gives_a_verdict_its_exit_code_and_junit(b
 
 
 def test_a_spread_no_measurement_can_decide_is_inconclusive_exit_4(baseline, tmp_path):
-    # A baseline point whose samples/s ranged from 0 to a billion: no throughput measured now can clear
-    # or miss its bound by more than that, so the throughput checks are INCONCLUSIVE by construction.
+    # A baseline point whose samples/s is known to within a billion-fold (its 95% interval, and its range
+    # for a record without one): no throughput measured now, at any load, can clear or miss its bound by
+    # more than that, so the throughput checks are INCONCLUSIVE by construction.
     wide = tmp_path / "wide.json"
     data = json.loads(baseline.read_text())
     for result in data["sweep"]["results"]:
         result["samples_per_s_min"], result["samples_per_s_max"] = 0.0, 1e9
+        result["ci_half_pct"] = 1e11
     wide.write_text(json.dumps(data))
     result = mbtune("qualify", "--baseline", str(wide), "--repeats", "1", "--junit", str(tmp_path / "q.xml"),
                     "--no-save", "--format", "json")
