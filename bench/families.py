@@ -5,6 +5,7 @@ the check's verdict and the wall time.
 
 Run: .venv/bin/python bench/families.py [--families gpt2,llama] [--budget 1GiB]
      .venv/bin/python bench/families.py --load-all    # every model type: does it split, exactly?
+     .venv/bin/python bench/families.py --load-all --layers 8   # the same, 8 layers (alike ones traced by 3)
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ def tune(family: str, budget: str) -> tuple[dict, float, str]:
     return json.loads(result.stdout), wall, ""
 
 
-def load_all() -> None:
+def load_all(layers: int | None) -> None:
     """Every model type of the installed transformers with a causal-LM or masked-LM model, at its small
-    default: does it split, and do the blocks compute what the whole model computes (one forward, the same
-    weights)? The reasons of those that do not, counted."""
+    default (with `layers` layers where given): does it split, and do the blocks compute what the whole model
+    computes (one forward, the same weights)? How many were traced by their first layers (workloads/repeats.py),
+    and the reasons of those that do not split, counted."""
     from collections import Counter
 
     import torch
@@ -42,12 +44,13 @@ def load_all() -> None:
     from mbtune.workloads import load_workload
     from mbtune.workloads.hf import _builder, _kind, families, hf_config
 
-    exact, reasons = [], Counter()
+    exact, shortened, reasons = [], [], Counter()
+    deeper = {"num_hidden_layers": layers} if layers else {}
     names = sorted(families())
     for family in names:
         try:
-            workload = load_workload(f"hf:{family}", (("seq_len", 16),))
-            config, _ = hf_config(family, {})
+            workload = load_workload(f"hf:{family}", (("seq_len", 16), *deeper.items()))
+            config, _ = hf_config(family, dict(deeper))
             torch.manual_seed(0)
             whole = _builder(config, _kind(family), family)()
             ids, _ = workload.make_batch(2, torch.Generator().manual_seed(0))
@@ -55,11 +58,14 @@ def load_all() -> None:
                 diff = (workload.build(seed=0)(ids) - whole(ids)).abs().max().item()
             if diff <= 1e-5:
                 exact.append(family)
+                if workload.traced.copied:
+                    shortened.append(family)
             else:
                 reasons[f"blocks differ from the model (max {diff:.1e})"] += 1
         except Exception as exc:  # noqa: BLE001 - the reason is the figure
             reasons[str(exc).split(": ", 2)[-1][:90]] += 1
-    print(f"{len(exact)} of {len(names)} model types split into blocks that compute the whole model exactly")
+    print(f"{len(exact)} of {len(names)} model types split into blocks that compute the whole model exactly; "
+          f"{len(shortened)} of them traced by their first layers, the rest copied")
     for reason, count in reasons.most_common():
         print(f"  {count:>3}  {reason}")
 
@@ -69,9 +75,10 @@ def main() -> None:
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--budget", default="1GiB")
     parser.add_argument("--load-all", action="store_true", help="load every model type instead (no tuning)")
+    parser.add_argument("--layers", type=int, help="with --load-all: this many layers (default: each one's small default)")
     args = parser.parse_args()
     if args.load_all:
-        load_all()
+        load_all(args.layers)
         return
     print(f"{'family':<10} {'ceiling':>7} {'safe':>5}  {'best row (2 stages)':<34} {'samples/s':>9}  check  wall s")
     for family in args.families.split(","):

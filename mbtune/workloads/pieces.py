@@ -4,6 +4,7 @@ piece, and the meta device the trace wrote into the graphs replaced by the input
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -254,13 +255,46 @@ def device_from_inputs(gm: nn.Module) -> None:
 def label_pieces(pieces: list[Piece], trunk: Sequence[str]) -> None:
     """Name each piece by the trunk member it runs, or as what runs before or after the trunk."""
     for index, piece in enumerate(pieces):
-        held = [name for name in trunk if _holds(piece.module, name)]
+        if piece.label:  # a copied member's (repeats.py): it holds the traced member's modules, under its names
+            continue
+        held = [name for name in trunk if holds(piece.module, name)]
         piece.label = (held[0] if len(held) == 1 else f"before {trunk[0]}" if index == 0 else f"after {trunk[-1]}")
 
 
-def _holds(module: nn.Module, name: str) -> bool:
+def holds(module: nn.Module, name: str) -> bool:
     try:
         module.get_submodule(name)
     except AttributeError:
         return False
     return True
+
+
+def copy_meta(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
+    """A copy of a traced (meta) piece that shares its graphs and generated code and holds its own modules,
+    parameters and containers (`memo`: each original module's id -> its copy). A deep copy would regenerate
+    and compile every graph's code (a second or more per block of a large model); the graphs are never
+    changed after tracing. Where tensors are fake (a memory prediction), the meta tensors are copied as
+    they are, not as fakes."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    memo = {} if memo is None else memo
+    with unset_fake_temporarily():
+        return copy_module(module, memo)
+
+
+def copy_module(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
+    if id(module) in memo:
+        return memo[id(module)]
+    new = object.__new__(type(module))  # a GraphModule's class is its own, generated forward included
+    memo[id(module)] = new
+    for key, value in module.__dict__.items():
+        new.__dict__[key] = copy.copy(value) if isinstance(value, dict | list | set) else value
+    for name, value in new._parameters.items():
+        if value is not None:
+            if id(value) not in memo:
+                memo[id(value)] = nn.Parameter(value.detach(), requires_grad=value.requires_grad)
+            new._parameters[name] = memo[id(value)]
+    for name, child in new._modules.items():
+        if child is not None:
+            new._modules[name] = copy_module(child, memo)
+    return new

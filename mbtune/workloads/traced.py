@@ -6,7 +6,7 @@ frontend, with a split point before each trunk member and after the last: what r
 becomes the first block, each trunk member a block, what runs after it the last block. The batch dimension
 stays symbolic in the trace, so the blocks run at any batch size (pieces.py makes each piece read its sizes
 from its own inputs). Tracing costs about a second or two per process for the models in tests/ and
-examples/.
+examples/; a trunk of alike members is traced by its first three, the third copied for the rest (repeats.py).
 
 The traced pipe may hand a value to a stage further down (a rotary table, a mask, the batch itself); the
 blocks carry such values along, so each block takes the previous block's tuple and returns the next's, as
@@ -22,7 +22,6 @@ places (an embedding tied to the head) are found from the model and become the w
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,13 +30,14 @@ import torch
 from torch import fx, nn
 
 from mbtune.errors import WorkloadError
-from mbtune.workloads import Workload
+from mbtune.workloads import Workload, repeats
 from mbtune.workloads.pieces import (
     CONTRACT_HINT,
     Piece,
     TracedBlock,
     TracedLoss,
     carry,
+    copy_meta,
     device_from_inputs,
     label_pieces,
     localise_sizes,
@@ -58,6 +58,7 @@ class Traced:
     loss: TracedLoss | None
     aliases: dict[int, str]  # id of each meta tensor of the pieces -> the model's (first) name for it
     trunk: tuple[str, ...]
+    copied: int = 0  # trunk members whose pieces are copies of a traced member's (repeats.py)
 
 
 def trace(build: Callable[[], nn.Module], example: tuple[Any, ...], targets: torch.Tensor | None,
@@ -74,30 +75,66 @@ def trace(build: Callable[[], nn.Module], example: tuple[Any, ...], targets: tor
                             "class in the model)", hint=CONTRACT_HINT)
     meta = tuple(t.to("meta") for t in example)
     args = (*meta, targets.to("meta")) if targets is not None else meta
-    try:
-        graph, modules = split_at(model, args, trunk)
-    except Exception as exc:  # noqa: BLE001 - the tracer refuses the model: say why, in one line
-        cause = exc.__cause__ or exc
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-        raise WorkloadError(f"workload {name!r}: cannot trace the model to split it: {type(cause).__name__}: {first}",
-                            hint=CONTRACT_HINT) from exc
-    pieces, outputs, target_name = pieces_of(graph, modules, len(example), targets is not None)
-    for index, piece in enumerate(pieces):
-        localise_sizes(piece, target_name, index == len(pieces) - 1)
+    split = _split_alike(model, args, trunk, len(example), targets is not None)
+    shortened = split is not None
+    if split is None:
+        try:
+            split = _split(model, args, trunk, len(example), targets is not None)
+        except WorkloadError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the tracer refuses the model: say why, in one line
+            cause = exc.__cause__ or exc
+            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise WorkloadError(f"workload {name!r}: cannot trace the model to split it: {type(cause).__name__}: "
+                                f"{first}", hint=CONTRACT_HINT) from exc
+    pieces, outputs, target_name = split
     loss = None
     if target_name is not None:
         pieces[-1], loss = split_loss(pieces[-1], target_name, name)
         outputs = loss.model_outputs
     carry(pieces, outputs)
     label_pieces(pieces, trunk)
+    graphs: dict[int, nn.Module] = {}  # each graph once, with the module that owns it (copies share graphs)
     for piece in pieces:
         for sub in piece.module.modules():
             if isinstance(getattr(sub, "graph", None), fx.Graph):  # GraphModules and export's InterpreterModules
-                device_from_inputs(sub)
+                graphs.setdefault(id(sub.graph), sub)
+    for sub in graphs.values():
+        device_from_inputs(sub)
     aliases = _aliases(model, pieces)
     for piece in pieces:
         _one_tensor_per_name(piece.module, aliases)
-    return Traced(pieces=pieces, loss=loss, aliases=aliases, trunk=tuple(trunk))
+    copied = len(trunk) - repeats.TRACED_MEMBERS if shortened else 0
+    return Traced(pieces=pieces, loss=loss, aliases=aliases, trunk=tuple(trunk), copied=copied)
+
+
+Split = tuple[list[Piece], tuple[str, ...], str | None]  # the pieces, the model's outputs, its targets' name
+
+
+def _split(model: nn.Module, args: tuple[Any, ...], trunk: Sequence[str], num_inputs: int, takes_targets: bool) -> Split:
+    """The model traced with a split point around each trunk member, as pieces with local sizes."""
+    graph, modules = split_at(model, args, list(trunk))
+    pieces, outputs, target_name = pieces_of(graph, modules, num_inputs, takes_targets)
+    for index, piece in enumerate(pieces):
+        localise_sizes(piece, target_name, index == len(pieces) - 1)
+    return pieces, outputs, target_name
+
+
+def _split_alike(model: nn.Module, args: tuple[Any, ...], trunk: list[str], num_inputs: int,
+                 takes_targets: bool) -> Split | None:
+    """The pieces from the model traced with its first trunk members only, the last copied for the rest
+    (repeats.py); None where the members may differ or the shortened model does not trace alike."""
+    container = repeats.container_of(model, trunk)
+    if container is None:
+        return None
+    try:
+        with repeats.shortened(container):
+            pieces, outputs, target_name = _split(model, args, trunk[:repeats.TRACED_MEMBERS], num_inputs,
+                                                  takes_targets)
+    except Exception:  # noqa: BLE001 - the whole model is traced instead (its error, if any, is the one said)
+        return None
+    extended = repeats.extend(pieces, outputs, model, trunk, _aliases(model, pieces))
+    return None if extended is None else (extended[0], extended[1], target_name)
 
 
 def built_module(build: Callable[[], nn.Module], name: str) -> nn.Module:
@@ -151,7 +188,7 @@ def materialise(piece: nn.Module, tensors: dict[str, torch.Tensor], aliases: dic
             if value is not None:
                 names[(id(module), leaf)] = aliases[id(value)]
     memo: dict[int, Any] = {}
-    block = _copy(piece, memo)
+    block = copy_meta(piece, memo)
     made: dict[str, nn.Parameter] = {}
     for original in piece.modules():
         module = memo[id(original)]
@@ -233,38 +270,7 @@ def _without_values() -> bool:
 
 
 def _meta(piece: Piece) -> nn.Module:
-    return TracedBlock(replace(piece, module=_copy(piece.module)))
-
-
-def _copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
-    """A copy of a traced (meta) piece that shares its graphs and generated code and holds its own modules,
-    parameters and containers (`memo`: each original module's id -> its copy). A deep copy would regenerate
-    and compile every graph's code (a second or more per block of a large model); the graphs are never
-    changed after tracing. Where tensors are fake (a memory prediction), the meta tensors are copied as
-    they are, not as fakes."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    memo = {} if memo is None else memo
-    with unset_fake_temporarily():
-        return _copy_module(module, memo)
-
-
-def _copy_module(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
-    if id(module) in memo:
-        return memo[id(module)]
-    new = object.__new__(type(module))  # a GraphModule's class is its own, generated forward included
-    memo[id(module)] = new
-    for key, value in module.__dict__.items():
-        new.__dict__[key] = copy.copy(value) if isinstance(value, dict | list | set) else value
-    for name, value in new._parameters.items():
-        if value is not None:
-            if id(value) not in memo:
-                memo[id(value)] = nn.Parameter(value.detach(), requires_grad=value.requires_grad)
-            new._parameters[name] = memo[id(value)]
-    for name, child in new._modules.items():
-        if child is not None:
-            new._modules[name] = _copy_module(child, memo)
-    return new
+    return TracedBlock(replace(piece, module=copy_meta(piece.module)))
 
 
 def _real(piece: Piece, traced: Traced, tensors: dict[str, torch.Tensor]) -> nn.Module:

@@ -87,3 +87,33 @@ def test_without_transformers_the_error_says_how_to_install_it(monkeypatch):
     with pytest.raises(WorkloadError, match="transformers") as caught:
         load_workload("hf:gpt2")
     assert "pip install 'mbtune[hf]'" in (caught.value.hint or "")
+
+
+def test_a_deep_model_traced_by_its_first_layers_computes_what_the_whole_model_computes():
+    # Seven layers: the first three are traced and the third copied for the other four where the layers are
+    # alike (repeats.py); gemma2's alternate sliding and global attention, so all seven are traced.
+    from mbtune.workloads.hf import _builder, _kind, hf_config
+
+    copied = {}
+    for family in FAMILIES:
+        options = {**dict(_options(family)), "num_hidden_layers": 7}
+        workload = load_workload(f"hf:{family}", tuple(options.items()))
+        copied[family] = workload.traced.copied
+        config, _ = hf_config(family, {k: v for k, v in options.items() if k != "seq_len"})
+        torch.manual_seed(3)
+        whole = _builder(config, _kind(family), family)()
+        ids, _ = workload.make_batch(3, torch.Generator().manual_seed(0))
+        model = workload.build(seed=3)
+        assert (model(ids) - whole(ids)).abs().max().item() == 0.0, family
+        assert workload.num_blocks == 2 + 7, family
+        assert [block.label for block in model][1:-1] == list(workload.traced.trunk), family
+        assert workload.num_parameters() == sum(p.numel() for p in whole.parameters()), family
+    assert {family: n for family, n in copied.items() if n != 4} == {"gemma2": 0}, copied
+
+
+def test_the_pipelined_update_of_a_deep_model_traced_by_its_first_layers_is_the_plain_models():
+    options = tuple({**dict(_options("llama")), "num_hidden_layers": 7}.items())
+    assert load_workload("hf:llama", options).traced.copied == 4
+    result = check_update(CheckConfig(workload="hf:llama", workload_options=options, device="cpu", schedule="1f1b",
+                                      num_ranks=2, num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
+    assert result.status == PASS, (result.cause, result.blocks)
