@@ -161,10 +161,14 @@ def _operations(piece: Piece, member: str) -> list[Any]:
             continue
         position = {node: i for i, node in enumerate(graph.nodes)}
         here = member[len(place) + 1:] if place and member.startswith(f"{place}.") else member  # as named here
-        rows = [(node.op, _target(node, here), fx.node.map_arg((node.args, node.kwargs), lambda n, at=position: ("value", at[n])))
+        rows = [(node.op, _target(node, here), fx.node.map_arg((node.args, node.kwargs), functools.partial(_value, position)))
                 for node in graph.nodes]
         found.append((place.replace(member, ""), rows))
     return found
+
+
+def _value(position: dict[fx.Node, int], node: fx.Node) -> tuple[str, int]:
+    return ("value", position[node])
 
 
 def _target(node: fx.Node, member: str) -> Any:
