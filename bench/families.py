@@ -58,7 +58,7 @@ def load_all(layers: int | None) -> None:
                 diff = (workload.build(seed=0)(ids) - whole(ids)).abs().max().item()
             if diff <= 1e-5:
                 exact.append(family)
-                if workload.traced.copied:
+                if workload.traced.num_copied:
                     shortened.append(family)
             else:
                 reasons[f"blocks differ from the model (max {diff:.1e})"] += 1

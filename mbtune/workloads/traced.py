@@ -58,7 +58,7 @@ class Traced:
     loss: TracedLoss | None
     aliases: dict[int, str]  # id of each meta tensor of the pieces -> the model's (first) name for it
     trunk: tuple[str, ...]
-    copied: int = 0  # trunk members whose pieces are copies of a traced member's (repeats.py)
+    num_copied: int = 0  # trunk members whose pieces are copies of a traced member's (repeats.py)
 
 
 def trace(build: Callable[[], nn.Module], example: tuple[Any, ...], targets: torch.Tensor | None,
@@ -104,8 +104,8 @@ def trace(build: Callable[[], nn.Module], example: tuple[Any, ...], targets: tor
     aliases = _aliases(model, pieces)
     for piece in pieces:
         _one_tensor_per_name(piece.module, aliases)
-    copied = len(trunk) - repeats.TRACED_MEMBERS if shortened else 0
-    return Traced(pieces=pieces, loss=loss, aliases=aliases, trunk=tuple(trunk), copied=copied)
+    num_copied = len(trunk) - repeats.TRACED_MEMBERS if shortened else 0
+    return Traced(pieces=pieces, loss=loss, aliases=aliases, trunk=tuple(trunk), num_copied=num_copied)
 
 
 Split = tuple[list[Piece], tuple[str, ...], str | None]  # the pieces, the model's outputs, its targets' name

@@ -99,7 +99,7 @@ def test_a_deep_model_traced_by_its_first_layers_computes_what_the_whole_model_c
     for family in ("gpt2", "llama", "gemma", "gemma2", "bert"):
         options = {**dict(_options(family)), "num_hidden_layers": 7}
         workload = load_workload(f"hf:{family}", tuple(options.items()))
-        copied[family] = workload.traced.copied
+        copied[family] = workload.traced.num_copied
         config, _ = hf_config(family, {k: v for k, v in options.items() if k != "seq_len"})
         torch.manual_seed(3)
         whole = _builder(config, _kind(family), family)()
@@ -114,7 +114,7 @@ def test_a_deep_model_traced_by_its_first_layers_computes_what_the_whole_model_c
 
 def test_the_pipelined_update_of_a_deep_model_traced_by_its_first_layers_is_the_plain_models():
     options = tuple({**dict(_options("llama")), "num_hidden_layers": 7}.items())
-    assert load_workload("hf:llama", options).traced.copied == 4
+    assert load_workload("hf:llama", options).traced.num_copied == 4
     result = check_update(CheckConfig(workload="hf:llama", workload_options=options, device="cpu", schedule="1f1b",
                                       num_ranks=2, num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)

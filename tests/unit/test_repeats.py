@@ -65,7 +65,7 @@ def _scaled(scales: list[float]) -> TinyGPT:
 
 def _exact(build, copied: int) -> None:
     workload = Workload.from_module(build, make_batch=tokens, name="model")
-    assert workload.traced.copied == copied
+    assert workload.traced.num_copied == copied
     torch.manual_seed(0)
     model = build()
     inputs, targets = tokens(5, torch.Generator().manual_seed(1))
