@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from mbtune.device.cuda import training_workspace_bytes
 from mbtune.device.tensor_bytes import TensorBytes, fake_tensors
+from mbtune.pipeline.echoes import NUM_REAL, echo_stages, real_microbatches
 from mbtune.pipeline.schedules import StageShapes, take_shapes_as_given, works_hold_their_tensors
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.training import on_device
@@ -65,14 +66,16 @@ class RankTrace:
     peak_bytes: int
     timeline: np.ndarray | None = None  # live bytes after every operator, when asked for
     seconds: float = 0.0
+    num_echoed: int = 0  # stage forwards echoed from earlier micro-batches' (pipeline/echoes.py)
 
 
 class RankPeaks:
     """Predicts the ranks' peaks of many specs of one workload; what does not depend on the spec (the blocks'
     handover keys, a trace of the whole chain) is found once."""
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, *, echoes: bool = True) -> None:
         self.workload = workload
+        self.echoes = echoes  # later micro-batches echoed from earlier ones (else every one computed)
         self._keys: dict[int, tuple[tuple[str, ...] | None, ...]] = {}
 
     def keys(self, spec: PipelineSpec) -> tuple[tuple[str, ...] | None, ...]:
@@ -103,9 +106,14 @@ class RankPeaks:
         spec = prepared.spec
         extra = training_workspace_bytes(spec.device)
         with prepared.mode:
-            count = _rank_count(spec, self.workload, prepared, rank, timeline=timeline)
+            count, num_echoed = _rank_count(spec, self.workload, prepared, rank, timeline=timeline,
+                                            echoes=self.echoes)
+            if num_echoed < 0:  # an echo did not reproduce what it stood for: every micro-batch computed
+                count, num_echoed = _rank_count(spec, self.workload, prepared, rank, timeline=timeline,
+                                                echoes=False)
         line = None if count.timeline is None else np.asarray(count.timeline, dtype=np.int64) + extra
-        return RankTrace(peak_bytes=extra + count.peak_bytes, timeline=line, seconds=time.perf_counter() - started)
+        return RankTrace(peak_bytes=extra + count.peak_bytes, timeline=line, seconds=time.perf_counter() - started,
+                         num_echoed=num_echoed)
 
 
 def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],
@@ -136,8 +144,25 @@ def _first_chunk(tensor: torch.Tensor, chunks: int) -> torch.Tensor:
     return torch.tensor_split(tensor, chunks, 0)[0]
 
 
+def _real(spec: PipelineSpec, rank: int) -> dict[int, frozenset[int]] | None:
+    """Per stage of the pipeline rank, the micro-batches its step computes for real; None where none are
+    echoed (a schedule that splits the backward, or too few micro-batches to echo any)."""
+    from mbtune.pipeline.schedules import schedule_action_orders
+    from mbtune.pipeline.theory import schedule_info
+
+    if schedule_info(spec.schedule).splits_backward or spec.num_microbatches <= NUM_REAL:
+        return None
+    try:
+        orders = schedule_action_orders(spec.schedule, num_ranks=spec.num_ranks,
+                                        num_microbatches=spec.num_microbatches, stages_per_rank=spec.stages_per_rank)
+    except ValueError:
+        return None
+    return real_microbatches(orders[rank])
+
+
 def _rank_count(spec: PipelineSpec, workload: Workload, prepared: Prepared, rank: int, *,
-                timeline: bool) -> TensorBytes:
+                timeline: bool, echoes: bool) -> tuple[TensorBytes, int]:
+    """The rank's step counted, and how many stage forwards were echoed (-1: an echo failed its check)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from mbtune.pipeline.runner import _groups, _RankRun, _StepTimes, _tie_groups
@@ -152,8 +177,11 @@ def _rank_count(spec: PipelineSpec, workload: Workload, prepared: Prepared, rank
                            tie_groups=_tie_groups(spec, workload, prepared.blocks, rank), count=count,
                            stage_shapes=prepared.shapes, keys=prepared.keys)
             take_shapes_as_given(run.schedule)
+            echoing = echo_stages(run.stages, count, real) if echoes and (real := _real(spec, run.rank)) else []
             run.read_losses = False
             run._optimizer_step(0, _StepTimes(), timed_step=None, capture=False)
-        return count
+        if any(module.failed for module in echoing):
+            return count, -1
+        return count, sum(module.num_echoed for module in echoing)
     finally:
         dist.destroy_process_group()

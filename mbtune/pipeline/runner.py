@@ -205,6 +205,7 @@ class _RankRun:
                   for m, s, b in zip(self.modules, self.stage_indices, self.blocks)]
         for stage in stages:
             self.timer.instrument(stage)
+        self.stages = stages
         self.schedule = build_schedule(spec.schedule, stages, num_microbatches=spec.num_microbatches,
                                        loss_fn=self.timer.wrap_loss(self._scaled_loss))
         self.parameters = list({id(p): p for m in self.modules for p in m.parameters()}.values())
