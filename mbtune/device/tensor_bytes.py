@@ -118,19 +118,6 @@ class TensorBytes(TorchDispatchMode):
             size, _ = self._sizes.pop(key, (0, None))
             self.live_bytes -= size
 
-    def storages(self) -> dict[int, weakref.ref]:
-        """The storages counted now, by key, with the reference that frees each one's bytes."""
-        return {key: ref for key, (_, ref) in self._sizes.items()}
-
-    def held_bytes(self, storages: dict[int, weakref.ref]) -> int:
-        """The bytes of those of `storages` (from `storages()`) that are still counted."""
-        held = 0
-        for key, ref in storages.items():
-            known = self._sizes.get(key)
-            if known is not None and known[1] is ref:
-                held += known[0]
-        return held
-
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
 

@@ -54,7 +54,6 @@ class _Forward:
 class _Backward:
     high: int  # the highest point above the moment the output's gradient arrived
     change: int  # the live bytes at the end of the backward pass, less those at that moment
-    lingering: int  # of what its forward kept, what was still held at that end (freed with the outputs)
 
 
 class Echoing(nn.Module):
@@ -80,7 +79,7 @@ class Echoing(nn.Module):
 
     def _real(self, args: Sequence[torch.Tensor]) -> Any:
         count = self.count
-        start, high_before, held = count.live_bytes, count.peak_bytes, set(count.storages())
+        start, high_before = count.live_bytes, count.peak_bytes
         count.peak_bytes = start
         out = self.inner(*args)
         high, end = count.peak_bytes - start, count.live_bytes - start
@@ -93,9 +92,7 @@ class Echoing(nn.Module):
             self.forward_seen = seen
         watched = [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
         if watched:
-            outs = {_storage_key(o) for o in outputs if isinstance(o, torch.Tensor)}
-            kept = {key: ref for key, ref in count.storages().items() if key not in held and key not in outs}
-            _watch_backward(self, watched, kept)
+            _watch_backward(self, watched)
         return out
 
     def saw_backward(self, seen: _Backward) -> None:
@@ -131,9 +128,8 @@ def _storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
-def _watch_backward(echoing: Echoing, outputs: Sequence[torch.Tensor], kept: dict[int, Any]) -> None:
-    """Measure the module's backward: from the first output gradient's arrival to the end of the pass.
-    `kept`: the storages its forward kept (by key, with the count's reference to each)."""
+def _watch_backward(echoing: Echoing, outputs: Sequence[torch.Tensor]) -> None:
+    """Measure the module's backward: from the first output gradient's arrival to the end of the pass."""
     count = echoing.count
     state: dict[str, int] = {}
 
@@ -146,9 +142,7 @@ def _watch_backward(echoing: Echoing, outputs: Sequence[torch.Tensor], kept: dic
 
     def ended() -> None:
         start = state["start"]
-        lingering = count.held_bytes(kept)
-        echoing.saw_backward(_Backward(high=count.peak_bytes - start, change=count.live_bytes - start,
-                                       lingering=lingering))
+        echoing.saw_backward(_Backward(high=count.peak_bytes - start, change=count.live_bytes - start))
         count.peak_bytes = max(state["high_before"], count.peak_bytes)
 
     for output in outputs:
@@ -192,14 +186,7 @@ class _Echo(torch.autograd.Function):
         count = echoing.count
         start = count.live_bytes
         _rise(seen.high)
-        # What the backward leaves of the forward's keep lives on with the outputs (autograd's nodes that
-        # the backward does not run hold theirs until the outputs go): held by this node's context.
-        lingering = seen.lingering
-        if lingering > ctx.kept.numel():
-            echoing.failed = echoing.failed or "a backward that keeps more than its forward kept"
-            lingering = 0
         ctx.kept = None
-        ctx.lingering = torch.empty(lingering, dtype=torch.uint8)
         given = tuple(torch.empty_strided(*meta[:2], dtype=meta[2]) if meta is not None else None
                       for meta in ctx.inputs)
 

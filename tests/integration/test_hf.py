@@ -118,3 +118,24 @@ def test_the_pipelined_update_of_a_deep_model_traced_by_its_first_layers_is_the_
     result = check_update(CheckConfig(workload="hf:llama", workload_options=options, device="cpu", schedule="1f1b",
                                       num_ranks=2, num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_a_transformers_step_predicted_with_echoed_micro_batches_peaks_where_every_one_computed_does(family):
+    from mbtune.pipeline.point import SweepPoint
+    from mbtune.pipeline.predict import RankPeaks
+    from mbtune.pipeline.spec import PipelineSpec
+
+    options = tuple({**dict(_options(family)), "num_hidden_layers": 4}.items())
+    workload = load_workload(f"hf:{family}", options)
+    echoes, computed = RankPeaks(workload, echoes=True), RankPeaks(workload, echoes=False)
+    for schedule in ("1f1b", "gpipe"):
+        point = SweepPoint(schedule=schedule, num_ranks=2, num_microbatches=5, grad_accum_steps=1,
+                           micro_batch_size=2)
+        spec = PipelineSpec.for_point(point, workload=f"hf:{family}", workload_options=options, device="cpu",
+                                      measured_steps=1)
+        for rank in range(2):
+            fast = echoes.rank(echoes.prepare(spec), rank)
+            whole = computed.rank(computed.prepare(spec), rank)
+            # Their stages hand over masks and positions, and keep what autograd's unrun nodes hold.
+            assert fast.num_echoed > 0 and fast.peak_bytes == whole.peak_bytes, (family, schedule, rank)
