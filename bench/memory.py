@@ -6,8 +6,13 @@ Per workload, schedule, micro-batch count and recompute mode: both ranks' measur
 the error; then the median and worst error over all of them, and per (workload, schedule, recompute, rank)
 how far the prediction's growth from the fewest to the most micro-batches is from the measured growth.
 
+With --against-computed, no sweep runs: every point's prediction with later micro-batches echoed from
+earlier ones (pipeline/echoes.py, what `plan` and the probe use) is held against the same prediction with
+every micro-batch computed, and both are timed.
+
 Run: .venv/bin/python bench/memory.py [--workloads gpt,hf:llama,hf:bert] [--micro-batches 2,4,8,16]
      on one GPU: python bench/memory.py --device cuda --ranks 1 --precision bf16 [-O layers=8 ...]
+     echoed against computed: .venv/bin/python bench/memory.py --against-computed
 """
 
 from __future__ import annotations
@@ -25,13 +30,52 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "
 MIB = 2**20
 
 
-def _predict_all(specs: list[PipelineSpec]) -> list[tuple[int, ...]]:
+def _predict_all(specs: list[PipelineSpec], echoes: bool = True) -> list[tuple[int, ...]]:
     """Every spec's predicted rank peaks, in one process (the workload is loaded once there)."""
-    from mbtune.pipeline.predict import predict_rank_peaks
+    from mbtune.pipeline.predict import RankPeaks
     from mbtune.workloads import load_workload
 
-    workload = load_workload(specs[0].workload, specs[0].workload_options)
-    return [predict_rank_peaks(spec, workload=workload) for spec in specs]
+    peaks = RankPeaks(load_workload(specs[0].workload, specs[0].workload_options), echoes=echoes)
+    return [peaks(spec) for spec in specs]
+
+
+def _specs(workload: str, schedules: tuple[str, ...], recomputes: list[str], micro_batches: list[int],
+           micro_batch_size: int, *, device: str, ranks: int, precision: str,
+           options: tuple[tuple[str, object], ...]) -> list[PipelineSpec]:
+    return [PipelineSpec(workload=workload, workload_options=options, schedule=schedule, num_ranks=ranks,
+                         num_microbatches=m, micro_batch_size=micro_batch_size, recompute=recompute,
+                         measured_steps=1, device=device, precision=precision)
+            for schedule in schedules for recompute in recomputes for m in micro_batches]
+
+
+def against_computed(workloads: list[str], micro_batches: list[int], recomputes: list[str], micro_batch_size: int,
+                     *, ranks: int, precision: str, options: tuple[tuple[str, object], ...],
+                     schedules: tuple[str, ...]) -> None:
+    num_equal = num_peaks = 0
+    for workload in workloads:
+        specs = _specs(workload, schedules, recomputes, micro_batches, micro_batch_size, device="cpu", ranks=ranks,
+                       precision=precision, options=options)
+        timed = []
+        for echoes in (True, False):
+            started = time.perf_counter()
+            outcome = run_isolated(_predict_all, specs, echoes, timeout_s=3600)
+            if outcome.status != "ok":
+                print(f"{workload}: the prediction failed: {outcome.error}")
+                break
+            timed.append((outcome.value, time.perf_counter() - started))
+        if len(timed) < 2:
+            continue
+        (echoed, echoed_s), (computed, computed_s) = timed
+        for spec, fast, whole in zip(specs, echoed, computed, strict=True):
+            for rank, (a, b) in enumerate(zip(fast, whole, strict=True)):
+                num_peaks += 1
+                num_equal += a == b
+                if a != b:
+                    print(f"{workload:<10}{spec.schedule:<18}{spec.recompute:<10}{spec.num_microbatches:>3}{rank:>5}"
+                          f"  echoed {a / MIB:.2f} MiB, computed {b / MIB:.2f} MiB")
+        print(f"{workload}: {len(specs)} points predicted in {echoed_s:.1f} s echoed, {computed_s:.1f} s computed "
+              f"(ratio {echoed_s / computed_s:.2f}; one process each, the model loaded once)")
+    print(f"\n{num_equal} of {num_peaks} rank peaks echoed equal to computed")
 
 
 def _pct(predicted: float, measured: float) -> float:
@@ -48,10 +92,8 @@ def run(workloads: list[str], micro_batches: list[int], recomputes: list[str], m
     print(f"{'workload':<10}{'schedule':<18}{'recompute':<10}{'m':>3}{'rank':>5}{'measured':>10}{'predicted':>11}"
           f"{'error':>8}")
     for workload in workloads:
-        specs = [PipelineSpec(workload=workload, workload_options=options, schedule=schedule, num_ranks=ranks,
-                              num_microbatches=m, micro_batch_size=micro_batch_size, recompute=recompute,
-                              measured_steps=1, device=device, precision=precision)
-                 for schedule in schedules for recompute in recomputes for m in micro_batches]
+        specs = _specs(workload, schedules, recomputes, micro_batches, micro_batch_size, device=device, ranks=ranks,
+                       precision=precision, options=options)
         started = time.perf_counter()
         predicted = run_isolated(_predict_all, specs, timeout_s=3600)
         if predicted.status != "ok":
@@ -119,8 +161,15 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
     parser.add_argument("-O", dest="options", action="append", default=[], help="a workload option, KEY=VALUE")
+    parser.add_argument("--against-computed", action="store_true",
+                        help="no sweeps: echoed predictions against every micro-batch computed, both timed")
     args = parser.parse_args()
     options = parse_options(args.options)
+    if args.against_computed:
+        against_computed(args.workloads.split(","), [int(m) for m in args.micro_batches.split(",")],
+                         args.recompute.split(","), args.micro_batch_size, ranks=args.ranks, precision=args.precision,
+                         options=options, schedules=tuple(args.schedules.split(",")))
+        return
     run(args.workloads.split(","), [int(m) for m in args.micro_batches.split(",")], args.recompute.split(","),
         args.micro_batch_size, device=args.device, ranks=args.ranks, precision=args.precision, options=options,
         schedules=tuple(args.schedules.split(",")))

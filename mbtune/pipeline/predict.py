@@ -14,6 +14,13 @@ A real send's work object holds the tensor it sends for as long as the schedule 
 multi-stage schedules wait for their sends at the end of the step); the fake process group's works hold
 nothing, so here each is wrapped to hold its tensors the same way.
 
+Every micro-batch of a stage runs the same operators on tensors of the same shapes, so only the first two of a
+stage's forward order and of its backward order are computed; the others are echoed (pipeline/echoes.py): in
+the counted bytes they rise, keep and let go as the module's last real pass did, while the schedule, its
+sends, receives, buffers, losses and the optimizer run as they are. Each echo checks that it ends where the
+pass it stands for ended; where one does not (or cannot be made), the rank is traced again with every
+micro-batch computed. Echoed and computed steps predict the same peaks (bench/memory.py --against-computed).
+
 Stage shapes are known before the step (one fake forward of the chain at the micro-batch size), so each
 stage is built with them and torch's first-step shape exchange between ranks is skipped.
 """

@@ -8,7 +8,8 @@ that holds the batch grows with it, so each moment's bytes are a line in the mic
 size at which every moment of a rank's step fits is that rank's limit (a peak that moves from one moment to
 another as the size grows is found too). The smallest limit binds; the peaks are then predicted at that size
 (and the size stepped down where the lines were optimistic), so every peak printed is a prediction, not an
-extrapolation. The ranks' steps are traced in forked processes, one per core.
+extrapolation. The ranks' steps are traced in forked processes, one per core, each stage's later
+micro-batches echoed from its first ones (pipeline/echoes.py), so a step costs about two micro-batches.
 """
 
 from __future__ import annotations
