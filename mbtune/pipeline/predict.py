@@ -113,8 +113,13 @@ class RankPeaks:
         spec = prepared.spec
         extra = training_workspace_bytes(spec.device)
         with prepared.mode:
-            count, num_echoed = _rank_count(spec, self.workload, prepared, rank, timeline=timeline,
-                                            echoes=self.echoes)
+            try:
+                count, num_echoed = _rank_count(spec, self.workload, prepared, rank, timeline=timeline,
+                                                echoes=self.echoes)
+            except Exception:
+                if not self.echoes:
+                    raise
+                num_echoed = -1  # the step computed whole says what is wrong, if it is not the echoes
             if num_echoed < 0:  # an echo did not reproduce what it stood for: every micro-batch computed
                 count, num_echoed = _rank_count(spec, self.workload, prepared, rank, timeline=timeline,
                                                 echoes=False)

@@ -108,3 +108,17 @@ def test_outputs_sharing_storage_are_not_echoed_and_say_why():
     *_, echoing = _micro_batches(views=True, echo=True)
     assert echoing is not None and echoing.num_echoed == 0
     assert "share storage" in echoing.failed
+
+
+def test_a_step_whose_echo_breaks_is_computed_whole(gpt, monkeypatch):
+    from mbtune.pipeline import echoes
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("an echo that cannot run")
+
+    spec = _spec("1f1b", 6)
+    expected = RankPeaks(gpt, echoes=False).rank(RankPeaks(gpt, echoes=False).prepare(spec), 0)
+    monkeypatch.setattr(echoes._Echo, "forward", staticmethod(broken))
+    predict = RankPeaks(gpt)
+    trace = predict.rank(predict.prepare(spec), 0)
+    assert (trace.peak_bytes, trace.num_echoed) == (expected.peak_bytes, 0)
