@@ -15,9 +15,9 @@ buffers, the loss and its backward, gradient accumulation, the optimizer step.
 A real forward is measured from its call to its return; a real backward from the moment the gradient of
 the module's output arrives (a hook on the output) to the end of that backward pass (a callback of
 autograd's engine), which is where the stand-in's backward runs and ends too. Each echo checks that it
-reproduced what it stands for (the live bytes it ends at); where one cannot (the outputs share storage
-with each other or with what the module kept, a schedule that splits the backward, a template missing), the
-trace says so and the rank is traced again without echoes.
+reproduced what it stands for (the live bytes it ends at); where one cannot (outputs that share storage with
+each other, are views into a larger tensor or of what the module held before, a schedule that splits the
+backward, a pass not yet seen), the trace says so and the rank is traced again without echoes.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Echoing(nn.Module):
 def _forward_seen(args: Sequence[torch.Tensor], outputs: Sequence[Any], high: int, end: int) -> _Forward | str:
     """What a real forward did, as an echo repeats it; or why it cannot be repeated."""
     inputs = {_storage_key(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
-    seen: dict[int, int] = {}
+    seen: set[int] = set()
     described, fresh = [], 0
     for output in outputs:
         if not isinstance(output, torch.Tensor):
@@ -112,9 +112,11 @@ def _forward_seen(args: Sequence[torch.Tensor], outputs: Sequence[Any], high: in
         key = _storage_key(output)
         alias = inputs.get(key)
         if alias is None:
-            if key in seen or not output.is_contiguous():
+            if key in seen:
                 return "stage outputs that share storage"
-            seen[key] = 1
+            if output.storage_offset() or output.untyped_storage().nbytes() != _strided_bytes(output):
+                return "a stage output that is a view into a larger tensor"
+            seen.add(key)
             fresh += block_bytes(output.untyped_storage().nbytes())
         described.append(_Output(shape=tuple(output.shape), stride=tuple(output.stride()), dtype=output.dtype,
                                  requires_grad=output.requires_grad, alias=alias))
@@ -122,6 +124,14 @@ def _forward_seen(args: Sequence[torch.Tensor], outputs: Sequence[Any], high: in
     if kept < 0:
         return "stage outputs that are views of what the stage held before"
     return _Forward(high=high, kept=kept, outputs=tuple(described))
+
+
+def _strided_bytes(tensor: torch.Tensor) -> int:
+    """The storage bytes torch.empty_strided makes for this tensor's shape, stride and dtype."""
+    if tensor.numel() == 0:
+        return 0
+    span = 1 + sum((size - 1) * step for size, step in zip(tensor.shape, tensor.stride(), strict=True))
+    return span * tensor.element_size()
 
 
 def _storage_key(tensor: torch.Tensor) -> int:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from mbtune.pipeline.predict import Prepared, RankPeaks, RankTrace
 
 MAX_STEPS_DOWN = 4  # sizes tried below the lines' answer where a rank's line was optimistic
+NO_LIMIT = 2**30  # a rank's limit where nothing in its step grows with the micro-batch size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,7 +216,7 @@ class _Line:
             return 0
         growing = self.grows > 0
         if not growing.any():
-            return 2**30
+            return NO_LIMIT
         return int(((memory - self.at[growing]) // self.grows[growing]).min()) + 1
 
 

@@ -12,7 +12,7 @@ from rich.console import Console, JustifyMethod
 from rich.panel import Panel
 from rich.table import Table
 
-from mbtune.planning.memory_plan import MemoryPlan
+from mbtune.planning.memory_plan import NO_LIMIT, MemoryPlan
 from mbtune.planning.records import (
     WITHIN_RUN,
     NoiseFloor,
@@ -237,28 +237,38 @@ def print_memory_plan(console: Console, plan: MemoryPlan, fmt: str) -> None:
 
         writer = csv.writer(sys.stdout)
         writer.writerow(["schedule", "num_microbatches", "recompute", "micro_batch_size", "global_batch",
-                         "binding_rank", "peak_bytes", "skipped"])
+                         "binding_rank", "peak_bytes", "limits", "skipped"])
         for row in plan.rows:
             writer.writerow([row.schedule, row.num_microbatches, row.recompute, row.micro_batch_size,
-                             row.global_batch, row.binding_rank, " ".join(map(str, row.peak_bytes)), row.skipped])
+                             row.global_batch, row.binding_rank, " ".join(map(str, row.peak_bytes)),
+                             " ".join(map(str, row.limits)), row.skipped])
         return
     options = ", ".join(f"{k}={v}" for k, v in plan.workload_options.items())
     table = Table(title=f"Memory plan: {plan.workload}{f' ({options})' if options else ''}, {plan.num_ranks} stages"
                         f"{f' x {plan.data_parallel_size} replicas' if plan.data_parallel_size > 1 else ''} of "
                         f"{fmt_bytes(plan.device_memory_bytes)}, {plan.precision}, {plan.optimizer}",
                   title_justify="left")
-    for name in ("schedule", "m", "recompute", "largest micro-batch", "global batch", "binding stage",
-                 "peak per stage (rank 0 first)", "seconds"):
-        table.add_column(name, justify="left" if name in ("schedule", "recompute", "peak per stage (rank 0 first)") else "right")
+    wide = ("peak per stage (rank 0 first)", "largest micro-batch per stage")
+    for name in ("schedule", "m", "recompute", "largest micro-batch", "global batch", "binding stage", *wide,
+                 "seconds"):
+        table.add_column(name, justify="left" if name in ("schedule", "recompute", *wide) else "right")
     for row in plan.rows:
         if row.skipped:
-            table.add_row(row.schedule, str(row.num_microbatches), row.recompute, "", "", "", f"[dim]{row.skipped}[/]", "")
+            table.add_row(row.schedule, str(row.num_microbatches), row.recompute, "", "", "", f"[dim]{row.skipped}[/]",
+                          "", "")
             continue
         binding = "" if row.binding_rank is None else f"rank {row.binding_rank}"
         size = str(row.micro_batch_size) if row.micro_batch_size else "[red]none fits[/]"
         table.add_row(row.schedule, str(row.num_microbatches), row.recompute, size, str(row.global_batch), binding,
-                      " ".join(fmt_bytes(p) for p in row.peak_bytes), f"{row.seconds:.1f}")
+                      " ".join(fmt_bytes(p) for p in row.peak_bytes), " ".join(map(_limit, row.limits)),
+                      f"{row.seconds:.1f}")
     table.caption = ("each rank's own code run on fake tensors at the size shown, its live tensor bytes counted as a "
-                     "device's allocator counts them (what the allocator adds on a GPU is not in it); "
+                     "device's allocator counts them (what the allocator adds on a GPU is not in it); a stage's "
+                     "largest micro-batch from its step at sizes 1 and 2, every moment a line in the size; "
                      f"predicted in {plan.seconds:.1f} s")
     console.print(table)
+
+
+def _limit(size: int) -> str:
+    """A stage's largest micro-batch size (a step that does not grow with it holds any)."""
+    return "any" if size >= NO_LIMIT else str(size)

@@ -204,3 +204,24 @@ def test_plan_artifacts_print_the_kept_timeline_and_simulate_nothing(tmp_path, m
     write_plan_artifacts(console, report, plot_dir=None, trace_path=tmp_path / "none.json")
     assert "no trace written: the plan kept no simulated timeline" in console.file.getvalue()
     assert not (tmp_path / "none.json").exists()
+
+
+def test_the_memory_plan_prints_every_stages_peak_and_largest_micro_batch(capsys) -> None:
+    from mbtune.planning.memory_plan import NO_LIMIT, MemoryPlan, MemoryPlanRow
+    from mbtune.report.plan import print_memory_plan
+
+    rows = (MemoryPlanRow(schedule="1f1b", num_microbatches=8, recompute="none", micro_batch_size=2, global_batch=16,
+                          binding_rank=0, peak_bytes=(2**30, 2**29, 2**28), limits=(2, 5, NO_LIMIT), seconds=1.5),
+            MemoryPlanRow(schedule="zbv", num_microbatches=8, recompute="none", micro_batch_size=0, global_batch=0,
+                          binding_rank=None, skipped="zbv takes two stages per rank"))
+    plan = MemoryPlan(workload="gpt", workload_options={}, device_memory_bytes=2**31, num_ranks=3,
+                      data_parallel_size=1, grad_accum_steps=1, precision="fp32", optimizer="adamw", rows=rows,
+                      seconds=2.0)
+    console = Console(record=True, width=300, file=io.StringIO())
+    print_memory_plan(console, plan, "table")
+    text = console.export_text()
+    assert "largest micro-batch per stage" in text and "2 5 any" in text and "rank 0" in text
+    assert "zbv takes two stages per rank" in text
+    print_memory_plan(console, plan, "csv")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(",")[7] == "limits" and lines[1].split(",")[7] == f"2 5 {NO_LIMIT}"
