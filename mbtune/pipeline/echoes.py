@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mbtune.actions import BACKWARD, FORWARD
 from mbtune.device.tensor_bytes import TensorBytes, block_bytes
 
 NUM_REAL = 2  # micro-batches computed for real at the head of a stage's forward order and of its backward order
@@ -62,6 +63,9 @@ class Echoing(nn.Module):
     def __init__(self, inner: nn.Module, count: TensorBytes, real: frozenset[int]) -> None:
         super().__init__()
         self.inner, self.count, self.real = inner, count, real
+        # An input of every echo that requires a gradient, so its outputs do where the module's do (a first
+        # stage's inputs are token ids): a parameter, which the echo's backward leaves alone.
+        self.anchor = next((p for p in inner.parameters() if p.requires_grad), None)
         self.chunk = 0  # the micro-batch the stage is computing (set by its forward_one_chunk)
         self.forward_seen: _Forward | None = None
         self.backward_seen: _Backward | None = None
@@ -73,8 +77,7 @@ class Echoing(nn.Module):
         if self.chunk in self.real or self.forward_seen is None or self.failed:
             return self._real(args)
         self.num_echoed += 1
-        anchor = next((p for p in self.inner.parameters() if p.requires_grad), None)
-        outputs = _Echo.apply(self, anchor, *args)
+        outputs = _Echo.apply(self, self.anchor, *args)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def _real(self, args: Sequence[torch.Tensor]) -> Any:
@@ -187,24 +190,21 @@ class _Echo(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         echoing: Echoing = ctx.echoing
-        seen = echoing.backward_seen
+        seen, count = echoing.backward_seen, echoing.count
+        start = count.live_bytes
         if seen is None:
             echoing.failed = echoing.failed or "a backward echoed before one was seen"
-            ctx.kept = None
-            return (None, None, *(torch.empty_strided(*meta[:2], dtype=meta[2]) if meta is not None else None
-                                  for meta in ctx.inputs))
-        count = echoing.count
-        start = count.live_bytes
-        _rise(seen.high)
+        else:
+            _rise(seen.high)
         ctx.kept = None
         given = tuple(torch.empty_strided(*meta[:2], dtype=meta[2]) if meta is not None else None
                       for meta in ctx.inputs)
+        if seen is not None:
+            def ended() -> None:
+                if count.live_bytes - start != seen.change:
+                    echoing.failed = echoing.failed or "a backward's echo ended elsewhere than the backward"
 
-        def ended() -> None:
-            if count.live_bytes - start != seen.change:
-                echoing.failed = echoing.failed or "a backward's echo ended elsewhere than the backward"
-
-        torch.autograd.Variable._execution_engine.queue_callback(ended)
+            torch.autograd.Variable._execution_engine.queue_callback(ended)
         return (None, None, *given)
 
 
@@ -235,8 +235,6 @@ def echo_stages(stages: Sequence[Any], count: TensorBytes,
 def real_microbatches(order: Sequence[tuple[int, str, int]]) -> dict[int, frozenset[int]]:
     """Per stage in one rank's action order (stage, kind, micro-batch), the micro-batches computed for real:
     the first NUM_REAL of its forwards and the first NUM_REAL of its backwards."""
-    from mbtune.actions import BACKWARD, FORWARD
-
     firsts: dict[tuple[int, str], list[int]] = {}
     for stage, kind, microbatch in order:
         if kind in (FORWARD, BACKWARD):
