@@ -31,6 +31,7 @@ from torch import nn
 
 from mbtune.actions import BACKWARD, FORWARD
 from mbtune.device.tensor_bytes import TensorBytes, block_bytes
+from mbtune.pipeline.schedules import at_backward_end, on_forward_chunk
 
 NUM_REAL = 2  # micro-batches computed for real at the head of a stage's forward order and of its backward order
 
@@ -98,6 +99,9 @@ class Echoing(nn.Module):
             _watch_backward(self, watched)
         return out
 
+    def computing(self, chunk: int) -> None:
+        self.chunk = chunk
+
     def saw_backward(self, seen: _Backward) -> None:
         self.num_backwards += 1
         if self.num_backwards > 1:  # the stage's first backward also creates the gradients
@@ -151,7 +155,7 @@ def _watch_backward(echoing: Echoing, outputs: Sequence[torch.Tensor]) -> None:
             return
         state["start"], state["high_before"] = count.live_bytes, count.peak_bytes
         count.peak_bytes = count.live_bytes
-        torch.autograd.Variable._execution_engine.queue_callback(ended)
+        at_backward_end(ended)
 
     def ended() -> None:
         start = state["start"]
@@ -204,7 +208,7 @@ class _Echo(torch.autograd.Function):
                 if count.live_bytes - start != seen.change:
                     echoing.failed = echoing.failed or "a backward's echo ended elsewhere than the backward"
 
-            torch.autograd.Variable._execution_engine.queue_callback(ended)
+            at_backward_end(ended)
         return (None, None, *given)
 
 
@@ -220,14 +224,7 @@ def echo_stages(stages: Sequence[Any], count: TensorBytes,
     for stage in stages:
         module = Echoing(stage.submod, count, real[stage.stage_index])
         stage.submod = module
-        compute = stage.forward_one_chunk
-
-        def forward_one_chunk(chunk: int, *args: Any, _module: Echoing = module, _compute: Any = compute,
-                              **kwargs: Any) -> Any:
-            _module.chunk = chunk
-            return _compute(chunk, *args, **kwargs)
-
-        stage.forward_one_chunk = forward_one_chunk
+        on_forward_chunk(stage, module.computing)
         echoing.append(module)
     return echoing
 

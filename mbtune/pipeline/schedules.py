@@ -1,7 +1,7 @@
 """Typed wrappers over torch.distributed.pipelining: the only module that imports that API.
 
-Besides the public classes (PipelineStage and the schedules), the action timer reaches into stage methods
-that torch marks as public but that schedules call internally (forward_one_chunk, backward_one_chunk,
+Besides the public classes (PipelineStage and the schedules), the action timer and on_forward_chunk reach
+into stage methods torch marks as public but schedules call internally (forward_one_chunk, backward_one_chunk,
 backward_weight_one_chunk). Their signatures are those of torch 2.6-2.14; pyproject pins that range.
 
 `schedule_action_orders` reads a schedule's per-rank action order for the planner's simulator without modules
@@ -97,6 +97,22 @@ def works_hold_their_tensors() -> Iterator[None]:
         yield
     finally:
         torch_schedules._batch_p2p = plain
+
+
+def on_forward_chunk(stage: PipelineStage, seen: Callable[[int], None]) -> None:
+    """Have `seen` told the micro-batch of each forward the stage computes, before it computes it."""
+    compute = stage.forward_one_chunk
+    @functools.wraps(compute)
+    def forward_one_chunk(*args: Any, **kwargs: Any) -> Any:
+        seen(args[0] if args else kwargs["fwd_chunk_id"])
+        return compute(*args, **kwargs)
+
+    stage.forward_one_chunk = forward_one_chunk  # type: ignore[method-assign]
+
+
+def at_backward_end(callback: Callable[[], None]) -> None:
+    """Run `callback` as the autograd backward pass in progress ends (called from inside the pass)."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
 def build_schedule(schedule: str, stages: Sequence[PipelineStage], *, num_microbatches: int, loss_fn: LossFn) -> Any:
