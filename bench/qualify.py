@@ -82,8 +82,9 @@ def slowed_baseline(baseline: Path, share: float, scratch: Path) -> Path:
     return path
 
 
-def qualify_once(baseline: Path, args: argparse.Namespace, scratch: Path) -> dict:
-    """One `mbtune qualify` run; its verdict, exit code, wall time and gating figures."""
+def qualify_once(baseline: Path, args: argparse.Namespace, scratch: Path, label: str) -> dict:
+    """One `mbtune qualify` run; its verdict, exit code, wall time and gating figures (the verdict's json
+    kept as LABEL.json under --keep)."""
     repeats = ["--repeats", str(args.repeats)] if args.repeats else []
     command = ["qualify", "--baseline", str(baseline), *repeats, "--no-save",
                "--format", "json", *(["--tolerance", args.tolerance] if args.tolerance else [])]
@@ -92,6 +93,9 @@ def qualify_once(baseline: Path, args: argparse.Namespace, scratch: Path) -> dic
         verdict = json.loads(done.stdout)
     except json.JSONDecodeError:
         return {"status": "ERROR", "exit": done.returncode, "wall_s": wall_s, "error": done.stderr.strip()[-300:]}
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        (args.keep / f"{label}.json").write_text(done.stdout)
     checks = {c["name"]: c for c in verdict["checks"]}
     results = (verdict.get("sweep") or {}).get("results", [])
     keep = 1.0 - verdict["tolerance"]
@@ -175,6 +179,7 @@ def main() -> None:
     parser.add_argument("--slowdowns", default="0.15,0.10,0.05",
                         help="Shares of -O slowdown to qualify, each S or S:RUNS (RUNS instead of --slow-runs).")
     parser.add_argument("--keep-baseline", type=Path, help="Copy the baseline made here to this path.")
+    parser.add_argument("--keep", type=Path, help="Keep each run's verdict (json) in this folder.")
     parser.add_argument("--repeats", type=int, default=None, help="qualify --repeats (default: until known).")
     parser.add_argument("--tolerance", default=None, help="qualify --tolerance (default: qualify's, 10%%).")
     parser.add_argument("--workload", default="mlp", help="Workload of the baseline tune (default mlp).")
@@ -194,7 +199,7 @@ def main() -> None:
     header()
     runs = []
     for i in range(args.runs):
-        runs.append(qualify_once(baseline, args, scratch))
+        runs.append(qualify_once(baseline, args, scratch, f"self-{i + 1}"))
         print_run(f"{i + 1}", runs[-1])
     slowed: dict[float, list[dict]] = {}
     for item in (s for s in args.slowdowns.split(",") if s):
@@ -203,7 +208,7 @@ def main() -> None:
         path = slowed_baseline(baseline, share, scratch)
         slowed[share] = []
         for i in range(int(count) if count else args.slow_runs):
-            slowed[share].append(qualify_once(path, args, scratch))
+            slowed[share].append(qualify_once(path, args, scratch, f"slow{share:g}-{i + 1}"))
             print_run(f"s{share:g}.{i + 1}", slowed[share][-1])
     summarize(runs, slowed)
     shutil.rmtree(scratch, ignore_errors=True)

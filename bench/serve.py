@@ -5,7 +5,8 @@ whole serve run N times: does the chosen configuration (or the group it names as
 
 Prints, per configuration and rate: throughput, p50, p99 measured, p99 predicted (leave one out) and the
 error; then the median and worst p99 and throughput errors, the same loads' p99 and throughput run-to-run
-differences (median and worst), each run's choice and ties, and the wall time.
+differences (median and worst: the loads serve's second look measured twice, and the winner's loads again
+in a fresh server), each run's choice and ties, and the wall time.
 
 Run (a few minutes a run on two cores):   .venv/bin/python bench/serve.py [--p99 200ms] [--workload gpt] [--runs 5]
 """
@@ -16,10 +17,11 @@ import argparse
 import os
 import statistics
 import time
+from collections import Counter
 
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import POISSON
-from mbtune.serving.run import model_spec, serve_workload
+from mbtune.serving.run import generator_cores, model_spec, serve_workload
 from mbtune.serving.server import LoadPlan, ServerSpec, run_config
 from mbtune.units import parse_duration
 
@@ -40,8 +42,10 @@ def main() -> None:
     if args.runs > 1:
         groups = [{best} | tied for best, tied in choices]
         held = sum(all(best in group for group in groups) for best, _ in choices)
+        common, count = Counter(best for best, _ in choices).most_common(1)[0]
         print(f"every run's choice inside every run's chosen-or-tied group: {held} of {len(choices)}; distinct "
-              f"choices: {sorted({best for best, _ in choices})}")
+              f"choices: {sorted({best for best, _ in choices})}; the most common, {common}, chosen in {count} of "
+              f"{len(choices)} runs and chosen or named tied in {sum(common in group for group in groups)}")
 
 
 def one_run(config: ServeConfig, *, noise: bool) -> tuple[str, set[str]]:
@@ -53,15 +57,18 @@ def one_run(config: ServeConfig, *, noise: bool) -> tuple[str, set[str]]:
           f"inference ceiling {report.ceiling.ceiling}, safe batch {report.ceiling.safe_batch}")
     print(f"{'configuration':<34} {'rate/s':>8} {'thru/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'pred ms':>8} {'error':>7}")
     errors = []
+    seen = set()
     for load in report.loads:
         if load.kind != POISSON:
             continue
+        again = "again" if (load.config, load.rate_per_s) in seen else ""
+        seen.add((load.config, load.rate_per_s))
         error = ""
         if load.p99_s and load.predicted_p99_s is not None:
             errors.append(abs(load.predicted_p99_s - load.p99_s) / load.p99_s)
             error = f"{errors[-1]:.0%}"
         print(f"{load.config.label:<34} {load.rate_per_s:>8g} {load.throughput_per_s:>8.1f} {_ms(load.p50_s):>8} "
-              f"{_ms(load.p99_s):>8} {_ms(load.predicted_p99_s):>8} {error:>7}")
+              f"{_ms(load.p99_s):>8} {_ms(load.predicted_p99_s):>8} {error:>7} {again}")
     if errors:
         print(f"simulator p99 error (leave one out): median {statistics.median(errors):.0%}, worst {max(errors):.0%} "
               f"over {len(errors)} loads")
@@ -69,6 +76,7 @@ def one_run(config: ServeConfig, *, noise: bool) -> tuple[str, set[str]]:
     if throughput:
         print(f"simulator throughput error (calibrated on every load): median {statistics.median(throughput):.1%}, "
               f"worst {max(throughput):.1%} over {len(throughput)} loads")
+    second_look(report)
     winner = report.winner
     tied = {report.answers[i].config.label for i in report.ties}
     if winner is not None:
@@ -98,13 +106,35 @@ def throughput_errors(report, config: ServeConfig) -> list[float]:
     return errors
 
 
+def second_look(report) -> None:
+    """The loads serve itself measured twice (its second look, a fresh server each): how far their p99 and
+    throughput moved."""
+    p99s, rates = [], []
+    for run in report.runs:
+        seen = {}
+        for load in run.loads:
+            if load.kind != POISSON:
+                continue
+            first = seen.setdefault(load.rate_per_s, load)
+            if first is load:
+                continue
+            if first.p99_s and load.p99_s:
+                p99s.append(abs(load.p99_s - first.p99_s) / first.p99_s)
+            if first.throughput_per_s:
+                rates.append(abs(load.throughput_per_s - first.throughput_per_s) / first.throughput_per_s)
+    if p99s:
+        print(f"second look: {len(p99s)} loads measured twice in this run differ in p99 by median "
+              f"{statistics.median(p99s):.0%}, worst {max(p99s):.0%}; in throughput by median "
+              f"{statistics.median(rates):.1%}, worst {max(rates):.1%}")
+
+
 def noise_floor(report, config: ServeConfig) -> None:
     """The winner's loads again, in a fresh server: how far the same point's p99 moves run to run."""
     run = next(r for r in report.runs if r.config == report.winner.config)
     rates = tuple((POISSON, load.rate_per_s) for load in run.loads if load.kind == POISSON)
     plan = LoadPlan(rules=run.config, loads=rates, budget_s=config.p99_budget_s, window_s=config.window_s,
                     max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=config.seed + 1,
-                    stop_after_failure=False)
+                    stop_after_failure=False, cores=generator_cores(config, "cpu"))
     spec = ServerSpec(model=model_spec(config, "cpu"), rules=run.config, queue_timeout_s=config.queue_timeout)
     again = run_config(spec, plan, timeout_s=600)
     pairs = list(zip(run.loads, again.loads))

@@ -54,6 +54,7 @@ def serve(
     max_batch: Annotated[int | None, typer.Option("--max-batch", help="Stop the inference probe growing at this batch size.")] = DEFAULT_SERVE_MAX_BATCH,
     confirm: Confirm = P.confirm,
     threads: Annotated[int | None, typer.Option("--threads", help="torch threads of the model process (default: all cores but one, which the load generator keeps).")] = None,
+    pin_cpus: Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, run the server on its threads' cores and the load generator on the others, so neither takes the other's time.")] = True,
     window: Annotated[str, typer.Option("--window", help="Measurement window, e.g. 1s (open loop: at least 100 expected arrivals); 3 in a row must agree within 10%.")] = "1s",
     max_windows: Annotated[int, typer.Option("--max-windows", help="Windows per load at most: until 3 in a row agree, then until the p99's 95% interval is within 10% of it.")] = 16,
     queue_timeout: Annotated[str | None, typer.Option("--queue-timeout", help="A request waiting longer in the queue is rejected (default: 10 budgets).")] = None,
@@ -78,7 +79,7 @@ def serve(
     config = serve_config_from(p99=p99, workload=workload, option=option, device=device, precision=precision,
                            rates=rates, concurrency=concurrency, max_batch_sizes=max_batch_sizes,
                            queue_delays=queue_delays, preferred=preferred, memory_budget=memory_budget, margin=margin,
-                           max_batch=max_batch, confirm=confirm, threads=threads, window=window,
+                           max_batch=max_batch, confirm=confirm, threads=threads, pin_cpus=pin_cpus, window=window,
                            max_windows=max_windows, queue_timeout=queue_timeout, strategy=strategy, seed=seed,
                            trial_timeout_s=trial_timeout, load_timeout_s=load_timeout)
     outcome = with_progress("serve", lambda p: run_serve(config, p, profiles_dir=target_folder(profiles_dir, save),

@@ -16,7 +16,9 @@ from mbtune.serving.records import BatchConfig, ConfigAnswer, ConfigRun, LoadRes
 
 def answer(rule: BatchConfig, runs: Sequence[ConfigRun], rates: Sequence[float], service: simulate.ServiceSampler,
            overhead_s: float, config: ServeConfig) -> ConfigAnswer:
-    """The highest rate measured within the budget, every lower rate measured having met it too."""
+    """The highest rate that met the budget every time it was measured, every lower rate measured having
+    met it too (a rate measured twice, by the second look at the deciding loads, counts as passing only if
+    both met it)."""
     predicted, _ = simulate.predicted_max_rate(rule, rates, service, config.p99_budget_s, overhead_s=overhead_s,
                                                queue_timeout_s=config.queue_timeout, seed=config.seed)
     run = next((r for r in runs if r.config == rule), None)
@@ -25,20 +27,31 @@ def answer(rule: BatchConfig, runs: Sequence[ConfigRun], rates: Sequence[float],
                             note="predicted only")
     passing: LoadResult | None = None
     failing: LoadResult | None = None
-    for load in sorted((x for x in run.loads if x.kind == POISSON), key=lambda x: x.rate_per_s or 0.0):
-        if not load.meets(config.p99_budget_s):
-            failing = load
+    mixed = False  # the first failing rate also met the budget once: the highest rate may be that one
+    for _, loads in sorted(_by_rate(run.loads).items()):
+        over = [x for x in loads if not x.meets(config.p99_budget_s)]
+        if over:
+            failing, mixed = over[0], len(over) < len(loads)
             break
-        passing = load
+        passing = max(loads, key=lambda x: x.p99_s or 0.0)  # the worse of its measurements
     note = run.error or ("" if passing else "no rate it ran met the budget")
-    ladder = sorted(x.rate_per_s for x in run.loads if x.kind == POISSON and x.rate_per_s is not None)
-    low, high = bracket(ladder, passing, failing, config.p99_budget_s)
+    ladder = sorted({*rates, *_by_rate(run.loads)})
+    low, high = bracket(ladder, passing, failing, config.p99_budget_s, mixed=mixed)
     return ConfigAnswer(
         config=rule, max_rate_per_s=passing.rate_per_s if passing else None,
         p99_at_max_s=passing.p99_s if passing else None,
         throughput_at_max_per_s=passing.throughput_per_s if passing else None,
         first_failing_rate_per_s=failing.rate_per_s if failing else None, predicted_max_rate_per_s=predicted,
         stable=passing.stable if passing else True, note=note, bracket_low_per_s=low, bracket_high_per_s=high)
+
+
+def _by_rate(loads: Sequence[LoadResult]) -> dict[float, list[LoadResult]]:
+    """The Poisson loads by rate, each rate's measurements in the order they ran."""
+    found: dict[float, list[LoadResult]] = {}
+    for load in loads:
+        if load.kind == POISSON and load.rate_per_s is not None:
+            found.setdefault(load.rate_per_s, []).append(load)
+    return found
 
 
 # A load's p99 counts as within the noise of the budget where it lies within this share of it, or within its
@@ -59,27 +72,50 @@ def near_budget(load: LoadResult, budget_s: float) -> bool:
 
 
 def bracket(ladder: Sequence[float], passing: LoadResult | None, failing: LoadResult | None,
-            budget_s: float) -> tuple[float, float | None]:
+            budget_s: float, *, mixed: bool = False) -> tuple[float, float | None]:
     """Where a configuration's highest rate within the budget lies: [highest passing rate, first failing
-    rate), each end moved one rung of the ladder outwards where its p99 was near the budget (None: no
-    rate above failed)."""
+    rate), each end moved one rung of the ladder outwards where its p99 was near the budget, or (the high
+    end) where the first failing rate also met the budget once (`mixed`). None: no rate above failed."""
     low = (passing.rate_per_s or 0.0) if passing else 0.0
     high = failing.rate_per_s if failing else None
     if passing is not None and near_budget(passing, budget_s):
         low = max((rate for rate in ladder if rate < low), default=0.0)
-    if failing is not None and high is not None and near_budget(failing, budget_s):
+    if failing is not None and high is not None and (mixed or near_budget(failing, budget_s)):
         high = min((rate for rate in ladder if rate > high), default=None)
     return low, high
 
 
 def best_answer(answers: Sequence[ConfigAnswer]) -> int | None:
-    """The configuration that sustains the highest rate (ties: a stable measurement there, then the
-    lower p99)."""
+    """The configuration that sustains the highest rate. Among those sustaining the same rate: a stable
+    measurement there, then the one that waits least (the shortest queue delay), then holds least (the
+    smallest max batch), and only then the lower p99 there: two configurations' p99s at one rate differ by
+    less than one configuration's p99 moves between measurements (P99_NOISE), so the p99 would pick by
+    chance where the settings pick the same one every run."""
     measured = [i for i, a in enumerate(answers) if a.max_rate_per_s is not None]
     if not measured:
         return None
     return max(measured, key=lambda i: (answers[i].max_rate_per_s or 0.0, answers[i].stable,
+                                        -answers[i].config.max_queue_delay_s, -answers[i].config.max_batch_size,
                                         -(answers[i].p99_at_max_s or 0.0)))
+
+
+def to_confirm(answers: Sequence[ConfigAnswer], best: int | None, rates: Sequence[float]) -> dict[int, tuple[float, ...]]:
+    """The loads that decide the choice, to measure a second time in a fresh server: for the best
+    configuration and every other that ran and could be first on a second look (its bracket reaches the
+    rung below the best's highest rate), the rates from that rung to the rung above the best's highest
+    rate. {answer index: rates, ascending}."""
+    if best is None or answers[best].max_rate_per_s is None:
+        return {}
+    ladder = sorted(set(rates))
+    top = answers[best].max_rate_per_s or 0.0
+    below = max((r for r in ladder if r < top), default=top)
+    above = min((r for r in ladder if r > top), default=top)
+    chosen = {}
+    for index, found in enumerate(answers):
+        reaches = found.bracket_high_per_s is None or found.bracket_high_per_s > below
+        if found.ran and (index == best or (found.max_rate_per_s is not None and reaches)):
+            chosen[index] = tuple(r for r in ladder if below <= r <= above)
+    return chosen
 
 
 def tied_with_best(answers: Sequence[ConfigAnswer], best: int | None) -> tuple[int, ...]:

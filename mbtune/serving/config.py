@@ -68,6 +68,25 @@ def serve_threads(threads: int | None) -> int:
     return threads or max(1, len(os.sched_getaffinity(0)) - 1)
 
 
+def serve_cores(threads: int | None, device: str, *, pin: bool = True,
+                allowed: set[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the server's cores, the load generator's): on the CPU, the first serve_threads(threads) of the
+    cores this process may run on hold the server (its model threads and its reader), the rest the load
+    generator, so neither takes the other's time; ((), ()) where nothing is pinned (not asked, not the
+    CPU, or no core would be left for the generator)."""
+    cores = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
+    count = threads or max(1, len(cores) - 1)
+    if not pin or device != "cpu" or len(cores) <= count:
+        return (), ()
+    return tuple(cores[:count]), tuple(cores[count:])
+
+
+def pin_process(cores: tuple[int, ...]) -> None:
+    """Keep this process (and the threads it starts) on `cores`; nothing where they are ()."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServeConfig:
     """Settings of `mbtune serve`: find the dynamic-batching configuration that sustains the highest
@@ -90,10 +109,12 @@ class ServeConfig:
     confirm: int | None = None  # None: the probe's default (1 on the CPU, 2 on CUDA)
     resolution: int | None = None
     threads: int | None = None  # the model process's torch threads (default: all cores but one)
+    pin_cpus: bool = True  # on the CPU, the server on its threads' cores and the load generator on the rest
     window_s: float = 1.0  # a measurement window (open loop: long enough for 100 expected arrivals)
     max_windows: int = 16
     queue_timeout_s: float | None = None  # default: ten budgets
     strategy: str = "grid"  # grid: every configuration; quick: those the simulator finds promising
+    recheck: bool = True  # measure the loads that decide the choice a second time (serving/answers.py to_confirm)
     seed: int = 0
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from mbtune.inference import InferenceModel
-from mbtune.serving.config import serve_threads
+from mbtune.serving.config import pin_process, serve_threads
 from mbtune.serving.records import ServiceCurve, ServiceTime, TensorSignature
 from mbtune.workloads import load_workload
 
@@ -48,13 +48,19 @@ class ModelSpec:
     precision: str = "fp32"
     threads: int | None = None  # None: serve_threads' default
     seed: int = 0
+    cores: tuple[int, ...] = ()  # the serving process runs on these cores alone (): not pinned
+
+    def pin(self) -> None:
+        """Keep the serving process to its cores (where it has some)."""
+        pin_process(self.cores)
 
     def served(self, pool_size: int = 0) -> InferenceModel | NoModel:
         """The model a server process holds: load()'s, or for NO_MODEL one that answers at once."""
         return NoModel() if self.workload == NO_MODEL else self.load(pool_size)
 
     def load(self, pool_size: int = 0) -> InferenceModel:
-        """In the serving process: its torch threads set, the model built and ready."""
+        """In the serving process: its cores and torch threads set, the model built and ready."""
+        self.pin()
         torch.set_num_threads(serve_threads(self.threads))
         return InferenceModel(load_workload(self.workload, self.workload_options), device=self.device,
                               precision=self.precision, seed=self.seed, pool_size=pool_size)

@@ -160,6 +160,7 @@ class ConfigRun(Record):
     loads: tuple[LoadResult, ...] = ()
     error: str = ""  # why the server or the load generator failed ("" when they did not)
     machine: MachineLoad | None = None  # how busy the machine was with other work meanwhile
+    cores: tuple[tuple[int, ...], ...] = ()  # (the server's, the load generator's), as each process saw it
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,8 +20,8 @@ from mbtune.errors import ConfigError, Interrupted, TrialFailedError
 from mbtune.probing.records import ProbeResult, TrialOutcome
 from mbtune.records import OK
 from mbtune.serving import simulate
-from mbtune.serving.answers import answer, best_answer, tied_with_best
-from mbtune.serving.config import DEFAULT_MAX_BATCH_SIZES, DEFAULT_RATE_SHARES, ServeConfig
+from mbtune.serving.answers import answer, best_answer, tied_with_best, to_confirm
+from mbtune.serving.config import DEFAULT_MAX_BATCH_SIZES, DEFAULT_RATE_SHARES, ServeConfig, serve_cores
 from mbtune.serving.load import CLOSED, POISSON
 from mbtune.serving.records import (
     BatchConfig,
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from mbtune.progress import TrialProgress
 
 log = logging.getLogger(__name__)
-SERVICE_CURVE, SERVE_CONFIG = "service_curve", "serve_config"  # journal kinds
+SERVICE_CURVE, SERVE_CONFIG, SERVE_AGAIN = "service_curve", "serve_config", "serve_again"  # journal kinds
+AGAIN_SEED = 1000  # the second look's arrivals: another Poisson draw than the first's
 QUICK_CONFIGS = 2  # --strategy quick measures the configurations the simulator ranks this high
 
 
@@ -72,6 +73,8 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
     try:
         for rule, rule_rates in _to_run(config, rules, rates, service, skipped):
             runs.append(_run(config, device, rule, rule_rates, store, progress))
+        if config.recheck:
+            runs = _again(config, device, rules, rates, runs, service, store, progress)
     except (Interrupted, KeyboardInterrupt):
         interrupted = True
     fit = calibrate(curve, [load for run in runs for load in run.loads])
@@ -147,7 +150,13 @@ def model_spec(config: ServeConfig, device: str) -> Any:
     from mbtune.serving.infer import ModelSpec
 
     return ModelSpec(workload=config.workload, workload_options=config.workload_options, device=device,
-                     precision=config.precision, threads=config.threads, seed=config.seed)
+                     precision=config.precision, threads=config.threads, seed=config.seed,
+                     cores=serve_cores(config.threads, device, pin=config.pin_cpus)[0])
+
+
+def generator_cores(config: ServeConfig, device: str) -> tuple[int, ...]:
+    """The cores the load generator keeps to (serving/config.py serve_cores)."""
+    return serve_cores(config.threads, device, pin=config.pin_cpus)[1]
 
 
 def _configurations(config: ServeConfig, ceiling: ProbeResult, curve: ServiceCurve,
@@ -233,26 +242,46 @@ def _rate_text(rate: float | None) -> str:
     return f"{rate:g}/s" if rate is not None else "no rate"
 
 
+def _again(config: ServeConfig, device: str, rules: Sequence[BatchConfig], rates: Sequence[float],
+           runs: list[ConfigRun], service: simulate.ServiceSampler, store: Journal | None,
+           progress: TrialProgress | None) -> list[ConfigRun]:
+    """The second look: the loads that decide the choice (answers.to_confirm) measured again, each
+    configuration in a fresh server with another draw of arrivals; each run then holds both looks' loads."""
+    answers = [answer(rule, runs, rates, service, 0.0, config) for rule in rules]
+    again = {rules[i]: chosen for i, chosen in to_confirm(answers, best_answer(answers), rates).items()}
+    merged = []
+    for run in runs:
+        if run.config in again and not run.error:
+            second = _run(config, device, run.config, again[run.config], store, progress, kind=SERVE_AGAIN,
+                          concurrency=False)
+            run = dataclasses.replace(run, loads=run.loads + second.loads, error=second.error)
+        merged.append(run)
+    return merged
+
+
 def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float, ...], store: Journal | None,
-         progress: TrialProgress | None) -> ConfigRun:
-    """One configuration's server under its loads (or its journaled run)."""
+         progress: TrialProgress | None, *, kind: str = SERVE_CONFIG, concurrency: bool = True) -> ConfigRun:
+    """One configuration's server under its loads (or its journaled run); `kind` SERVE_AGAIN: the second
+    look (another draw of arrivals)."""
     from mbtune.journal import REPLAYED
     from mbtune.serving.server import LoadPlan, ServerSpec, run_config
 
     if progress:
-        progress.start_trial(rule.label)
-    done = [ConfigRun.from_dict(r) for r in store.replayed(SERVE_CONFIG)] if store else []
+        progress.start_trial(rule.label + (", again" if kind == SERVE_AGAIN else ""))
+    done = [ConfigRun.from_dict(r) for r in store.replayed(kind)] if store else []
     run = next((r for r in done if r.config == rule), None)
     detail = REPLAYED
     if run is None:
-        loads = tuple((POISSON, rate) for rate in rates) + tuple((CLOSED, float(c)) for c in config.concurrency)
+        closed = config.concurrency if concurrency else ()
+        loads = tuple((POISSON, rate) for rate in rates) + tuple((CLOSED, float(c)) for c in closed)
+        seed = config.seed + (AGAIN_SEED if kind == SERVE_AGAIN else 0)
         plan = LoadPlan(rules=rule, loads=loads, budget_s=config.p99_budget_s, window_s=config.window_s,
-                        max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=config.seed,
-                        ready_timeout_s=config.load_timeout_s)
+                        max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=seed,
+                        ready_timeout_s=config.load_timeout_s, cores=generator_cores(config, device))
         spec = ServerSpec(model=model_spec(config, device), rules=rule, queue_timeout_s=config.queue_timeout)
         run = run_config(spec, plan, timeout_s=_run_timeout(plan))
         if store:
-            store.record(SERVE_CONFIG, run.to_dict())
+            store.record(kind, run.to_dict())
         detail = run.error or _run_detail(run, config.p99_budget_s)
     if progress:
         progress.end_trial("error" if run.error else OK, detail)

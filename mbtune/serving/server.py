@@ -16,6 +16,7 @@ waited past the queue timeout.
 from __future__ import annotations
 
 import multiprocessing.connection
+import os
 import threading
 import time
 from collections import deque
@@ -62,6 +63,7 @@ class LoadPlan:
     seed: int = 0
     stop_after_failure: bool = True  # poisson rates ascend: after the first over the budget, stop
     ready_timeout_s: float = 120.0
+    cores: tuple[int, ...] = ()  # the load generator runs on these cores alone (): not pinned
 
 
 def serve_requests(conn: Connection, spec: ServerSpec) -> dict[str, float]:
@@ -95,7 +97,7 @@ def serve_requests(conn: Connection, spec: ServerSpec) -> dict[str, float]:
                 ready.notify()
 
     threading.Thread(target=read, name="mbtune-serve-reader", daemon=True).start()
-    conn.send(("ready", {"threads": threads}))
+    conn.send(("ready", {"threads": threads, "cores": _own_cores()}))
     batches = 0
     while True:
         batch, dropped = _next(spec, queue, ready, closed)
@@ -212,15 +214,22 @@ class _Generator:
                 self.requests.settled.notify_all()
 
 
-def drive_load(conn: Connection, plan: LoadPlan) -> tuple[tuple[LoadResult, ...], float, str]:
+def drive_load(conn: Connection, plan: LoadPlan) -> tuple[tuple[LoadResult, ...], float, str,
+                                                         tuple[tuple[int, ...], ...]]:
     """The load-generator process: run each load of the plan against the server on `conn`. (The loads'
-    results, this process's CPU seconds, why the loads stopped early: "" when they did not.) Poisson rates
-    after the first over the budget are not run; closed-loop loads always are."""
+    results, this process's CPU seconds, why the loads stopped early: "" when they did not, and the cores
+    the server and this process ran on.) Poisson rates after the first over the budget are not run;
+    closed-loop loads always are."""
+    from mbtune.serving.config import pin_process
+
+    pin_process(plan.cores)
     generator = _Generator(conn)
     results: list[LoadResult] = []
+    cores: tuple[tuple[int, ...], ...] = ()
     over_budget = False
     try:
-        generator.start(plan.ready_timeout_s)
+        facts = generator.start(plan.ready_timeout_s)
+        cores = (tuple(facts.get("cores", ())), _own_cores())
         for index, (kind, amount) in enumerate(plan.loads):
             if kind == gen.POISSON and over_budget:
                 continue
@@ -236,7 +245,12 @@ def drive_load(conn: Connection, plan: LoadPlan) -> tuple[tuple[LoadResult, ...]
         generator.error = str(exc) or "the server ended before it was ready"
     finally:
         generator.end()
-    return tuple(results), time.process_time(), generator.error
+    return tuple(results), time.process_time(), generator.error, cores
+
+
+def _own_cores() -> tuple[int, ...]:
+    """The cores this process may run on."""
+    return tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
 
 
 def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *, seed: int) -> LoadResult:
@@ -337,7 +351,8 @@ def run_config(spec: ServerSpec, plan: LoadPlan, *, timeout_s: float) -> ConfigR
         error = f"the server {back.status}: {_last_line(back.error)}"
     elif error and front.status != OK:
         error = f"the load generator {front.status}: {error}"
-    return ConfigRun(config=spec.rules, loads=loads, error=error, machine=machine)
+    cores = front.value[3] if front.status == OK else ()
+    return ConfigRun(config=spec.rules, loads=loads, error=error, machine=machine, cores=cores)
 
 
 def _last_line(text: str) -> str:

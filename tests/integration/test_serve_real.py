@@ -69,16 +69,41 @@ def test_a_real_run_finds_a_configuration_whose_measured_p99_meets_the_budget(se
 def test_every_request_is_accounted_for_and_batches_keep_to_the_rules(served):
     report = served[0].serve
     [run] = report.runs
+    # The first look, then the second at the loads that decide the choice: the best's highest rate and the
+    # rung below it, in a fresh server, with no closed loop.
     assert [(load.kind, load.rate_per_s or load.concurrency) for load in run.loads] == [
-        (POISSON, 100.0), (POISSON, 200.0), (CLOSED, 2)]
+        (POISSON, 100.0), (POISSON, 200.0), (CLOSED, 2), (POISSON, 100.0), (POISSON, 200.0)]
     for load in run.loads:
         assert load.sent == load.completed + load.rejected + load.timed_out and load.completed > 0
         assert 1.0 <= load.mean_batch_size <= 8.0
         assert None not in (load.p50_s, load.p90_s, load.p99_s) and load.p50_s <= load.p90_s <= load.p99_s
         assert 0.0 <= load.queue_share <= 1.0
-    closed = run.loads[-1]
+    closed = run.loads[2]
     assert closed.mean_batch_size <= 2.0  # never more than two requests in flight
-    assert report.simulator is not None and report.simulator.points == 2
+    assert report.simulator is not None and report.simulator.points == 4
+
+
+def test_the_server_and_the_load_generator_run_on_cores_of_their_own(served):
+    import os
+
+    [run] = served[0].serve.runs
+    server, generator = run.cores
+    allowed = set(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        assert set(server) == set(generator) == allowed  # one core: nothing to split, nothing pinned
+    else:
+        assert server and generator and not set(server) & set(generator) and set(server) | set(generator) <= allowed
+        assert len(server) == len(allowed) - 1  # the model's threads: every core but the generator's
+
+
+def test_without_pinning_both_run_on_every_core_and_without_recheck_each_load_runs_once(tmp_path):
+    import os
+
+    report = run_serve(config(pin_cpus=False, recheck=False, concurrency=()), profiles_dir=tmp_path).serve
+    [run] = report.runs
+    allowed = tuple(sorted(os.sched_getaffinity(0)))
+    assert run.cores == (allowed, allowed)
+    assert [load.rate_per_s for load in run.loads] == [100.0, 200.0]
 
 
 def test_the_profile_holds_the_run_and_show_prints_it(served, capsys, monkeypatch, tmp_path):
@@ -101,7 +126,8 @@ def test_an_interrupted_run_keeps_what_finished_and_resumes_without_measuring_it
     def measured(run):  # the predictions are made afresh from every load there is, so they may differ
         return [dataclasses.replace(load, predicted_p99_s=None) for load in run.loads]
 
-    assert measured(resumed.serve.runs[0]) == measured(first.serve.runs[0])
+    kept = len(first.serve.runs[0].loads)  # the resumed run adds its second look after them
+    assert measured(resumed.serve.runs[0])[:kept] == measured(first.serve.runs[0])
     details = dict((name, detail) for name, _, detail in again.ended)
     assert details["max 8, delay 0 ms"] == REPLAYED and details["max 8, delay 2 ms"] != REPLAYED
     assert all(detail == REPLAYED for name, _, detail in again.ended if name.startswith("batch "))
