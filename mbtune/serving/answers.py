@@ -1,7 +1,8 @@
 """A serve run's answers: per configuration the highest Poisson rate whose p99 stayed within the budget and
 where its true highest rate lies on the evidence (a bracket on the ladder of rates, widened where a p99 lay
 within the noise of the budget), the best configuration, and those tied with it (brackets that overlap the
-best one's: a second run could name either)."""
+best one's: a second run could name either), and which loads decide the choice, to measure a second time
+(`to_confirm`): a rate measured twice counts as met only where both looks met it."""
 
 from __future__ import annotations
 

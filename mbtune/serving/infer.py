@@ -55,7 +55,9 @@ class ModelSpec:
         pin_process(self.cores)
 
     def served(self, pool_size: int = 0) -> InferenceModel | NoModel:
-        """The model a server process holds: load()'s, or for NO_MODEL one that answers at once."""
+        """The model a server process holds: load()'s, or for NO_MODEL one that answers at once (on the
+        process's cores either way)."""
+        self.pin()
         return NoModel() if self.workload == NO_MODEL else self.load(pool_size)
 
     def load(self, pool_size: int = 0) -> InferenceModel:

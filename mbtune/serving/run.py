@@ -65,7 +65,8 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
     if not config.rates:
         from mbtune.serving.generator import generator_capacity
 
-        generator = generator_capacity(timeout_s=config.trial_timeout_s)
+        generator = generator_capacity(timeout_s=config.trial_timeout_s,
+                                       cores=serve_cores(config.threads, device, pin=config.pin_cpus))
     rates = config.rates or _default_rates(curve, rules, generator, warnings)
     service = simulate.curve_sampler(curve)
     runs: list[ConfigRun] = []
