@@ -14,10 +14,12 @@ Run (a few minutes a run on two cores):   .venv/bin/python bench/serve.py [--p99
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
 from collections import Counter
+from pathlib import Path
 
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import POISSON
@@ -32,13 +34,14 @@ def main() -> None:
     parser.add_argument("--p99", default="200ms")
     parser.add_argument("--strategy", default="grid")
     parser.add_argument("--runs", type=int, default=1, help="whole serve runs, for the choice's repeatability")
+    parser.add_argument("--keep", type=Path, help="keep each run's report (json) in this folder")
     args = parser.parse_args()
     config = ServeConfig(p99_budget_s=parse_duration(args.p99, name="--p99"), workload=args.workload, device="cpu",
                          strategy=args.strategy)
     choices = []
     for index in range(args.runs):
         print(f"== run {index + 1} of {args.runs}, load average {os.getloadavg()[0]:.2f}", flush=True)
-        choices.append(one_run(config, noise=index == 0))
+        choices.append(one_run(config, noise=index == 0, keep=args.keep / f"run-{index + 1}.json" if args.keep else None))
     if args.runs > 1:
         groups = [{best} | tied for best, tied in choices]
         held = sum(all(best in group for group in groups) for best, _ in choices)
@@ -48,11 +51,15 @@ def main() -> None:
               f"{len(choices)} runs and chosen or named tied in {sum(common in group for group in groups)}")
 
 
-def one_run(config: ServeConfig, *, noise: bool) -> tuple[str, set[str]]:
-    """One serve run, printed; its choice and the configurations it names as tied."""
+def one_run(config: ServeConfig, *, noise: bool, keep: Path | None = None) -> tuple[str, set[str]]:
+    """One serve run, printed (its report kept as json at `keep`); its choice and the configurations it
+    names as tied."""
     started = time.perf_counter()
     report = serve_workload(config)
     wall_s = time.perf_counter() - started
+    if keep is not None:
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        keep.write_text(json.dumps(report.to_dict()))
     print(f"{config.workload} on CPU, p99 budget {config.p99_budget_s * 1e3:g} ms, {report.threads} model thread(s); "
           f"inference ceiling {report.ceiling.ceiling}, safe batch {report.ceiling.safe_batch}")
     print(f"{'configuration':<34} {'rate/s':>8} {'thru/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'pred ms':>8} {'error':>7}")

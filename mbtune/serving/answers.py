@@ -87,16 +87,17 @@ def bracket(ladder: Sequence[float], passing: LoadResult | None, failing: LoadRe
 
 
 def best_answer(answers: Sequence[ConfigAnswer]) -> int | None:
-    """The configuration that sustains the highest rate. Among those sustaining the same rate: a stable
-    measurement there, then the one that waits least (the shortest queue delay), then holds least (the
-    smallest max batch), and only then the lower p99 there: two configurations' p99s at one rate differ by
-    less than one configuration's p99 moves between measurements (P99_NOISE), so the p99 would pick by
-    chance where the settings pick the same one every run."""
+    """The configuration that sustains the highest rate. Among those sustaining the same rate: the one that
+    waits least (the shortest queue delay), then holds least (the smallest max batch), and only then a
+    stable measurement there and the lower p99 there: near saturation two configurations' p99s at one rate
+    differ by less than one configuration's p99 moves between measurements (P99_NOISE), and whether its
+    windows agreed is as much chance, so those would pick at random where the settings pick the same one
+    every run."""
     measured = [i for i, a in enumerate(answers) if a.max_rate_per_s is not None]
     if not measured:
         return None
-    return max(measured, key=lambda i: (answers[i].max_rate_per_s or 0.0, answers[i].stable,
-                                        -answers[i].config.max_queue_delay_s, -answers[i].config.max_batch_size,
+    return max(measured, key=lambda i: (answers[i].max_rate_per_s or 0.0, -answers[i].config.max_queue_delay_s,
+                                        -answers[i].config.max_batch_size, answers[i].stable,
                                         -(answers[i].p99_at_max_s or 0.0)))
 
 

@@ -4,6 +4,8 @@ that sustain the same rate, and the cores the server and the load generator keep
 
 from __future__ import annotations
 
+import dataclasses
+
 from mbtune.serving import simulate
 from mbtune.serving.answers import answer, best_answer, to_confirm
 from mbtune.serving.config import ServeConfig, serve_cores
@@ -51,6 +53,9 @@ def test_among_configurations_at_the_same_rate_the_one_that_waits_then_holds_lea
     assert best_answer(answers) == 2  # the shortest delay, then the smallest batch; its higher p99 decides nothing
     assert best_answer([_ranked(300, 0.0, 8, 0.07), _ranked(400, 0.02, 32, 0.09)]) == 1  # a higher rate wins
     assert best_answer([_ranked(300, 0.0, 8, 0.07), _ranked(300, 0.0, 8, 0.05)]) == 1  # same settings: the p99
+    unstable = dataclasses.replace(_ranked(300, 0.0, 8, 0.09), stable=False)
+    assert best_answer([unstable, _ranked(300, 0.0, 16, 0.03)]) == 0  # windows that disagreed decide nothing here
+    assert best_answer([unstable, _ranked(300, 0.0, 8, 0.09)]) == 1  # but between the same settings, they do
 
 
 def test_the_loads_measured_again_are_the_rungs_around_the_best_rate_for_every_configuration_that_reaches_them():
