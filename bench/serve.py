@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import POISSON
-from mbtune.serving.run import generator_cores, model_spec, serve_workload
+from mbtune.serving.run import model_spec, serve_workload
 from mbtune.serving.server import LoadPlan, ServerSpec, run_config
 from mbtune.units import parse_duration
 
@@ -141,7 +141,7 @@ def noise_floor(report, config: ServeConfig) -> None:
     rates = tuple((POISSON, load.rate_per_s) for load in run.loads if load.kind == POISSON)
     plan = LoadPlan(rules=run.config, loads=rates, budget_s=config.p99_budget_s, window_s=config.window_s,
                     max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=config.seed + 1,
-                    stop_after_failure=False, cores=generator_cores(config, "cpu"))
+                    stop_after_failure=False, cores=config.cores("cpu")[1])
     spec = ServerSpec(model=model_spec(config, "cpu"), rules=run.config, queue_timeout_s=config.queue_timeout)
     again = run_config(spec, plan, timeout_s=600)
     pairs = list(zip(run.loads, again.loads))

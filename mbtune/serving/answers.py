@@ -6,6 +6,7 @@ best one's: a second run could name either), and which loads decide the choice, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -17,32 +18,36 @@ from mbtune.serving.records import BatchConfig, ConfigAnswer, ConfigRun, LoadRes
 
 def answer(rule: BatchConfig, runs: Sequence[ConfigRun], rates: Sequence[float], service: simulate.ServiceSampler,
            overhead_s: float, config: ServeConfig) -> ConfigAnswer:
-    """The highest rate that met the budget every time it was measured, every lower rate measured having
-    met it too (a rate measured twice, by the second look at the deciding loads, counts as passing only if
-    both met it)."""
+    """measured()'s answer, with the simulator's highest rate over the same rates beside it."""
     predicted, _ = simulate.predicted_max_rate(rule, rates, service, config.p99_budget_s, overhead_s=overhead_s,
                                                queue_timeout_s=config.queue_timeout, seed=config.seed)
+    return dataclasses.replace(measured(rule, runs, rates, config.p99_budget_s), predicted_max_rate_per_s=predicted)
+
+
+def measured(rule: BatchConfig, runs: Sequence[ConfigRun], rates: Sequence[float], budget_s: float) -> ConfigAnswer:
+    """The highest rate that met the budget every time it was measured, every lower rate measured having
+    met it too (a rate measured twice, by the second look at the deciding loads, counts as passing only if
+    both met it), and where the true highest rate lies (bracket)."""
     run = next((r for r in runs if r.config == rule), None)
     if run is None:
-        return ConfigAnswer(config=rule, max_rate_per_s=None, predicted_max_rate_per_s=predicted, ran=False,
-                            note="predicted only")
+        return ConfigAnswer(config=rule, max_rate_per_s=None, ran=False, note="predicted only")
     passing: LoadResult | None = None
     failing: LoadResult | None = None
     mixed = False  # the first failing rate also met the budget once: the highest rate may be that one
     for _, loads in sorted(_by_rate(run.loads).items()):
-        over = [x for x in loads if not x.meets(config.p99_budget_s)]
+        over = [x for x in loads if not x.meets(budget_s)]
         if over:
             failing, mixed = over[0], len(over) < len(loads)
             break
         passing = max(loads, key=lambda x: x.p99_s or 0.0)  # the worse of its measurements
     note = run.error or ("" if passing else "no rate it ran met the budget")
     ladder = sorted({*rates, *_by_rate(run.loads)})
-    low, high = bracket(ladder, passing, failing, config.p99_budget_s, mixed=mixed)
+    low, high = bracket(ladder, passing, failing, budget_s, mixed=mixed)
     return ConfigAnswer(
         config=rule, max_rate_per_s=passing.rate_per_s if passing else None,
         p99_at_max_s=passing.p99_s if passing else None,
         throughput_at_max_per_s=passing.throughput_per_s if passing else None,
-        first_failing_rate_per_s=failing.rate_per_s if failing else None, predicted_max_rate_per_s=predicted,
+        first_failing_rate_per_s=failing.rate_per_s if failing else None,
         stable=passing.stable if passing else True, note=note, bracket_low_per_s=low, bracket_high_per_s=high)
 
 

@@ -154,6 +154,10 @@ class ServeConfig:
         bound_load_timeout(self, self.trial_timeout_s)
         self.probe_config()  # the probe's own checks: margin, granularity, max batch, confirm, budget
 
+    def cores(self, device: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(the server's cores, the load generator's) on `device` (serve_cores; ((), ()): not pinned)."""
+        return serve_cores(self.threads, device, pin=self.pin_cpus)
+
     @property
     def queue_timeout(self) -> float:
         """Seconds a request may wait in the queue before the server rejects it."""

@@ -57,8 +57,10 @@ class ModelSpec:
     def served(self, pool_size: int = 0) -> InferenceModel | NoModel:
         """The model a server process holds: load()'s, or for NO_MODEL one that answers at once (on the
         process's cores either way)."""
+        if self.workload != NO_MODEL:
+            return self.load(pool_size)
         self.pin()
-        return NoModel() if self.workload == NO_MODEL else self.load(pool_size)
+        return NoModel()
 
     def load(self, pool_size: int = 0) -> InferenceModel:
         """In the serving process: its cores and torch threads set, the model built and ready."""

@@ -20,8 +20,8 @@ from mbtune.errors import ConfigError, Interrupted, TrialFailedError
 from mbtune.probing.records import ProbeResult, TrialOutcome
 from mbtune.records import OK
 from mbtune.serving import simulate
-from mbtune.serving.answers import answer, best_answer, tied_with_best, to_confirm
-from mbtune.serving.config import DEFAULT_MAX_BATCH_SIZES, DEFAULT_RATE_SHARES, ServeConfig, serve_cores
+from mbtune.serving.answers import answer, best_answer, measured, tied_with_best, to_confirm
+from mbtune.serving.config import DEFAULT_MAX_BATCH_SIZES, DEFAULT_RATE_SHARES, ServeConfig
 from mbtune.serving.load import CLOSED, POISSON
 from mbtune.serving.records import (
     BatchConfig,
@@ -65,8 +65,7 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
     if not config.rates:
         from mbtune.serving.generator import generator_capacity
 
-        generator = generator_capacity(timeout_s=config.trial_timeout_s,
-                                       cores=serve_cores(config.threads, device, pin=config.pin_cpus))
+        generator = generator_capacity(timeout_s=config.trial_timeout_s, cores=config.cores(device))
     rates = config.rates or _default_rates(curve, rules, generator, warnings)
     service = simulate.curve_sampler(curve)
     runs: list[ConfigRun] = []
@@ -75,7 +74,7 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
         for rule, rule_rates in _to_run(config, rules, rates, service, skipped):
             runs.append(_run(config, device, rule, rule_rates, store, progress))
         if config.recheck:
-            runs = _again(config, device, rules, rates, runs, service, store, progress)
+            runs = _again(config, device, rules, rates, runs, store, progress)
     except (Interrupted, KeyboardInterrupt):
         interrupted = True
     fit = calibrate(curve, [load for run in runs for load in run.loads])
@@ -152,12 +151,7 @@ def model_spec(config: ServeConfig, device: str) -> Any:
 
     return ModelSpec(workload=config.workload, workload_options=config.workload_options, device=device,
                      precision=config.precision, threads=config.threads, seed=config.seed,
-                     cores=serve_cores(config.threads, device, pin=config.pin_cpus)[0])
-
-
-def generator_cores(config: ServeConfig, device: str) -> tuple[int, ...]:
-    """The cores the load generator keeps to (serving/config.py serve_cores)."""
-    return serve_cores(config.threads, device, pin=config.pin_cpus)[1]
+                     cores=config.cores(device)[0])
 
 
 def _configurations(config: ServeConfig, ceiling: ProbeResult, curve: ServiceCurve,
@@ -244,11 +238,10 @@ def _rate_text(rate: float | None) -> str:
 
 
 def _again(config: ServeConfig, device: str, rules: Sequence[BatchConfig], rates: Sequence[float],
-           runs: list[ConfigRun], service: simulate.ServiceSampler, store: Journal | None,
-           progress: TrialProgress | None) -> list[ConfigRun]:
+           runs: list[ConfigRun], store: Journal | None, progress: TrialProgress | None) -> list[ConfigRun]:
     """The second look: the loads that decide the choice (answers.to_confirm) measured again, each
     configuration in a fresh server with another draw of arrivals; each run then holds both looks' loads."""
-    answers = [answer(rule, runs, rates, service, 0.0, config) for rule in rules]
+    answers = [measured(rule, runs, rates, config.p99_budget_s) for rule in rules]
     again = {rules[i]: chosen for i, chosen in to_confirm(answers, best_answer(answers), rates).items()}
     merged = []
     for run in runs:
@@ -278,7 +271,7 @@ def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float
         seed = config.seed + (AGAIN_SEED if kind == SERVE_AGAIN else 0)
         plan = LoadPlan(rules=rule, loads=loads, budget_s=config.p99_budget_s, window_s=config.window_s,
                         max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=seed,
-                        ready_timeout_s=config.load_timeout_s, cores=generator_cores(config, device))
+                        ready_timeout_s=config.load_timeout_s, cores=config.cores(device)[1])
         spec = ServerSpec(model=model_spec(config, device), rules=rule, queue_timeout_s=config.queue_timeout)
         run = run_config(spec, plan, timeout_s=_run_timeout(plan))
         if store:
