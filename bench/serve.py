@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import POISSON
-from mbtune.serving.run import model_spec, serve_workload
+from mbtune.serving.run import AGAIN_SEED, model_spec, serve_workload
 from mbtune.serving.server import LoadPlan, ServerSpec, run_config
 from mbtune.units import parse_duration
 
@@ -41,19 +41,26 @@ def main() -> None:
     choices = []
     for index in range(args.runs):
         print(f"== run {index + 1} of {args.runs}, load average {os.getloadavg()[0]:.2f}", flush=True)
-        choices.append(one_run(config, noise=index == 0, keep=args.keep / f"run-{index + 1}.json" if args.keep else None))
+        choices.append(one_run(config, keep=args.keep / f"run-{index + 1}.json" if args.keep else None))
     if args.runs > 1:
-        groups = [{best} | tied for best, tied in choices]
-        held = sum(all(best in group for group in groups) for best, _ in choices)
-        common, count = Counter(best for best, _ in choices).most_common(1)[0]
+        sustained = [d for *_, within, _ in choices for d in within]
+        past = [d for *_, beyond in choices for d in beyond]
+        if sustained:
+            print(f"noise floor over the {args.runs} runs: {len(sustained)} loads within the budget measured again "
+                  f"differ in p99 by median {statistics.median(sustained):.0%} (quartiles "
+                  f"{_quartiles(sustained)}), worst {max(sustained):.0%}; past the budget ({len(past)} loads): "
+                  f"{_median(past)}")
+        groups = [{best} | tied for best, tied, *_ in choices]
+        held = sum(all(best in group for group in groups) for best, *_ in choices)
+        common, count = Counter(best for best, *_ in choices).most_common(1)[0]
         print(f"every run's choice inside every run's chosen-or-tied group: {held} of {len(choices)}; distinct "
-              f"choices: {sorted({best for best, _ in choices})}; the most common, {common}, chosen in {count} of "
+              f"choices: {sorted({best for best, *_ in choices})}; the most common, {common}, chosen in {count} of "
               f"{len(choices)} runs and chosen or named tied in {sum(common in group for group in groups)}")
 
 
-def one_run(config: ServeConfig, *, noise: bool, keep: Path | None = None) -> tuple[str, set[str]]:
-    """One serve run, printed (its report kept as json at `keep`); its choice and the configurations it
-    names as tied."""
+def one_run(config: ServeConfig, *, keep: Path | None = None) -> tuple[str, set[str], list[float], list[float]]:
+    """One serve run, printed (its report kept as json at `keep`): its choice, the configurations it names
+    as tied, and its noise floor (noise_floor)."""
     started = time.perf_counter()
     report = serve_workload(config)
     wall_s = time.perf_counter() - started
@@ -62,7 +69,7 @@ def one_run(config: ServeConfig, *, noise: bool, keep: Path | None = None) -> tu
         keep.write_text(json.dumps(report.to_dict()))
     print(f"{config.workload} on CPU, p99 budget {config.p99_budget_s * 1e3:g} ms, {report.threads} model thread(s); "
           f"inference ceiling {report.ceiling.ceiling}, safe batch {report.ceiling.safe_batch}")
-    print(f"{'configuration':<34} {'rate/s':>8} {'thru/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'pred ms':>8} {'error':>7}")
+    print(f"{'configuration':<34} {'rate/s':>8} {'thru/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'95% CI':>8} {'pred ms':>8} {'error':>7}")
     errors = []
     seen = set()
     for load in report.loads:
@@ -75,7 +82,7 @@ def one_run(config: ServeConfig, *, noise: bool, keep: Path | None = None) -> tu
             errors.append(abs(load.predicted_p99_s - load.p99_s) / load.p99_s)
             error = f"{errors[-1]:.0%}"
         print(f"{load.config.label:<34} {load.rate_per_s:>8g} {load.throughput_per_s:>8.1f} {_ms(load.p50_s):>8} "
-              f"{_ms(load.p99_s):>8} {_ms(load.predicted_p99_s):>8} {error:>7} {again}")
+              f"{_ms(load.p99_s):>8} {_half(load):>8} {_ms(load.predicted_p99_s):>8} {error:>7} {again}")
     if errors:
         print(f"simulator p99 error (leave one out): median {statistics.median(errors):.0%}, worst {max(errors):.0%} "
               f"over {len(errors)} loads")
@@ -90,10 +97,9 @@ def one_run(config: ServeConfig, *, noise: bool, keep: Path | None = None) -> tu
         print(f"winner: {winner.config.label}, {winner.max_rate_per_s:g} requests/s within the budget "
               f"(p99 {_ms(winner.p99_at_max_s)} ms); its highest rate lies in [{winner.bracket_low_per_s:g}, "
               f"{winner.bracket_high_per_s or 'above'}); tied with it: {', '.join(sorted(tied)) or 'none'}")
-        if noise:
-            noise_floor(report, config)
     print(f"wall time: {wall_s:.0f} s for the run", flush=True)
-    return (winner.config.label if winner else "none"), tied
+    sustained, past = noise_floor(report, config) if winner is not None else ([], [])
+    return (winner.config.label if winner else "none"), tied, sustained, past
 
 
 def throughput_errors(report, config: ServeConfig) -> list[float]:
@@ -135,22 +141,50 @@ def second_look(report) -> None:
               f"{statistics.median(rates):.1%}, worst {max(rates):.1%}")
 
 
-def noise_floor(report, config: ServeConfig) -> None:
-    """The winner's loads again, in a fresh server: how far the same point's p99 moves run to run."""
+def noise_floor(report, config: ServeConfig) -> tuple[list[float], list[float]]:
+    """The winner's rates again, each once, in a fresh server with another draw of arrivals: how far one
+    load's p99 moves from one measurement to the next. (The p99 differences at the loads it sustained in its
+    first look, those past them: a queue that grows has no p99 to repeat, its figure is how long it ran.)"""
     run = next(r for r in report.runs if r.config == report.winner.config)
-    rates = tuple((POISSON, load.rate_per_s) for load in run.loads if load.kind == POISSON)
-    plan = LoadPlan(rules=run.config, loads=rates, budget_s=config.p99_budget_s, window_s=config.window_s,
-                    max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=config.seed + 1,
-                    stop_after_failure=False, cores=config.cores("cpu")[1])
+    first: dict[float, object] = {}
+    for load in run.loads:
+        if load.kind == POISSON:
+            first.setdefault(load.rate_per_s, load)
+    plan = LoadPlan(rules=run.config, loads=tuple((POISSON, rate) for rate in sorted(first)),
+                    budget_s=config.p99_budget_s, window_s=config.window_s, max_windows=config.max_windows,
+                    queue_timeout_s=config.queue_timeout, seed=config.seed + 2 * AGAIN_SEED, stop_after_failure=False,
+                    cores=config.cores("cpu")[1])
     spec = ServerSpec(model=model_spec(config, "cpu"), rules=run.config, queue_timeout_s=config.queue_timeout)
-    again = run_config(spec, plan, timeout_s=600)
-    pairs = list(zip(run.loads, again.loads))
-    differences = [abs(b.p99_s - a.p99_s) / a.p99_s for a, b in pairs if a.p99_s and b.p99_s]
-    rates = [abs(b.throughput_per_s - a.throughput_per_s) / a.throughput_per_s for a, b in pairs if a.throughput_per_s]
-    if differences:
-        print(f"noise floor: the winner's {len(differences)} loads measured again differ in p99 by median "
-              f"{statistics.median(differences):.0%}, worst {max(differences):.0%}; in throughput by median "
-              f"{statistics.median(rates):.1%}, worst {max(rates):.1%}")
+    again = run_config(spec, plan, timeout_s=1200)
+    sustained, past, rates = [], [], []
+    for load in again.loads:
+        before = first[load.rate_per_s]
+        if not (before.p99_s and load.p99_s):
+            continue
+        difference = abs(load.p99_s - before.p99_s) / before.p99_s
+        (sustained if before.meets(config.p99_budget_s) else past).append(difference)
+        rates.append(abs(load.throughput_per_s - before.throughput_per_s) / before.throughput_per_s)
+        print(f"  again {run.config.label} at {load.rate_per_s:g}/s: p99 {_ms(before.p99_s)} ms "
+              f"{_half(before)} then {_ms(load.p99_s)} ms {_half(load)}: {difference:.0%}")
+    if sustained:
+        print(f"noise floor: the winner's {len(sustained)} loads within the budget measured again differ in p99 by "
+              f"median {statistics.median(sustained):.0%}, worst {max(sustained):.0%}; in throughput by median "
+              f"{statistics.median(rates):.1%}; past them ({len(past)} loads, queues growing): "
+              f"{_median(past)}")
+    return sustained, past
+
+
+def _half(load) -> str:
+    return f"(+-{load.p99_ci_half_pct:.0f}%)" if load.p99_ci_half_pct is not None else "(+-inf)"
+
+
+def _quartiles(values: list[float]) -> str:
+    low, _, high = statistics.quantiles(values, n=4) if len(values) > 1 else (values * 3)
+    return f"{low:.0%}-{high:.0%}"
+
+
+def _median(values: list[float]) -> str:
+    return f"median {statistics.median(values):.0%}" if values else "none"
 
 
 def _ms(value: float | None) -> str:

@@ -19,7 +19,7 @@ from mbtune.serving.export import (
     torchserve_settings,
     triton_config,
 )
-from mbtune.serving.records import ConfigAnswer, ServeReport
+from mbtune.serving.records import ConfigAnswer, LoadResult, ServeReport
 
 
 def print_serve(console: Console, report: ServeReport, fmt: str, *, saved_to: str | None = None,
@@ -95,10 +95,16 @@ def loads_table(report: ServeReport) -> Table:
             again = " (again)" if load.label in seen else ""  # the second look at a deciding load
             seen.add(load.label)
             table.add_row(run.config.label, load.label + again, fmt_rate(load.throughput_per_s), _latency(load.p50_s),
-                          _latency(load.p90_s), f"[{style}]{_latency(load.p99_s)}[/]", _latency(load.predicted_p99_s),
+                          _latency(load.p90_s), f"[{style}]{_latency(load.p99_s)}[/]{_interval(load)}", _latency(load.predicted_p99_s),
                           f"{load.mean_batch_size:.1f}", f"{load.queue_share:.0%}", str(load.lost),
                           f"{load.windows}{'' if load.stable else ' unstable'}")
     return table
+
+
+def _interval(load: LoadResult) -> str:
+    """The p99's 95% interval over the load's windows, as +- a share of it (where it is finite)."""
+    half = load.p99_ci_half_pct
+    return f" ±{half:.0f}%" if load.p99_s is not None and half is not None else ""
 
 
 def _latency(value: float | None) -> str:

@@ -11,15 +11,19 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mbtune.intervals import t975
+
 POISSON, CLOSED = "poisson", "closed"
 LOAD_KINDS = (POISSON, CLOSED)
 # perf_analyzer's defaults: a measurement is stable when this many consecutive windows agree within this
 # share on throughput and on mean latency.
 STABLE_WINDOWS = 3
 STABILITY = 0.10
-# Past stability, a load measures windows until its p99's 95% interval lies within this share of it on
-# each side (or the windows run out): a p99 from a few hundred requests is its few slowest.
+# Past stability, a load measures windows until its p99's 95% interval (taken over its windows,
+# sectioned_half) lies within this share of it on each side, or the windows run out: a p99 from a few
+# hundred requests is its few slowest, and a stall of a second moves it more than the binomial says.
 P99_TARGET = 0.10
+Z95 = 1.959964  # the normal's 97.5% quantile: a two-sided 95% interval
 
 
 def poisson_arrivals(rate_per_s: float, duration_s: float, *, seed: int) -> list[float]:
@@ -46,15 +50,17 @@ def percentile(values: Sequence[float], share: float, *, rejected: int = 0) -> f
     return sorted(values)[rank - 1]
 
 
-def quantile_interval(values: Sequence[float], share: float, *, rejected: int = 0,
-                      z: float = 1.959964) -> tuple[float, float]:
+def quantile_interval(values: Sequence[float], share: float, *, rejected: int = 0, z: float = Z95,
+                      rank_spread: float | None = None) -> tuple[float, float]:
     """A distribution-free 95% interval of the `share` percentile: the order statistics it lies between with
-    95% probability (how many values fall below it is binomial, n x share on average). `rejected` requests
-    count as slower than every served one (inf); nan with nothing at all."""
+    95% probability (how many values fall below it is binomial, n x share on average, for independent
+    values; `rank_spread`, in ranks, where it is known otherwise). `rejected` requests count as slower than
+    every served one (inf); nan with nothing at all."""
     total = len(values) + rejected
     if total == 0:
         return math.nan, math.nan
-    centre, spread = share * total, z * math.sqrt(total * share * (1 - share))
+    centre = share * total
+    spread = z * math.sqrt(total * share * (1 - share)) if rank_spread is None else rank_spread
     ordered = sorted(values)
 
     def at(rank: int) -> float:
@@ -71,9 +77,35 @@ def relative_half(low: float, high: float, centre: float) -> float:
 
 
 def percentile_half(values: Sequence[float], share: float, *, rejected: int = 0) -> float:
-    """Half the 95% interval of the `share` percentile, as a share of the percentile (inf where unbounded)."""
+    """Half the 95% interval of the `share` percentile, as a share of the percentile (inf where unbounded),
+    the values taken as independent."""
     return relative_half(*quantile_interval(values, share, rejected=rejected),
                          percentile(values, share, rejected=rejected))
+
+
+def sectioned_half(sections: Sequence[tuple[Sequence[float], int]], share: float) -> float:
+    """Half the 95% interval of the `share` percentile of the sections' values pooled, as a share of it (inf
+    where unbounded). Each section is (its values, its rejected requests), in order of time: a load's
+    windows. Latencies come in bursts (a stall, a queue that builds and drains), so the values are not
+    independent and the binomial interval is too narrow: the rank's spread is taken from how the count
+    beyond the percentile varies between sections (batch means: t(0.975, k-1) x the standard deviation of
+    that count over k sections), and never below the binomial spread."""
+    sections = [(values, rejected) for values, rejected in sections if values or rejected]
+    pooled = [value for values, _ in sections for value in values]
+    rejected = sum(r for _, r in sections)
+    total = len(pooled) + rejected
+    found = percentile(pooled, share, rejected=rejected)
+    if total == 0 or not math.isfinite(found):
+        return math.inf
+    spread = Z95 * math.sqrt(total * share * (1 - share))
+    if len(sections) >= 2:
+        count = len(sections)
+        beyond = [sum(1 for v in values if v > found) + r for values, r in sections]
+        sizes = [len(values) + r for values, r in sections]
+        rate = sum(beyond) / total
+        variance = count / (count - 1) * sum((b - rate * n) ** 2 for b, n in zip(beyond, sizes))
+        spread = max(spread, t975(count - 1) * math.sqrt(variance))
+    return relative_half(*quantile_interval(pooled, share, rejected=rejected, rank_spread=spread), found)
 
 
 @dataclass(frozen=True)

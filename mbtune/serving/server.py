@@ -280,7 +280,7 @@ def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *
             windows.append(window(requests, end - window_s, end, open_loop))
             if settled is None and gen.stable(windows, count=plan.stable_windows, within=plan.stability):
                 settled = len(windows) - plan.stable_windows
-            if settled is not None and p99_half(requests, start + settled * window_s, end) <= plan.p99_target:
+            if settled is not None and p99_half(requests, start + settled * window_s, end, window_s) <= plan.p99_target:
                 break
             if len(windows) >= plan.stable_windows and windows[-1].mean_latency_s > 3 * plan.budget_s:
                 overloaded = True  # the backlog has outgrown the budget several times over: no need to watch it
@@ -295,7 +295,7 @@ def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *
     counted = windows[settled:] if is_stable else windows
     span = (span[1] - max(1, len(counted)) * window_s, span[1])
     generator.never_sent(requests, [start + d for d in due_times[sent[0]:] if start + d < span[1]])
-    return replace(summary(requests, plan.rules, span), kind=kind, windows=len(windows), stable=is_stable,
+    return replace(summary(requests, plan.rules, span, window_s), kind=kind, windows=len(windows), stable=is_stable,
                    rate_per_s=amount if open_loop else None, concurrency=None if open_loop else int(amount),
                    window_spread=finite(gen.spread_of(counted)) if counted else None)
 

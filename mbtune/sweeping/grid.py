@@ -298,7 +298,7 @@ MIN_PAIRED_ROUNDS = 5
 def paired_difference(a: PointResult, b: PointResult) -> tuple[float, float] | None:
     """The mean log ratio of a's throughput over b's, round by round over the rounds both measured, and its 95%
     half-interval (Student's t); None under MIN_PAIRED_ROUNDS shared rounds."""
-    from mbtune.sweeping.stopping import t975
+    from mbtune.intervals import t975
 
     mine = dict(zip(a.repeat_rounds, a.repeat_step_time_medians_s, strict=False))
     theirs = dict(zip(b.repeat_rounds, b.repeat_step_time_medians_s, strict=False))

@@ -18,6 +18,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mbtune.intervals import t975
+
 MIN_REPEATS = 3  # fewer leave t(0.975, 1) = 12.7: no interval worth the name
 MAX_REPEATS = 20  # as many worker processes as pyperf runs before it calls a difference significant
 MAX_BUSY_RERUNS = 3  # repeats run again, per point, because other processes loaded the machine
@@ -25,22 +27,6 @@ MAX_BUSY_RERUNS = 3  # repeats run again, per point, because other processes loa
 REPEATS_ENV = "MBTUNE_REPEATS"  # a machine's default --repeats (e.g. 1 for a CI smoke run); unset: until known
 KNOWN, TIME_CAP, MOST_REPEATS, FIXED, FAILED = "known", "time cap", "most repeats", "fixed", "failed"
 INTERRUPTED = "interrupted"  # the sweep was stopped (Ctrl-C) while this point was still measuring
-
-# Two-sided 95% quantiles of Student's t, by degrees of freedom 1..30; beyond, the normal's 1.96 plus the
-# first term of the Cornish-Fisher expansion (within 0.1% of the exact value from 30 on).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
-
-
-def t975(dof: int) -> float:
-    """The 97.5% quantile of Student's t with `dof` degrees of freedom (dof >= 1)."""
-    if dof < 1:
-        raise ValueError("a t quantile needs at least one degree of freedom")
-    if dof <= len(_T975):
-        return _T975[dof - 1]
-    return 1.959964 + (1.959964**3 + 1.959964) / (4 * dof)
-
 
 @dataclass(frozen=True)
 class Interval:

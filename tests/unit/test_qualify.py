@@ -321,8 +321,8 @@ def test_pooled_ratios_narrow_as_agreeing_points_add_up_and_widen_when_they_disa
 
 
 def test_pooled_ratios_without_their_own_intervals_fall_back_to_their_scatter():
+    from mbtune.intervals import t975
     from mbtune.qualifying.spreads import pool_ratios
-    from mbtune.sweeping.stopping import t975
 
     logs = [0.1, 0.0, -0.1]
     mean, spread = pool_ratios(logs, [None, None, None])

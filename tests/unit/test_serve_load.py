@@ -61,3 +61,49 @@ def test_a_window_of_latencies_summarises_them():
     made = window_of([0.01, 0.03], 2.0, offered=3)
     assert made.completed == 2 and made.mean_latency_s == pytest.approx(0.02) and made.throughput_per_s == 1.0
     assert made.pace == pytest.approx(2 / 3)
+
+
+def _windows(tails: list[int], size: int = 100) -> list[tuple[list[float], int]]:
+    """Windows of `size` latencies each, all distinct: the others between 1.0 and 1.5, the first tails[i]
+    of window i slow, just above 2.0 (the k-th slow of each window below the (k+1)-th of any)."""
+    windows = []
+    for index, tail in enumerate(tails):
+        values = [1.0 + 0.5 * k / size + index * 1e-5 for k in range(size)]
+        values[:tail] = [2.0 + 0.001 * (k * len(tails) + index + 1) for k in range(tail)]
+        windows.append((values, 0))
+    return windows
+
+
+def test_a_p99_whose_slow_requests_come_evenly_keeps_the_binomial_interval():
+    from mbtune.serving.load import percentile_half, sectioned_half
+
+    even = _windows([2] * 10)  # 1000 requests, 20 slow, two a window: no more spread than the binomial
+    pooled = [v for values, _ in even for v in values]
+    assert 0 < sectioned_half(even, 0.99) == percentile_half(pooled, 0.99)
+    assert sectioned_half([(pooled, 0)], 0.99) == percentile_half(pooled, 0.99)  # one section: binomial alone
+
+
+def test_a_p99_whose_slow_requests_come_in_one_burst_has_a_wider_interval_than_the_binomial():
+    from mbtune.serving.load import percentile_half, sectioned_half
+
+    even = _windows([2] * 10)
+    slow = sorted(v for values, _ in even for v in values if v > 2.0)
+    # The same 1000 latencies, the 20 slow all in the first window (one stall), the fast they displace in the
+    # second.
+    fast = [[v for v in values if v < 2.0] for values, _ in even]
+    burst = [(slow + fast[0][18:], 0), (fast[1] + fast[0][:18], 0)] + [(values, 0) for values in fast[2:]]
+    pooled = sorted(v for values, _ in burst for v in values)
+    assert pooled == sorted(v for values, _ in even for v in values)
+    assert sectioned_half(burst, 0.99) > 2 * percentile_half(pooled, 0.99)
+    # Rejected requests in one window are a burst too: counted beyond the p99, their window's count alone.
+    rejected = [(values[20:], 20) if i == 0 else (values, 0) for i, (values, _) in enumerate(burst)]
+    assert sectioned_half(rejected, 0.99) == float("inf")  # the interval's top falls among the rejected
+    assert sectioned_half([], 0.99) == float("inf") and sectioned_half([([], 0), ([], 0)], 0.99) == float("inf")
+
+
+def test_requests_are_placed_in_the_window_of_their_time():
+    from mbtune.serving.requests import sections
+
+    found = sections([(10.0, 0.1), (10.99, 0.2), (11.0, 0.3), (12.5, 0.4), (13.2, 0.5)], [11.5, 9.0], 10.0, 13.0, 1.0)
+    # Three windows: [10, 11), [11, 12), [12, 13); a time outside the span goes to the nearest.
+    assert found == [([0.1, 0.2], 1), ([0.3], 1), ([0.4, 0.5], 0)]
