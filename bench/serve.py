@@ -1,14 +1,16 @@
 """Benchmark: `mbtune serve` on the gpt workload on CPU: the throughput-latency table, the queueing
 simulator's p99 and throughput errors against what was measured, and the noise floor they should be read
-against (the winning configuration's loads measured a second time, in a fresh server); with --runs N, the
-whole serve run N times: does the chosen configuration (or the group it names as tied) repeat?
+against (each run's winner measured again at each of its rates, in a fresh server with another draw of
+arrivals); with --runs N, the whole serve run N times: does the chosen configuration (or the group it
+names as tied) repeat, and how far does one load's p99 move over all the runs' second measurements?
 
-Prints, per configuration and rate: throughput, p50, p99 measured, p99 predicted (leave one out) and the
-error; then the median and worst p99 and throughput errors, the same loads' p99 and throughput run-to-run
-differences (median and worst: the loads serve's second look measured twice, and the winner's loads again
-in a fresh server), each run's choice and ties, and the wall time.
+Prints, per configuration and rate: throughput, p50, p99 measured with its 95% interval, p99 predicted
+(leave one out) and the error; then the median and worst p99 and throughput errors, the same loads' p99
+and throughput run-to-run differences (median and worst: the loads serve's second look measured twice,
+and the winner's rates again: over those within the budget, and those past it, whose queues grow), each
+run's choice and ties, and the wall time.
 
-Run (a few minutes a run on two cores):   .venv/bin/python bench/serve.py [--p99 200ms] [--workload gpt] [--runs 5]
+Run (about ten minutes a run on two cores):   .venv/bin/python bench/serve.py [--p99 200ms] [--workload gpt] [--runs 5]
 """
 
 from __future__ import annotations
