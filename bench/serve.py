@@ -25,6 +25,7 @@ from pathlib import Path
 
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import POISSON
+from mbtune.serving.records import LoadResult
 from mbtune.serving.run import AGAIN_SEED, model_spec, serve_workload
 from mbtune.serving.server import LoadPlan, ServerSpec, run_config
 from mbtune.units import parse_duration
@@ -148,7 +149,7 @@ def noise_floor(report, config: ServeConfig) -> tuple[list[float], list[float]]:
     load's p99 moves from one measurement to the next. (The p99 differences at the loads it sustained in its
     first look, those past them: a queue that grows has no p99 to repeat, its figure is how long it ran.)"""
     run = next(r for r in report.runs if r.config == report.winner.config)
-    first: dict[float, object] = {}
+    first: dict[float, LoadResult] = {}
     for load in run.loads:
         if load.kind == POISSON:
             first.setdefault(load.rate_per_s, load)

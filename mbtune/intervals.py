@@ -1,8 +1,10 @@
-"""Student's t, shared by every stopping rule and interval: the sweep's repeats (sweeping/stopping.py),
-qualify's pooled spreads (qualifying/spreads.py) and a serve load's p99 over its windows
-(serving/load.py)."""
+"""The 97.5% quantiles of the normal and of Student's t (two-sided 95% intervals), shared by every stopping
+rule and interval: the sweep's repeats (sweeping/stopping.py), qualify's pooled spreads
+(qualifying/spreads.py) and a serve load's p99 over its windows (serving/load.py)."""
 
 from __future__ import annotations
+
+Z95 = 1.959964  # the normal distribution's 97.5% quantile: a 95% interval is +-Z95 standard errors
 
 # Two-sided 95% quantiles of Student's t, by degrees of freedom 1..30; beyond, the normal's 1.96 plus the
 # first term of the Cornish-Fisher expansion (within 0.1% of the exact value from 30 on).
@@ -17,4 +19,4 @@ def t975(dof: int) -> float:
         raise ValueError("a t quantile needs at least one degree of freedom")
     if dof <= len(_T975):
         return _T975[dof - 1]
-    return 1.959964 + (1.959964**3 + 1.959964) / (4 * dof)
+    return Z95 + (Z95**3 + Z95) / (4 * dof)

@@ -24,11 +24,10 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from mbtune.intervals import t975
+from mbtune.intervals import Z95, t975
 from mbtune.probing.records import ProbeResult
 from mbtune.sweeping.records import PointResult
 
-Z95 = 1.959964  # the normal distribution's 97.5% quantile: a 95% interval is +-Z95 standard errors
 _AGGREGATE_MIN_POINTS = 3  # an aggregate's interval from its points' scatter alone needs this many
 
 

@@ -11,7 +11,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mbtune.intervals import t975
+from mbtune.intervals import Z95, t975
 
 POISSON, CLOSED = "poisson", "closed"
 LOAD_KINDS = (POISSON, CLOSED)
@@ -23,7 +23,6 @@ STABILITY = 0.10
 # sectioned_half) lies within this share of it on each side, or the windows run out: a p99 from a few
 # hundred requests is its few slowest, and a stall of a second moves it more than the binomial says.
 P99_TARGET = 0.10
-Z95 = 1.959964  # the normal's 97.5% quantile: a two-sided 95% interval
 
 
 def poisson_arrivals(rate_per_s: float, duration_s: float, *, seed: int) -> list[float]:
@@ -60,13 +59,18 @@ def quantile_interval(values: Sequence[float], share: float, *, rejected: int = 
     if total == 0:
         return math.nan, math.nan
     centre = share * total
-    spread = z * math.sqrt(total * share * (1 - share)) if rank_spread is None else rank_spread
+    spread = _binomial_spread(total, share, z) if rank_spread is None else rank_spread
     ordered = sorted(values)
 
     def at(rank: int) -> float:
         return ordered[rank - 1] if rank <= len(ordered) else math.inf
 
     return at(max(1, math.floor(centre - spread))), at(min(total, math.ceil(centre + spread)))
+
+
+def _binomial_spread(total: int, share: float, z: float = Z95) -> float:
+    """The 95% spread, in ranks, of the count below the `share` percentile of `total` independent values."""
+    return z * math.sqrt(total * share * (1 - share))
 
 
 def relative_half(low: float, high: float, centre: float) -> float:
@@ -97,7 +101,7 @@ def sectioned_half(sections: Sequence[tuple[Sequence[float], int]], share: float
     found = percentile(pooled, share, rejected=rejected)
     if total == 0 or not math.isfinite(found):
         return math.inf
-    spread = Z95 * math.sqrt(total * share * (1 - share))
+    spread = _binomial_spread(total, share)
     if len(sections) >= 2:
         count = len(sections)
         beyond = [sum(1 for v in values if v > found) + r for values, r in sections]

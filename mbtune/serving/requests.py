@@ -45,17 +45,17 @@ def sections(settled: list[tuple[float, float]], rejected: list[float], begin: f
     """(latencies, rejected) per window of `window_s` from `begin` to `end`: each request placed by its
     time (when it settled, or when it was due)."""
     count = max(1, round((end - begin) / window_s))
-    found: list[tuple[list[float], int]] = [([], 0) for _ in range(count)]
+    values: list[list[float]] = [[] for _ in range(count)]
+    lost = [0] * count
 
     def slot(when: float) -> int:
         return min(count - 1, max(0, int((when - begin) / window_s)))
 
     for when, latency in settled:
-        found[slot(when)][0].append(latency)
-    counts = [0] * count
+        values[slot(when)].append(latency)
     for when in rejected:
-        counts[slot(when)] += 1
-    return [(values, counts[i]) for i, (values, _) in enumerate(found)]
+        lost[slot(when)] += 1
+    return list(zip(values, lost, strict=True))
 
 
 def window(requests: Requests, begin: float, end: float, open_loop: bool) -> gen.Window:
@@ -79,10 +79,10 @@ def summary(requests: Requests, rules: BatchConfig, span: tuple[float, float], w
         completed, lost_all = len(requests.answered), len(requests.rejected)
         unsent = requests.unsent
     timed_out = len(due) - len(answered) - rejected  # within the span: unanswered, never sent included
-    latencies = [answer[0] - due[i] for i, answer in answered.items()]
+    timed = [(due[i], answer[0] - due[i]) for i, answer in answered.items()]  # (when due, latency)
+    latencies = [latency for _, latency in timed]
     lost = rejected + timed_out
-    by_window = sections([(due[i], answer[0] - due[i]) for i, answer in answered.items()], lost_due, begin, end,
-                         window_s)
+    by_window = sections(timed, lost_due, begin, end, window_s)
     queued = [answer[2] - answer[1] for answer in answered.values()]
     served = [answer[3] - answer[2] for answer in answered.values()]
     mean = sum(latencies) / len(latencies) if latencies else None
