@@ -35,7 +35,7 @@ from mbtune.cli.support import (
     target_folder,
     with_progress,
 )
-from mbtune.serving.config import DEFAULT_SERVE_MAX_BATCH
+from mbtune.serving.config import DEFAULT_MIN_REQUESTS, DEFAULT_SERVE_MAX_BATCH
 
 
 def serve(
@@ -57,6 +57,7 @@ def serve(
     pin_cpus: Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, run the server on its threads' cores and the load generator on the others, so neither takes the other's time.")] = True,
     window: Annotated[str, typer.Option("--window", help="Measurement window, e.g. 1s (open loop: at least 100 expected arrivals); 3 in a row must agree within 10%.")] = "1s",
     max_windows: Annotated[int, typer.Option("--max-windows", help="Windows per load at most: until 3 in a row agree, then until the p99's 95% interval is within 10% of it.")] = 16,
+    min_requests: Annotated[int, typer.Option("--min-requests", help="Requests a Poisson load measures at least before its p99 counts as known, running past --max-windows where its rate is too low (0: --max-windows alone).")] = DEFAULT_MIN_REQUESTS,
     queue_timeout: Annotated[str | None, typer.Option("--queue-timeout", help="A request waiting longer in the queue is rejected (default: 10 budgets).")] = None,
     strategy: Annotated[str, typer.Option("--strategy", help="grid: measure every configuration; quick: the queueing simulator, calibrated on the service-time curve, picks the 2 most promising.")] = "grid",
     seed: Seed = P.seed,
@@ -80,8 +81,8 @@ def serve(
                            rates=rates, concurrency=concurrency, max_batch_sizes=max_batch_sizes,
                            queue_delays=queue_delays, preferred=preferred, memory_budget=memory_budget, margin=margin,
                            max_batch=max_batch, confirm=confirm, threads=threads, pin_cpus=pin_cpus, window=window,
-                           max_windows=max_windows, queue_timeout=queue_timeout, strategy=strategy, seed=seed,
-                           trial_timeout_s=trial_timeout, load_timeout_s=load_timeout)
+                           max_windows=max_windows, min_requests=min_requests, queue_timeout=queue_timeout,
+                           strategy=strategy, seed=seed, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout)
     outcome = with_progress("serve", lambda p: run_serve(config, p, profiles_dir=target_folder(profiles_dir, save),
                                                            resume=resume))
     finish_serve(fmt, outcome, plot=plot, output=output, export=export)

@@ -34,6 +34,10 @@ DEFAULT_SERVE_MAX_BATCH = 1024
 DEFAULT_DELAY_SHARES = (0.0, 0.1)
 DEFAULT_RATE_SHARES = (0.2, 0.4, 0.6, 0.75, 0.9, 1.05)
 DEFAULT_MAX_BATCH_SIZES = 3  # the largest powers of two whose batch fits in the budget and the safe batch
+# A Poisson load measures at least this many requests, running past max_windows where its rate is too low
+# to reach them within it: its p99 then rests on its 40 slowest, not the 15 of a 16 s load at 90 per s
+# (whose p99 moved by a median 18% between two measurements, bench/serve.py).
+DEFAULT_MIN_REQUESTS = 4000
 QUEUE_TIMEOUT_BUDGETS = 10  # by default a request waiting ten budgets in the queue is rejected
 INFERENCE_STEPS = 2  # forward passes per inference probe trial (the second is warm)
 
@@ -112,6 +116,7 @@ class ServeConfig:
     pin_cpus: bool = True  # on the CPU, the server on its threads' cores and the load generator on the rest
     window_s: float = 1.0  # a measurement window (open loop: long enough for 100 expected arrivals)
     max_windows: int = 16
+    min_requests: int = DEFAULT_MIN_REQUESTS  # a Poisson load measures this many before its p99 counts as known
     queue_timeout_s: float | None = None  # default: ten budgets
     strategy: str = "grid"  # grid: every configuration; quick: those the simulator finds promising
     recheck: bool = True  # measure the loads that decide the choice a second time (serving/answers.py to_confirm)
@@ -148,7 +153,8 @@ class ServeConfig:
                  "queue_timeout_s", self.queue_timeout_s, "seconds above 0")
         _require(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
         check_at_most(self, MAX_SAMPLES, "max_batch_sizes", "preferred", "concurrency")
-        check_at_most(self, MAX_COUNT, "max_windows")
+        _require(self.min_requests >= 0, "min_requests", self.min_requests, "an integer >= 0 (0: max_windows alone)")
+        check_at_most(self, MAX_COUNT, "max_windows", "min_requests")
         check_timeout(self.trial_timeout_s, "trial_timeout_s")
         check_timeout(self.load_timeout_s, "load_timeout_s")
         bound_load_timeout(self, self.trial_timeout_s)

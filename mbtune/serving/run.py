@@ -270,7 +270,8 @@ def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float
         loads = tuple((POISSON, rate) for rate in rates) + tuple((CLOSED, float(c)) for c in closed)
         seed = config.seed + (AGAIN_SEED if kind == SERVE_AGAIN else 0)
         plan = LoadPlan(rules=rule, loads=loads, budget_s=config.p99_budget_s, window_s=config.window_s,
-                        max_windows=config.max_windows, queue_timeout_s=config.queue_timeout, seed=seed,
+                        max_windows=config.max_windows, min_requests=config.min_requests,
+                        queue_timeout_s=config.queue_timeout, seed=seed,
                         ready_timeout_s=config.load_timeout_s, cores=config.cores(device)[1])
         spec = ServerSpec(model=model_spec(config, device), rules=rule, queue_timeout_s=config.queue_timeout)
         run = run_config(spec, plan, timeout_s=_run_timeout(plan))
@@ -284,10 +285,9 @@ def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float
 
 def _run_timeout(plan: Any) -> float:
     """Enough for the server to start and every load to run all its windows and drain."""
-    per_load = plan.max_windows * max(plan.window_s, plan.min_window_requests / min(
-        (amount for kind, amount in plan.loads if kind == POISSON), default=plan.min_window_requests))
     drain = (plan.queue_timeout_s or 10 * plan.budget_s) + 2 * plan.budget_s + 2.0
-    return plan.ready_timeout_s + len(plan.loads) * (per_load + drain)
+    return plan.ready_timeout_s + sum(plan.windows_of(kind, amount) * plan.window_of(kind, amount) + drain
+                                      for kind, amount in plan.loads)
 
 
 def _run_detail(run: ConfigRun, budget_s: float) -> str:

@@ -15,6 +15,7 @@ waited past the queue timeout.
 
 from __future__ import annotations
 
+import math
 import multiprocessing.connection
 import os
 import threading
@@ -56,6 +57,7 @@ class LoadPlan:
     window_s: float = 1.0
     min_window_requests: int = 100  # an open-loop window lasts long enough to expect this many arrivals
     max_windows: int = 16
+    min_requests: int = 0  # an open-loop load runs past max_windows, and does not stop, until it has this many
     stable_windows: int = gen.STABLE_WINDOWS
     stability: float = gen.STABILITY
     p99_target: float = gen.P99_TARGET  # past stability, windows until the p99's 95% interval is this narrow
@@ -64,6 +66,16 @@ class LoadPlan:
     stop_after_failure: bool = True  # poisson rates ascend: after the first over the budget, stop
     ready_timeout_s: float = 120.0
     cores: tuple[int, ...] = ()  # the load generator runs on these cores alone (): not pinned
+
+    def window_of(self, kind: str, amount: float) -> float:
+        """A window's length for one load: open loop, long enough to expect min_window_requests arrivals."""
+        return max(self.window_s, self.min_window_requests / amount) if kind == gen.POISSON else self.window_s
+
+    def windows_of(self, kind: str, amount: float) -> int:
+        """The windows one load runs at most: max_windows, and open loop as many as min_requests need."""
+        if kind != gen.POISSON or not self.min_requests:
+            return self.max_windows
+        return max(self.max_windows, math.ceil(self.min_requests / (amount * self.window_of(kind, amount))))
 
 
 def serve_requests(conn: Connection, spec: ServerSpec) -> dict[str, float]:
@@ -256,10 +268,10 @@ def _own_cores() -> tuple[int, ...]:
 def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *, seed: int) -> LoadResult:
     generator.requests = requests = Requests()
     open_loop = kind == gen.POISSON
-    window_s = max(plan.window_s, plan.min_window_requests / amount) if open_loop else plan.window_s
+    window_s, most = plan.window_of(kind, amount), plan.windows_of(kind, amount)
     start = time.monotonic() + 0.05
     stop = threading.Event()
-    due_times = gen.poisson_arrivals(amount, window_s * plan.max_windows, seed=seed) if open_loop else []
+    due_times = gen.poisson_arrivals(amount, window_s * most, seed=seed) if open_loop else []
     sent = [0]
     if open_loop:
         sender = threading.Thread(target=_send_open, args=(generator, start, due_times, stop, sent), daemon=True)
@@ -274,13 +286,14 @@ def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *
     overloaded, settled = False, None  # settled: the first of the windows that agreed
     try:
         sender.start()
-        while len(windows) < plan.max_windows and not generator.failed.is_set():
+        while len(windows) < most and not generator.failed.is_set():
             end = start + (len(windows) + 1) * window_s
             time.sleep(max(0.0, end + READ_LAG_S - time.monotonic()))  # answers stamped before `end` are in
             windows.append(window(requests, end - window_s, end, open_loop))
             if settled is None and gen.stable(windows, count=plan.stable_windows, within=plan.stability):
                 settled = len(windows) - plan.stable_windows
-            if settled is not None and p99_half(requests, start + settled * window_s, end, window_s) <= plan.p99_target:
+            if (settled is not None and sum(w.offered for w in windows[settled:]) >= plan.min_requests
+                    and p99_half(requests, start + settled * window_s, end, window_s) <= plan.p99_target):
                 break
             if len(windows) >= plan.stable_windows and windows[-1].mean_latency_s > 3 * plan.budget_s:
                 overloaded = True  # the backlog has outgrown the budget several times over: no need to watch it

@@ -29,7 +29,7 @@ BUDGET_S = 1.0
 def config(**overrides) -> ServeConfig:
     settings = dict(p99_budget_s=BUDGET_S, workload="mlp", workload_options=OPTIONS, device="cpu",
                     memory_budget_bytes=256 * 2**20, max_batch=64, rates=(100.0, 200.0), max_batch_sizes=(8,),
-                    queue_delays_s=(0.002,), window_s=0.5, max_windows=4, concurrency=(2,))
+                    queue_delays_s=(0.002,), window_s=0.5, max_windows=4, min_requests=0, concurrency=(2,))
     return ServeConfig(**{**settings, **overrides})
 
 
@@ -106,6 +106,21 @@ def test_without_pinning_both_run_on_every_core_and_without_recheck_each_load_ru
     assert [load.rate_per_s for load in run.loads] == [100.0, 200.0]
 
 
+def test_a_poisson_load_short_of_min_requests_runs_past_max_windows_to_hold_them():
+    from mbtune.serving.infer import NO_MODEL, ModelSpec
+    from mbtune.serving.records import BatchConfig
+    from mbtune.serving.server import LoadPlan, ServerSpec, run_config
+
+    rules = BatchConfig(max_batch_size=8)
+    plan = LoadPlan(rules=rules, loads=((POISSON, 100.0),), budget_s=BUDGET_S, window_s=0.5, max_windows=3,
+                    min_requests=500)  # windows of 1 s (100 arrivals each): 5 of them hold about 500
+    run = run_config(ServerSpec(model=ModelSpec(workload=NO_MODEL), rules=rules), plan, timeout_s=120)
+    [load] = run.loads
+    # Four windows hold 500 arrivals of a Poisson(400) count only five deviations out; without min_requests
+    # the load would end at its third.
+    assert not run.error and load.windows == 5 and load.completed >= 300
+
+
 def test_the_profile_holds_the_run_and_show_prints_it(served, capsys, monkeypatch, tmp_path):
     outcome, folder = served
     assert outcome.saved_to is not None and not list(folder.rglob("*.journal.jsonl"))
@@ -158,7 +173,7 @@ def test_qualify_holds_the_serving_answer_to_min_rate_at_p99(monkeypatch, tmp_pa
     spec = tmp_path / "qualify.toml"
     spec.write_text('workload = "mlp"\ndevice = "cpu"\nmemory_budget = "256MiB"\n[options]\nlayers = 1\nwidth = 32\n'
                     '[serve]\np99 = "1s"\nrates = [100.0]\nmax_batch_sizes = [8]\nqueue_delays = ["2ms"]\n'
-                    'window = "0.5s"\nmax_windows = 4\nmax_batch = 64\n'
+                    'window = "0.5s"\nmax_windows = 4\nmin_requests = 0\nmax_batch = 64\n'
                     '[thresholds]\nmin_rate_at_p99 = 1000000.0\n')
     code = run_cli(["qualify", "--spec", str(spec), "--format", "json", "--profiles-dir", str(tmp_path / "runs")],
                    monkeypatch, tmp_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -107,3 +108,18 @@ def test_requests_are_placed_in_the_window_of_their_time():
     found = sections([(10.0, 0.1), (10.99, 0.2), (11.0, 0.3), (12.5, 0.4), (13.2, 0.5)], [11.5, 9.0], 10.0, 13.0, 1.0)
     # Three windows: [10, 11), [11, 12), [12, 13); a time outside the span goes to the nearest.
     assert found == [([0.1, 0.2], 1), ([0.3], 1), ([0.4, 0.5], 0)]
+
+
+def test_a_poisson_load_runs_past_max_windows_until_it_holds_min_requests():
+    from mbtune.serving.records import BatchConfig
+    from mbtune.serving.server import LoadPlan
+
+    plan = LoadPlan(rules=BatchConfig(max_batch_size=8), loads=(), budget_s=0.2, window_s=1.0, max_windows=16,
+                    min_requests=4000)
+    assert plan.window_of("poisson", 50.0) == 2.0  # 100 expected arrivals a window
+    assert plan.window_of("poisson", 400.0) == 1.0 and plan.window_of("closed", 4.0) == 1.0
+    assert plan.windows_of("poisson", 50.0) == 40  # 40 windows of 2 s: 4000 requests at 50 per s
+    assert plan.windows_of("poisson", 91.0) == 40  # windows of 1.1 s, 100 arrivals each
+    assert plan.windows_of("poisson", 400.0) == 16  # 6400 requests within max_windows already
+    assert plan.windows_of("closed", 4.0) == 16  # a closed loop's pace is its own: the cap alone
+    assert replace(plan, min_requests=0).windows_of("poisson", 50.0) == 16

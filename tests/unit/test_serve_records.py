@@ -119,6 +119,7 @@ def test_serve_config_defaults_follow_the_budget():
 @pytest.mark.parametrize("settings, field", [
     ({"p99_budget_s": 0.0}, "p99_budget_s"), ({"p99_budget_s": math.inf}, "p99_budget_s"),
     ({"p99_budget_s": 0.1, "rates": (10.0, -1.0)}, "rates"), ({"p99_budget_s": 0.1, "max_windows": 2}, "max_windows"),
+    ({"p99_budget_s": 0.1, "min_requests": -1}, "min_requests"),
     ({"p99_budget_s": 0.1, "queue_delays_s": (0.0, -0.001)}, "queue_delays_s"),
     ({"p99_budget_s": 0.1, "max_batch_sizes": (0,)}, "max_batch_sizes"),
 ])
