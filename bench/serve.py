@@ -12,7 +12,11 @@ their p99 moves when the machine serves DRIFT slower (steady loads, and those at
 where a few percent of the machine's speed moves the p99 by more than the target), and those past the
 budget, whose queues grow), each run's choice and ties, and the wall time.
 
-Run (about ten minutes a run on two cores):   .venv/bin/python bench/serve.py [--p99 200ms] [--workload gpt] [--runs 5]
+With --looks-after REPORT (a run kept by --keep), no serve run: that run's winner measured at each of its
+rates --times more times, each in a fresh server, and how far the p99 moves between two of those looks,
+none of which chose the winner, beside how far the first moved from the look that did.
+
+Run (about fifteen minutes a run on two cores):   .venv/bin/python bench/serve.py [--p99 200ms] [--workload gpt] [--runs 5]
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import POISSON
-from mbtune.serving.records import LoadResult
+from mbtune.serving.records import ConfigRun, LoadResult, ServeReport
 from mbtune.serving.run import AGAIN_SEED, model_spec, serve_workload
 from mbtune.serving.server import LoadPlan, ServerSpec, run_config
 from mbtune.units import parse_duration
@@ -46,9 +50,16 @@ def main() -> None:
     parser.add_argument("--strategy", default="grid")
     parser.add_argument("--runs", type=int, default=1, help="whole serve runs, for the choice's repeatability")
     parser.add_argument("--keep", type=Path, help="keep each run's report (json) in this folder")
+    parser.add_argument("--looks-after", type=Path, metavar="REPORT",
+                        help="no serve run: the winner of a report kept by --keep, measured --times more times")
+    parser.add_argument("--times", type=int, default=4)
     args = parser.parse_args()
     config = ServeConfig(p99_budget_s=parse_duration(args.p99, name="--p99"), workload=args.workload, device="cpu",
                          strategy=args.strategy)
+    if args.looks_after:
+        print(f"== {args.looks_after}, {args.times} looks after the choice, load average {os.getloadavg()[0]:.2f}")
+        looks_after(ServeReport.from_dict(json.loads(args.looks_after.read_text())), config, times=args.times)
+        return
     choices = []
     for index in range(args.runs):
         print(f"== run {index + 1} of {args.runs}, load average {os.getloadavg()[0]:.2f}", flush=True)
@@ -157,22 +168,9 @@ FLOORS = (STEADY, KNEE, PAST)
 
 def noise_floor(report, config: ServeConfig) -> dict[str, list[float]]:
     """The winner's rates again, each once, in a fresh server with another draw of arrivals: how far one
-    load's p99 moves from one measurement to the next, by kind of load (FLOORS): within the budget and
-    steady (the simulator's p99 moves less than TARGET when the machine serves DRIFT slower), within the
-    budget at the knee (it moves more: near saturation a queue's wait grows like 1 / (1 - utilisation),
-    and the machine's own drift decides the figure), and past the budget (a queue that grows has no p99 to
-    repeat: its figure is how long it ran)."""
-    run = next(r for r in report.runs if r.config == report.winner.config)
-    first: dict[float, LoadResult] = {}
-    for load in run.loads:
-        if load.kind == POISSON:
-            first.setdefault(load.rate_per_s, load)
-    plan = LoadPlan(rules=run.config, loads=tuple((POISSON, rate) for rate in sorted(first)),
-                    budget_s=config.p99_budget_s, window_s=config.window_s, max_windows=config.max_windows,
-                    min_requests=config.min_requests, queue_timeout_s=config.queue_timeout,
-                    seed=config.seed + 2 * AGAIN_SEED, stop_after_failure=False, cores=config.cores("cpu")[1])
-    spec = ServerSpec(model=model_spec(config, "cpu"), rules=run.config, queue_timeout_s=config.queue_timeout)
-    again = run_config(spec, plan, timeout_s=1800)
+    load's p99 moves from one measurement to the next, by kind of load (FLOORS, load_kind)."""
+    run, first = first_looks(report)
+    again = measure_again(report, config, sorted(first), seed=config.seed + 2 * AGAIN_SEED)
     floor: dict[str, list[float]] = {name: [] for name in FLOORS}
     rates = []
     for load in again.loads:
@@ -180,8 +178,7 @@ def noise_floor(report, config: ServeConfig) -> dict[str, list[float]]:
         if not (before.p99_s and load.p99_s):
             continue
         difference = abs(load.p99_s - before.p99_s) / before.p99_s
-        moves = drift_sensitivity(report, config, run.config, load.rate_per_s)
-        kind = PAST if not before.meets(config.p99_budget_s) else STEADY if moves <= TARGET else KNEE
+        kind, moves = load_kind(report, config, before)
         floor[kind].append(difference)
         rates.append(abs(load.throughput_per_s - before.throughput_per_s) / before.throughput_per_s)
         print(f"  again {run.config.label} at {load.rate_per_s:g}/s: p99 {_ms(before.p99_s)} ms "
@@ -193,6 +190,68 @@ def noise_floor(report, config: ServeConfig) -> dict[str, list[float]]:
               f"median {statistics.median(sustained):.0%}, worst {max(sustained):.0%}; in throughput by median "
               f"{statistics.median(rates):.1%}; {_floors(floor)}")
     return floor
+
+
+def looks_after(report, config: ServeConfig, *, times: int) -> None:
+    """The winner's rates measured `times` times more, each in a fresh server after the choice: how far one
+    load's p99 moves between two measurements that did not choose it, beside how far the first of them
+    moved from the one that did (the winner's first look won against its rivals' on the same machine: the
+    luckier of several, so a later look regresses from it, the winner's curse)."""
+    run, first = first_looks(report)
+    looks = [measure_again(report, config, sorted(first), seed=config.seed + (3 + index) * AGAIN_SEED)
+             for index in range(times)]
+    floor: dict[str, list[float]] = {name: [] for name in FLOORS}
+    from_choice, between = [], []
+    for rate, before in sorted(first.items()):
+        p99s = [next((load.p99_s for load in look.loads if load.rate_per_s == rate), None) for look in looks]
+        kind, moves = load_kind(report, config, before)
+        pairs = [(a, b) for a, b in zip(p99s, p99s[1:]) if a and b]
+        floor[kind] += [abs(b - a) / a for a, b in pairs]
+        if kind != PAST:
+            between += [b / a - 1 for a, b in pairs]
+            from_choice += [p99s[0] / before.p99_s - 1] if p99s[0] and before.p99_s else []
+        print(f"  {run.config.label} at {rate:g}/s ({kind}, {DRIFT:.0%} slower moves its simulated p99 by "
+              f"{moves:.0%}): chosen on p99 {_ms(before.p99_s)} ms, then {', '.join(_ms(p) for p in p99s)} ms")
+    sustained = floor[STEADY] + floor[KNEE]
+    if sustained:
+        print(f"noise floor after the choice: {len(sustained)} pairs of consecutive looks within the budget differ in "
+              f"p99 by median {statistics.median(sustained):.0%} (quartiles {_quartiles(sustained)}), worst "
+              f"{max(sustained):.0%}; {_floors(floor, 'pairs')}")
+    if from_choice and between:
+        print(f"within the budget, the first look after the choice against the choice's own: median change "
+              f"{statistics.median(from_choice):+.0%} ({len(from_choice)} loads); between later looks: "
+              f"{statistics.median(between):+.0%} ({len(between)} pairs)")
+
+
+def first_looks(report) -> tuple[ConfigRun, dict[float, LoadResult]]:
+    """The winner's run, and its first measurement at each of its Poisson rates."""
+    run = next(r for r in report.runs if r.config == report.winner.config)
+    first: dict[float, LoadResult] = {}
+    for load in run.loads:
+        if load.kind == POISSON and load.rate_per_s is not None:
+            first.setdefault(load.rate_per_s, load)
+    return run, first
+
+
+def measure_again(report, config: ServeConfig, rates: list[float], *, seed: int) -> ConfigRun:
+    """The winner at `rates`, every one of them, in a fresh server with the draw of arrivals `seed`."""
+    rules = report.winner.config
+    plan = LoadPlan(rules=rules, loads=tuple((POISSON, rate) for rate in rates), budget_s=config.p99_budget_s,
+                    window_s=config.window_s, max_windows=config.max_windows, min_requests=config.min_requests,
+                    queue_timeout_s=config.queue_timeout, seed=seed, stop_after_failure=False,
+                    cores=config.cores("cpu")[1])
+    spec = ServerSpec(model=model_spec(config, "cpu"), rules=rules, queue_timeout_s=config.queue_timeout)
+    return run_config(spec, plan, timeout_s=1800)
+
+
+def load_kind(report, config: ServeConfig, before: LoadResult) -> tuple[str, float]:
+    """(its kind, how far DRIFT moves its simulated p99) of a load by its first look: within the budget and
+    steady (the simulator's p99 moves less than TARGET when the machine serves DRIFT slower), within the
+    budget at the knee (it moves more: near saturation a queue's wait grows like 1 / (1 - utilisation), and
+    the machine's own drift decides the figure), or past the budget (a queue that grows has no p99 to
+    repeat: its figure is how long it ran)."""
+    moves = drift_sensitivity(report, config, before.config, before.rate_per_s)
+    return (PAST if not before.meets(config.p99_budget_s) else STEADY if moves <= TARGET else KNEE), moves
 
 
 def drift_sensitivity(report, config: ServeConfig, rules, rate_per_s: float) -> float:
@@ -209,8 +268,8 @@ def drift_sensitivity(report, config: ServeConfig, rules, rate_per_s: float) -> 
     return abs(p99s[1] - p99s[0]) / p99s[0] if all(map(math.isfinite, p99s)) and p99s[0] > 0 else math.inf
 
 
-def _floors(floor: dict[str, list[float]]) -> str:
-    return "; ".join(f"{name} ({len(values)} loads): {_median(values)}" for name, values in floor.items())
+def _floors(floor: dict[str, list[float]], unit: str = "loads") -> str:
+    return "; ".join(f"{name} ({len(values)} {unit}): {_median(values)}" for name, values in floor.items())
 
 
 def _half(load) -> str:
