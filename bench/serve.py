@@ -65,12 +65,9 @@ def main() -> None:
         print(f"== run {index + 1} of {args.runs}, load average {os.getloadavg()[0]:.2f}", flush=True)
         choices.append(one_run(config, keep=args.keep / f"run-{index + 1}.json" if args.keep else None))
     if args.runs > 1:
-        floors = {name: [d for *_, floor in choices for d in floor[name]] for name in FLOORS}
-        sustained = floors[STEADY] + floors[KNEE]
-        if sustained:
-            print(f"noise floor over the {args.runs} runs: {len(sustained)} loads within the budget measured again "
-                  f"differ in p99 by median {statistics.median(sustained):.0%} (quartiles "
-                  f"{_quartiles(sustained)}), worst {max(sustained):.0%}; {_floors(floors)}")
+        summary = _floor_summary({name: [d for *_, floor in choices for d in floor[name]] for name in FLOORS})
+        if summary:
+            print(f"noise floor over the {args.runs} runs, the winners' loads measured again: {summary}")
         groups = [{best} | tied for best, tied, _ in choices]
         held = sum(all(best in group for group in groups) for best, *_ in choices)
         common, count = Counter(best for best, *_ in choices).most_common(1)[0]
@@ -184,11 +181,10 @@ def noise_floor(report, config: ServeConfig) -> dict[str, list[float]]:
         print(f"  again {run.config.label} at {load.rate_per_s:g}/s: p99 {_ms(before.p99_s)} ms "
               f"{_half(before)} then {_ms(load.p99_s)} ms {_half(load)}: {difference:.0%} ({kind}: "
               f"{DRIFT:.0%} slower moves its simulated p99 by {moves:.0%})")
-    sustained = floor[STEADY] + floor[KNEE]
-    if sustained:
-        print(f"noise floor: the winner's {len(sustained)} loads within the budget measured again differ in p99 by "
-              f"median {statistics.median(sustained):.0%}, worst {max(sustained):.0%}; in throughput by median "
-              f"{statistics.median(rates):.1%}; {_floors(floor)}")
+    summary = _floor_summary(floor)
+    if summary:
+        print(f"noise floor, the winner's loads measured again: {summary}; in throughput by median "
+              f"{statistics.median(rates):.1%}")
     return floor
 
 
@@ -212,11 +208,9 @@ def looks_after(report, config: ServeConfig, *, times: int) -> None:
             from_choice += [p99s[0] / before.p99_s - 1] if p99s[0] and before.p99_s else []
         print(f"  {run.config.label} at {rate:g}/s ({kind}, {DRIFT:.0%} slower moves its simulated p99 by "
               f"{moves:.0%}): chosen on p99 {_ms(before.p99_s)} ms, then {', '.join(_ms(p) for p in p99s)} ms")
-    sustained = floor[STEADY] + floor[KNEE]
-    if sustained:
-        print(f"noise floor after the choice: {len(sustained)} pairs of consecutive looks within the budget differ in "
-              f"p99 by median {statistics.median(sustained):.0%} (quartiles {_quartiles(sustained)}), worst "
-              f"{max(sustained):.0%}; {_floors(floor, 'pairs')}")
+    summary = _floor_summary(floor, "pairs")
+    if summary:
+        print(f"noise floor after the choice, consecutive looks: {summary}")
     if from_choice and between:
         print(f"within the budget, the first look after the choice against the choice's own: median change "
               f"{statistics.median(from_choice):+.0%} ({len(from_choice)} loads); between later looks: "
@@ -268,8 +262,14 @@ def drift_sensitivity(report, config: ServeConfig, rules, rate_per_s: float) -> 
     return abs(p99s[1] - p99s[0]) / p99s[0] if all(map(math.isfinite, p99s)) and p99s[0] > 0 else math.inf
 
 
-def _floors(floor: dict[str, list[float]], unit: str = "loads") -> str:
-    return "; ".join(f"{name} ({len(values)} {unit}): {_median(values)}" for name, values in floor.items())
+def _floor_summary(floor: dict[str, list[float]], unit: str = "loads") -> str | None:
+    """How far the p99 moved, over the loads within the budget and by kind (FLOORS); None without any."""
+    sustained = floor[STEADY] + floor[KNEE]
+    if not sustained:
+        return None
+    kinds = "; ".join(f"{name} ({len(values)} {unit}): {_median(values)}" for name, values in floor.items())
+    return (f"{len(sustained)} {unit} within the budget differ in p99 by median {statistics.median(sustained):.0%} "
+            f"(quartiles {_quartiles(sustained)}), worst {max(sustained):.0%}; {kinds}")
 
 
 def _half(load) -> str:
