@@ -33,8 +33,7 @@ from pathlib import Path
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import POISSON
 from mbtune.serving.records import ConfigRun, LoadResult, ServeReport
-from mbtune.serving.run import AGAIN_SEED, model_spec, serve_workload
-from mbtune.serving.server import LoadPlan, ServerSpec, run_config
+from mbtune.serving.run import AGAIN_SEED, serve_loads, serve_workload
 from mbtune.units import parse_duration
 
 # How much slower the machine may serve from one measurement to the next: the saturated loads' throughput
@@ -229,13 +228,8 @@ def first_looks(report) -> tuple[ConfigRun, dict[float, LoadResult]]:
 
 def measure_again(report, config: ServeConfig, rates: list[float], *, seed: int) -> ConfigRun:
     """The winner at `rates`, every one of them, in a fresh server with the draw of arrivals `seed`."""
-    rules = report.winner.config
-    plan = LoadPlan(rules=rules, loads=tuple((POISSON, rate) for rate in rates), budget_s=config.p99_budget_s,
-                    window_s=config.window_s, max_windows=config.max_windows, min_requests=config.min_requests,
-                    queue_timeout_s=config.queue_timeout, seed=seed, stop_after_failure=False,
-                    cores=config.cores("cpu")[1])
-    spec = ServerSpec(model=model_spec(config, "cpu"), rules=rules, queue_timeout_s=config.queue_timeout)
-    return run_config(spec, plan, timeout_s=1800)
+    return serve_loads(config, "cpu", report.winner.config, tuple((POISSON, rate) for rate in rates), seed=seed,
+                       stop_after_failure=False)
 
 
 def load_kind(report, config: ServeConfig, before: LoadResult) -> tuple[str, float]:

@@ -258,7 +258,6 @@ def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float
     """One configuration's server under its loads (or its journaled run); `kind` SERVE_AGAIN: the second
     look (another draw of arrivals)."""
     from mbtune.journal import REPLAYED
-    from mbtune.serving.server import LoadPlan, ServerSpec, run_config
 
     if progress:
         progress.start_trial(rule.label + (", again" if kind == SERVE_AGAIN else ""))
@@ -268,19 +267,29 @@ def _run(config: ServeConfig, device: str, rule: BatchConfig, rates: tuple[float
     if run is None:
         closed = config.concurrency if concurrency else ()
         loads = tuple((POISSON, rate) for rate in rates) + tuple((CLOSED, float(c)) for c in closed)
-        seed = config.seed + (AGAIN_SEED if kind == SERVE_AGAIN else 0)
-        plan = LoadPlan(rules=rule, loads=loads, budget_s=config.p99_budget_s, window_s=config.window_s,
-                        max_windows=config.max_windows, min_requests=config.min_requests,
-                        queue_timeout_s=config.queue_timeout, seed=seed,
-                        ready_timeout_s=config.load_timeout_s, cores=config.cores(device)[1])
-        spec = ServerSpec(model=model_spec(config, device), rules=rule, queue_timeout_s=config.queue_timeout)
-        run = run_config(spec, plan, timeout_s=_run_timeout(plan))
+        run = serve_loads(config, device, rule, loads, seed=config.seed + (AGAIN_SEED if kind == SERVE_AGAIN else 0))
         if store:
             store.record(kind, run.to_dict())
         detail = run.error or _run_detail(run, config.p99_budget_s)
     if progress:
         progress.end_trial("error" if run.error else OK, detail)
     return run
+
+
+def serve_loads(config: ServeConfig, device: str, rule: BatchConfig, loads: tuple[tuple[str, float], ...], *,
+                seed: int, **plan: Any) -> ConfigRun:
+    """One fresh server holding the model by `rule`, under `loads` ((kind, rate or concurrency), in order)
+    with the draw of arrivals `seed`, measured by the config's settings (`plan`: LoadPlan fields to set
+    otherwise)."""
+    from mbtune.serving.server import LoadPlan, ServerSpec, run_config
+
+    settings = dict(rules=rule, loads=loads, budget_s=config.p99_budget_s, window_s=config.window_s,
+                    max_windows=config.max_windows, min_requests=config.min_requests,
+                    queue_timeout_s=config.queue_timeout, seed=seed, ready_timeout_s=config.load_timeout_s,
+                    cores=config.cores(device)[1])
+    load_plan = LoadPlan(**{**settings, **plan})
+    spec = ServerSpec(model=model_spec(config, device), rules=rule, queue_timeout_s=config.queue_timeout)
+    return run_config(spec, load_plan, timeout_s=_run_timeout(load_plan))
 
 
 def _run_timeout(plan: Any) -> float:

@@ -71,11 +71,16 @@ class LoadPlan:
         """A window's length for one load: open loop, long enough to expect min_window_requests arrivals."""
         return max(self.window_s, self.min_window_requests / amount) if kind == gen.POISSON else self.window_s
 
+    def requests_of(self, kind: str) -> int:
+        """Requests one load measures before its p99 may count as known: min_requests open loop, none closed
+        (a closed loop's windows count no arrivals: its pace is its own)."""
+        return self.min_requests if kind == gen.POISSON else 0
+
     def windows_of(self, kind: str, amount: float) -> int:
-        """The windows one load runs at most: max_windows, and open loop as many as min_requests need."""
-        if kind != gen.POISSON or not self.min_requests:
-            return self.max_windows
-        return max(self.max_windows, math.ceil(self.min_requests / (amount * self.window_of(kind, amount))))
+        """The windows one load runs at most: max_windows, and as many as requests_of need."""
+        needed = self.requests_of(kind)
+        return max(self.max_windows, math.ceil(needed / (amount * self.window_of(kind, amount)))) if needed \
+            else self.max_windows
 
 
 def serve_requests(conn: Connection, spec: ServerSpec) -> dict[str, float]:
@@ -268,7 +273,7 @@ def _own_cores() -> tuple[int, ...]:
 def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *, seed: int) -> LoadResult:
     generator.requests = requests = Requests()
     open_loop = kind == gen.POISSON
-    window_s, most = plan.window_of(kind, amount), plan.windows_of(kind, amount)
+    window_s, most, needed = plan.window_of(kind, amount), plan.windows_of(kind, amount), plan.requests_of(kind)
     start = time.monotonic() + 0.05
     stop = threading.Event()
     due_times = gen.poisson_arrivals(amount, window_s * most, seed=seed) if open_loop else []
@@ -292,7 +297,7 @@ def _one_load(generator: _Generator, plan: LoadPlan, kind: str, amount: float, *
             windows.append(window(requests, end - window_s, end, open_loop))
             if settled is None and gen.stable(windows, count=plan.stable_windows, within=plan.stability):
                 settled = len(windows) - plan.stable_windows
-            if (settled is not None and sum(w.offered for w in windows[settled:]) >= plan.min_requests
+            if (settled is not None and sum(w.offered for w in windows[settled:]) >= needed
                     and p99_half(requests, start + settled * window_s, end, window_s) <= plan.p99_target):
                 break
             if len(windows) >= plan.stable_windows and windows[-1].mean_latency_s > 3 * plan.budget_s:

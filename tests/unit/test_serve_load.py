@@ -122,4 +122,5 @@ def test_a_poisson_load_runs_past_max_windows_until_it_holds_min_requests():
     assert plan.windows_of("poisson", 91.0) == 40  # windows of 1.1 s, 100 arrivals each
     assert plan.windows_of("poisson", 400.0) == 16  # 6400 requests within max_windows already
     assert plan.windows_of("closed", 4.0) == 16  # a closed loop's pace is its own: the cap alone
+    assert plan.requests_of("poisson") == 4000 and plan.requests_of("closed") == 0  # nor held to stop
     assert replace(plan, min_requests=0).windows_of("poisson", 50.0) == 16
