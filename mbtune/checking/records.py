@@ -42,6 +42,8 @@ class CheckResult(Record):
     blocks: tuple[BlockCheck, ...] = ()
     cause: str = ""
     hint: str = ""
+    handovers_compared: int = 0  # tensors that crossed a stage boundary, forward and backward, held to what was sent
+    handover_difference: str = ""  # the first that arrived other than it was sent ("": none)
 
     @property
     def worst(self) -> BlockCheck | None:

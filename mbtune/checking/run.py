@@ -15,7 +15,8 @@ batch's mean, and no pipeline can fix that; the loss must.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mbtune.checking.config import CheckConfig
@@ -71,7 +72,23 @@ def check_update(config: CheckConfig, run_point: Callable[..., PipelineOutcome] 
     grads: dict[str, Any] = {}
     for report in outcome.pipeline_reports:  # all-reduced: every replica holds the same gradients
         grads.update(report.grads or {})
-    return compare(config, grads, float(outcome.loss or math.nan), plain.value)
+    result = compare(config, grads, float(outcome.loss or math.nan), plain.value)
+    return with_handovers(result, [c for report in outcome.pipeline_reports for c in report.crossings])
+
+
+def with_handovers(result: CheckResult, crossings: Sequence[Any]) -> CheckResult:
+    """The result with what each stage boundary received held to what was sent (the first difference fails
+    the check, whatever the gradients say: a hand-over that arrives changed trains on values nobody sent)."""
+    from mbtune.pipeline.handover import first_difference
+
+    compared, difference = first_difference(crossings)
+    result = replace(result, handovers_compared=compared)
+    if not difference:
+        return result
+    return replace(result, status=FAIL, handover_difference=difference,
+                   cause=f"a hand-over arrived other than it was sent: {difference}",
+                   hint="Hand over tensors whose shape is the same for every micro-batch; report the dtype and "
+                        "torch version to mbtune's issues if it still differs.")
 
 
 def tolerance_for(precision: str, device: str) -> tuple[float, float]:
@@ -146,7 +163,7 @@ def plain_gradients(spec: Any) -> dict[str, Any]:
     accumulation steps x replicas, summed). The same weights and samples as the pipeline's ranks."""
     import torch
 
-    from mbtune.pipeline.runner import step_batch
+    from mbtune.pipeline.handover import step_batch
     from mbtune.training import autocast_for
     from mbtune.workloads import load_workload
     from mbtune.workloads.chain import batch_cat, batch_chunk, batch_to
@@ -189,8 +206,9 @@ def _batch_statistics(model: Any, inputs: Any, chunks: int) -> list[str]:
     with torch.no_grad():
         whole = [t.double() for t in tensors_of(model(inputs))]
         parts = [[t.double() for t in tensors_of(model(x))] for x in batch_chunk(inputs, chunks)]
-    joined = [torch.cat(pieces) for pieces in zip(*parts)]
-    differ = any(a.shape != b.shape or not torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(whole, joined))
+    # Per-sample outputs only: a scalar (the model's own loss beside its logits) is a reduction over the batch.
+    joined = [(a, torch.cat(pieces)) for a, pieces in zip(whole, zip(*parts)) if a.dim() and all(p.dim() for p in pieces)]
+    differ = any(a.shape != b.shape or not torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in joined)
     if not differ:
         return []
     norms = [name for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)

@@ -167,14 +167,15 @@ def _describe(value: Any) -> str:
 
 
 def _crosses(value: Any) -> str:
-    """Whether a block's output can be a stage's hand-over: "yes", or "no: why"."""
+    """Whether a block's output can be a stage's hand-over: "yes", or "no: why". Every dtype crosses (the stages
+    are given their shapes, so no stage runs on an uninitialised buffer); only tensors do."""
     import torch
 
     from mbtune.workloads.chain import tensors_of
 
-    integers = [t for t in tensors_of(value) if not (t.is_floating_point() or t.dtype == torch.bool)]
-    if integers:
-        return "no: an integer tensor (stages infer shapes on empty buffers, where indices hold garbage)"
+    others = [v for v in tensors_of(value) if not isinstance(v, torch.Tensor)]
+    if others:
+        return f"no: a {type(others[0]).__name__} (only tensors cross a stage boundary)"
     return "yes"
 
 

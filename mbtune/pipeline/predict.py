@@ -28,7 +28,6 @@ stage is built with them and torch's first-step shape exchange between ranks is 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +38,9 @@ import torch.distributed as dist
 from mbtune.device.cuda import training_workspace_bytes
 from mbtune.device.tensor_bytes import TensorBytes, fake_tensors
 from mbtune.pipeline.echoes import NUM_REAL, echo_stages, real_microbatches
+from mbtune.pipeline.handover import stage_shapes
 from mbtune.pipeline.schedules import StageShapes, take_shapes_as_given, works_hold_their_tensors
 from mbtune.pipeline.spec import PipelineSpec
-from mbtune.training import on_device
 from mbtune.workloads import Workload, load_workload
 from mbtune.workloads.chain import handover_keys
 
@@ -104,7 +103,7 @@ class RankPeaks:
         mode = fake_tensors()
         with mode:
             blocks = tuple(tuple(b) for b in stage_blocks(spec, self.workload))
-            shapes = stage_shapes(spec, self.workload, blocks, keys)
+            shapes = stage_shapes(spec, self.workload, blocks, keys, CPU)
         return Prepared(spec=spec, mode=mode, blocks=blocks, shapes=shapes, keys=keys)
 
     def rank(self, prepared: Prepared, rank: int, *, timeline: bool = False) -> RankTrace:
@@ -126,34 +125,6 @@ class RankPeaks:
         line = None if count.timeline is None else np.asarray(count.timeline, dtype=np.int64) + extra
         return RankTrace(peak_bytes=extra + count.peak_bytes, timeline=line, seconds=time.perf_counter() - started,
                          num_echoed=num_echoed)
-
-
-def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],
-                 keys: Sequence[tuple[str, ...] | None]) -> dict[int, StageShapes]:
-    """Per model stage, its inputs and outputs of one micro-batch (from one forward of the chain)."""
-    from mbtune.pipeline.runner import stage_module, step_batch
-    from mbtune.workloads.chain import batch_rows
-
-    # The first micro-batch as the step hands it over (the replicas' batch, the first replica's rows, torch's
-    # chunk of them): torch checks given inputs against it, strides too, and a batch of one sample made at
-    # size one can have other strides (a size-1 dimension's stride is free).
-    inputs, _ = step_batch(workload, spec.replicas_batch_size, seed=spec.seed, step_index=0, accum_index=0)
-    rows = batch_rows(inputs, slice(0, spec.pipeline_batch_size))
-    args = tuple(_first_chunk(t, spec.num_microbatches) for t in (rows if isinstance(rows, tuple) else (rows,)))
-    shapes: dict[int, StageShapes] = {}
-    for stage, stage_blocks in enumerate(blocks):
-        built = on_device(workload.build(stage_blocks, seed=spec.seed, recompute="none"), CPU)
-        module = stage_module(spec, built, stage_blocks, keys, CPU, last=stage == len(blocks) - 1)
-        out = module(*args)
-        outputs = tuple(out) if isinstance(out, tuple | list) else (out,)
-        shapes[stage] = (args, outputs)
-        args = outputs
-    return shapes
-
-
-def _first_chunk(tensor: torch.Tensor, chunks: int) -> torch.Tensor:
-    """The first of `chunks` micro-batches of a tensor, as torch's schedules split a step's inputs."""
-    return torch.tensor_split(tensor, chunks, 0)[0]
 
 
 def _real(spec: PipelineSpec, rank: int) -> dict[int, frozenset[int]] | None:

@@ -22,6 +22,7 @@ from torch import nn
 
 from mbtune.device.tensor_bytes import TensorBytes, paused
 from mbtune.errors import NonFiniteLossError
+from mbtune.pipeline.handover import Audited, StageShapes, given_shapes, stage_module, step_batch
 from mbtune.pipeline.rank_device import (
     count_memory,
     device_uuid,
@@ -32,28 +33,20 @@ from mbtune.pipeline.rank_device import (
     stop_counting,
     timing_event,
 )
-from mbtune.pipeline.schedules import ActionTimer, StageShapes, build_schedule, build_stage, run_schedule_step
+from mbtune.pipeline.schedules import ActionTimer, build_schedule, build_stage, run_schedule_step
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.split import StageBlocks, split_blocks
 from mbtune.pipeline.theory import stage_to_rank, stages_of_rank
 from mbtune.pipeline.timeline import StageReport
 from mbtune.training import on_device
 from mbtune.workloads import Workload, load_workload
-from mbtune.workloads.chain import StageModule, batch_rows, batch_to, handover_keys
+from mbtune.workloads.chain import batch_rows, batch_to, handover_keys, tensors_of
 
 # A rank asked to hang (tests only) sleeps this long; the launcher's deadline must end it.
 HANG_S = 3600.0
 # Gradients are all-reduced in buckets that close once they reach this many bytes (DDP's default bucket
 # size), so the reduction never needs a second copy of every gradient at once.
 BUCKET_BYTES = 25 * 1024 * 1024
-
-
-def step_batch(
-    workload: Workload, batch_size: int, *, seed: int, step_index: int, accum_index: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (inputs, targets) of one pipeline step, the same on every rank and in reference runs."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + step_index * 10_007 + accum_index)
-    return workload.make_batch(batch_size, generator)
 
 
 def stage_blocks(spec: PipelineSpec, workload: Workload) -> StageBlocks:
@@ -149,31 +142,6 @@ class _StepTimes:
     last_end_unix_s: float | None = None  # time.time() as the last step ended
 
 
-class _Autocast(nn.Module):
-    """Runs a stage's blocks under autocast; the parameters stay the blocks' own (fp32 master weights)."""
-
-    def __init__(self, inner: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.inner, self.device_type, self.dtype = inner, device.type, dtype
-
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type=self.device_type, dtype=self.dtype):
-            return self.inner(*args)
-
-
-def _with_precision(module: nn.Module, precision: str, device: torch.device) -> nn.Module:
-    return _Autocast(module, device, torch.bfloat16) if precision == "bf16" else module
-
-
-def stage_module(spec: PipelineSpec, module: nn.Module, blocks: Sequence[int],
-                 keys: Sequence[tuple[str, ...] | None], device: torch.device, *, last: bool) -> nn.Module:
-    """The module a stage of these blocks runs: their chain, taking and handing over flat tensors, under
-    the spec's precision. `keys`: handover_keys (empty with one stage); `last`: the model's last stage."""
-    return _with_precision(StageModule(module, in_keys=keys[blocks[0] - 1] if blocks[0] > 0 else None,
-                                       out_keys=keys[blocks[-1]] if keys else None, last=last),
-                           spec.precision, device)
-
-
 class _RankRun:
     """One rank's stages, schedule, optimizer and timers."""
 
@@ -196,13 +164,19 @@ class _RankRun:
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_model_stages - 1 in self.stage_indices
         self.timer = ActionTimer(new_event=timing_event if device.type == "cuda" else None)
-        if keys is None:
-            with paused(count):  # a trace of shapes, not training memory
+        with paused(count):  # a trace of keys and shapes, not training memory
+            if keys is None:
                 keys = handover_keys(workload, spec.seed) if spec.num_model_stages > 1 else ()
-        stages = [build_stage(stage_module(spec, m, b, keys, device, last=s == spec.num_model_stages - 1), stage_index=s,
+            if stage_shapes is None and spec.num_model_stages > 1:  # given: torch never runs a stage on garbage
+                stage_shapes = given_shapes(spec, workload, all_blocks, keys, device)
+        last = spec.num_model_stages - 1
+        self.audits = [Audited(stage_module(spec, m, b, keys, device, last=s == last), stage=s, first=s == 0,
+                               last=s == last) if spec.capture_grads else None
+                       for m, s, b in zip(self.modules, self.stage_indices, self.blocks)]
+        stages = [build_stage(audit or stage_module(spec, m, b, keys, device, last=s == last), stage_index=s,
                               num_model_stages=spec.num_model_stages, device=device, group=pipeline_group,
                               shapes=(stage_shapes or {}).get(s))
-                  for m, s, b in zip(self.modules, self.stage_indices, self.blocks)]
+                  for audit, m, s, b in zip(self.audits, self.modules, self.stage_indices, self.blocks)]
         for stage in stages:
             self.timer.instrument(stage)
         self.stages = stages
@@ -223,7 +197,8 @@ class _RankRun:
             dist.all_reduce(parameter.grad, group=group)
 
     def _scaled_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        self.output_dtype = str(output.dtype).removeprefix("torch.")
+        first = tensors_of(output)[0]  # a model may return a tuple, its own loss beside the logits
+        self.output_dtype = str(first.dtype).removeprefix("torch.")
         spec = self.spec
         return self.workload.loss(output, target) / (spec.num_microbatches * spec.grad_accum_steps * spec.data_parallel_size)
 
@@ -363,6 +338,7 @@ class _RankRun:
             measured_window_unix_s=(measured.first_start_unix_s, measured.last_end_unix_s)
             if measured.first_start_unix_s is not None and measured.last_end_unix_s is not None else None,
             device_uuid=device_uuid(self.device),
+            crossings=tuple(c for audit in self.audits if audit is not None for c in audit.crossings),
         )
 
 

@@ -66,6 +66,8 @@ class StageReport(Record):
     allreduce_spans_s: tuple[tuple[float, float], ...] = ()
     node: str = ""  # under torchrun, the node this rank ran on ("node 1 (hostname)")
     cores: tuple[int, ...] = ()  # the CPU cores this rank process was pinned to (none: not pinned)
+    # `mbtune check` only: every tensor its stages sent or received across a boundary (pipeline/handover.py)
+    crossings: tuple[Any, ...] = ()
 
     @property
     def allreduce_times_s(self) -> tuple[float, ...]:

@@ -30,6 +30,10 @@ def print_check(console: Console, result: CheckResult, fmt: str) -> None:
     console.print(f"loss: pipeline {result.loss_pipeline:.6g}, plain {result.loss_plain:.6g} "
                   f"(relative difference {result.loss_rel_diff:.2g})"
                   + (f"; worst block {worst.block}: {worst.max_rel_diff:.2g} of its largest gradient" if worst else ""))
+    if result.handovers_compared:
+        console.print(f"hand-overs: {result.handovers_compared} tensors crossed a stage boundary (forward and "
+                      "backward), " + (f"[bold red]{result.handover_difference}[/]" if result.handover_difference
+                                       else "each as it was sent (dtype, shape and every byte)"))
     style = "bold green" if result.status == "PASS" else "bold red"
     console.print(f"[{style}]check {result.status}[/]" + (f": {result.cause}. {result.hint}" if result.cause else
                                                             ": the pipelined update is the plain model's"))
