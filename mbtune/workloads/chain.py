@@ -11,10 +11,10 @@ come from one forward of the whole chain at batch size 1, on the meta device whe
 arithmetic), else on the CPU (`handover_keys`). A sent tensor must be contiguous and not a view (the
 zero-bubble schedules detach it in place after the backward, which a view refuses): such tensors are
 copied. Coming back, a received tensor's gradient is made contiguous too (a block that transposes what it
-received would otherwise send a transposed gradient). Two things the contract cannot carry: integer tensors (position ids) across a stage boundary,
-since torch infers shapes from a first forward on uninitialised buffers, where an index tensor holds
-garbage; and shapes that change from micro-batch to micro-batch. A block computes its positions from the
-shapes it gets.
+received would otherwise send a transposed gradient). Every dtype crosses (int64 targets and position ids,
+bool masks, bfloat16 and float16): the stages are given their shapes before the first step
+(pipeline/handover.py), so no stage runs on an uninitialised buffer. What the contract cannot carry: values
+that are not tensors, and shapes that change from micro-batch to micro-batch.
 """
 
 from __future__ import annotations
