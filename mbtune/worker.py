@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mbtune.quiet import quiet_library_logs
 from mbtune.records import ERROR, ERROR_TAIL_LINES, HARNESS_FAULT, KILLED, OK, TIMEOUT, WORKLOAD_FAULT
 
 # torch._dynamo is what an optimizer's first construction imports (about 2 s); paying it once here
@@ -252,6 +253,7 @@ def capture_stderr(path: str) -> None:
     sys.stderr.flush()
     os.dup2(fd, 2)
     os.close(fd)
+    quiet_library_logs()  # the child's stderr carries the user's words and mbtune's, not torch's loggers
 
 
 def read_child_stderr(path: str) -> tuple[bool, str]:

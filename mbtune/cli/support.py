@@ -209,7 +209,9 @@ def printing_to(output: Path | None) -> Iterator[None]:
         yield
         return
     output.parent.mkdir(parents=True, exist_ok=True)
-    with open(output, "w") as handle, contextlib.redirect_stdout(handle):
+    from mbtune.report import documents_to
+
+    with open(output, "w") as handle, documents_to(handle):
         yield
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
@@ -55,8 +57,47 @@ def fmt_rate(value: float | None) -> str:
 
 
 def print_json(data: Any) -> None:
-    """Machine output goes to stdout untouched by rich."""
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    """Machine output goes to the document's stream untouched by rich."""
+    document_stream().write(json.dumps(data, indent=2) + "\n")
+
+
+# Where json and csv documents go, innermost last: --output's file, or the stdout a machine run kept for them.
+_DOCUMENTS: list[TextIO] = []
+
+
+def document_stream() -> TextIO:
+    """The stream a json or csv document is written to (stdout unless redirected below)."""
+    return _DOCUMENTS[-1] if _DOCUMENTS else sys.stdout
+
+
+@contextlib.contextmanager
+def documents_to(stream: TextIO) -> Iterator[None]:
+    """Documents written inside go to `stream` (--output's file)."""
+    _DOCUMENTS.append(stream)
+    try:
+        yield
+    finally:
+        _DOCUMENTS.remove(stream)
+
+
+@contextlib.contextmanager
+def stdout_for_documents() -> Iterator[None]:
+    """stdout holds the document and nothing else: inside, file descriptor 1 is stderr's, for this process
+    and every process it starts (trial workers, ranks, servers, whatever the user's code prints in them),
+    and documents go to the stdout that was."""
+    sys.stdout.flush()
+    kept = os.dup(1)
+    os.dup2(2, 1)
+    stream = os.fdopen(kept, "w", encoding="utf-8")
+    _DOCUMENTS.insert(0, stream)
+    try:
+        yield
+    finally:
+        _DOCUMENTS.remove(stream)
+        sys.stdout.flush()
+        stream.flush()
+        os.dup2(kept, 1)
+        stream.close()
 
 
 def log_to_stderr(verbosity: int) -> None:

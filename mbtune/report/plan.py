@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from mbtune.planning.records import (
     Validation,
 )
 from mbtune.report import (
+    document_stream,
     fmt_bytes,
     fmt_rate,
     fmt_seconds,
@@ -192,7 +192,7 @@ def print_plan(console: Console, report: PlanReport, fmt: str) -> None:
         print_json(plan_dict(report))
         return
     if fmt == "csv":
-        report.to_frame().to_csv(sys.stdout, index=False)
+        report.to_frame().to_csv(document_stream(), index=False)
         return
     if report.validation is not None:
         console.print(validation_table(report.validation))
@@ -235,7 +235,7 @@ def print_memory_plan(console: Console, plan: MemoryPlan, fmt: str) -> None:
     if fmt == "csv":
         import csv
 
-        writer = csv.writer(sys.stdout)
+        writer = csv.writer(document_stream())
         writer.writerow(["schedule", "num_microbatches", "recompute", "micro_batch_size", "global_batch",
                          "binding_rank", "peak_bytes", "limits", "skipped"])
         for row in plan.rows:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
@@ -11,7 +9,7 @@ from rich.text import Text
 
 from mbtune.probing.records import MemoryModel, ProbeResult, TrialOutcome
 from mbtune.records import HARNESS_FAULT
-from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
+from mbtune.report import document_stream, fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 from mbtune.units import size_flag
 
 _STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red", "killed": "red",
@@ -130,7 +128,7 @@ def print_probe(console: Console, result: ProbeResult, fmt: str, *, saved_to: st
         print_json(result.to_dict())
         return
     if fmt == "csv":
-        result.to_frame().to_csv(sys.stdout, index=False)
+        result.to_frame().to_csv(document_stream(), index=False)
         return
     console.print(trials_table(result.trials))
     console.print(summary_panel(result))

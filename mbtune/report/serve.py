@@ -3,7 +3,6 @@ writes for Triton and TorchServe) and pictures (the throughput-latency curve).""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from mbtune.report import fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
+from mbtune.report import document_stream, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 from mbtune.serving.export import (
     model_name,
     torchserve_model_config,
@@ -28,7 +27,7 @@ def print_serve(console: Console, report: ServeReport, fmt: str, *, saved_to: st
         print_json(serve_document(report, exported))
         return
     if fmt == "csv":
-        report.to_frame().to_csv(sys.stdout, index=False)
+        report.to_frame().to_csv(document_stream(), index=False)
         return
     console.print(curve_table(report))
     console.print(loads_table(report))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import sys
 from pathlib import Path
 
 from rich import box
@@ -12,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
+from mbtune.report import document_stream, fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 from mbtune.report.probe import cause_line
 from mbtune.sweeping.records import PointResult, SweepReport
 
@@ -335,7 +334,7 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
         print_json(report.to_dict())
         return
     if fmt == "csv":
-        report.to_frame().to_csv(sys.stdout, index=False)
+        report.to_frame().to_csv(document_stream(), index=False)
         return
     console.print(results_table(report, console=console))
     if report.skipped:
