@@ -84,20 +84,29 @@ def documents_to(stream: TextIO) -> Iterator[None]:
 def stdout_for_documents() -> Iterator[None]:
     """stdout holds the document and nothing else: inside, file descriptor 1 is stderr's, for this process
     and every process it starts (trial workers, ranks, servers, whatever the user's code prints in them),
-    and documents go to the stdout that was."""
-    sys.stdout.flush()
-    kept = os.dup(1)
+    sys.stdout is sys.stderr, and documents go to the stdout that was."""
+    was = sys.stdout
+    was.flush()
+    try:
+        on_fd1 = was.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # stdout captured in this process (tests)
+        on_fd1 = False
+    fd1 = os.dup(1)
+    stream = os.fdopen(os.dup(1), "w", encoding="utf-8") if on_fd1 else was
     os.dup2(2, 1)
-    stream = os.fdopen(kept, "w", encoding="utf-8")
+    sys.stdout = sys.stderr
     _DOCUMENTS.insert(0, stream)
     try:
         yield
     finally:
         _DOCUMENTS.remove(stream)
-        sys.stdout.flush()
+        sys.stderr.flush()
         stream.flush()
-        os.dup2(kept, 1)
-        stream.close()
+        os.dup2(fd1, 1)
+        os.close(fd1)
+        sys.stdout = was
+        if stream is not was:
+            stream.close()
 
 
 def log_to_stderr(verbosity: int) -> None:
