@@ -9,25 +9,25 @@ from pathlib import Path
 from mbtune.errors import ConfigError
 
 
-def check_writable(path: Path | str, *, folder: bool = False) -> None:
-    """Raise ConfigError unless `path` (a file, or with folder=True a folder) can be created or written.
-    Missing folders count as writable where the nearest existing one above them is."""
+def check_writable(path: Path | str, *, flag: str, folder: bool = False) -> None:
+    """Raise ConfigError, naming `flag`, unless `path` (a file, or with folder=True a folder) can be created
+    or written. Missing folders count as writable where the nearest existing one above them is."""
     path = Path(path)
-    what = "folder" if folder else "file"
+    what = f"{flag}: output {'folder' if folder else 'file'}"
     if path.exists():
         if folder and not path.is_dir():
-            raise ConfigError(f"output folder {path} is a file", hint="Give a folder, or a new path.")
+            raise ConfigError(f"{what} {path} is a file", hint="Give a folder, or a new path.")
         if not folder and path.is_dir():
-            raise ConfigError(f"output file {path} is a folder", hint="Give a file name inside it.")
+            raise ConfigError(f"{what} {path} is a folder", hint="Give a file name inside it.")
         if not os.access(path, os.W_OK | (os.X_OK if folder else 0)):
-            raise ConfigError(f"output {what} {path} is not writable", hint="Choose a path you can write to.")
+            raise ConfigError(f"{what} {path} is not writable", hint="Choose a path you can write to.")
         return
     existing = path.parent
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise ConfigError(f"output {what} {path} lies under {existing}, which is not a folder",
+        raise ConfigError(f"{what} {path} lies under {existing}, which is not a folder",
                           hint="Choose a path inside a folder.")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"output {what} {path} cannot be created: {existing} is not writable",
+        raise ConfigError(f"{what} {path} cannot be created: {existing} is not writable",
                           hint="Choose a path you can write to.")

@@ -98,13 +98,24 @@ def parse_list(text: str | None, *, name: str, convert: type = int) -> tuple[Any
     if text is None:
         return None
     items = [item.strip() for item in str(text).split(",") if item.strip()]
+    hint = f"Write it like {name} {list_example(name, convert)}."
     try:
         values = tuple(convert(item) for item in items)
     except ValueError:
-        raise ConfigError(f"{name} {text!r} is not a comma-separated list", hint=f"Write it like {name} 2,4,8.") from None
+        raise ConfigError(f"{name} {text!r} is not a comma-separated list", hint=hint) from None
     if not values:
-        raise ConfigError(f"{name} is empty", hint=f"Write it like {name} 2,4,8.")
+        raise ConfigError(f"{name} is empty", hint=hint)
     return values
+
+
+# A list flag's own example where its items are words or durations; numbers go by their type.
+LIST_EXAMPLES = {"--schedules": "gpipe,1f1b", "--recompute": "none,full", "--queue-delays": "0,2ms,10ms",
+                 "--rates": "100,200.5"}
+
+
+def list_example(name: str, convert: type = int) -> str:
+    """An example value of the list flag `name` (one its parser takes)."""
+    return LIST_EXAMPLES.get(name) or {int: "2,4,8", float: "0.5,1,2"}.get(convert, "a,b")
 
 
 def _number_or_text(raw: str) -> int | float | str:

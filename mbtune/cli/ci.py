@@ -89,7 +89,7 @@ def qualify(
     from mbtune.units import parse_fraction
 
     fmt = check_format(format, allowed=("table", "json"))
-    check_outputs(files=(junit,))
+    check_outputs(files={"--junit": junit})
     launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
     lead_or_follow(launch)  # before the spec and baseline are read: only node 0 needs those files
     share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None

@@ -29,17 +29,29 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(argv: list[str] | None) -> None:
-    from mbtune.report import print_error
+    from mbtune.report import print_error, stdout_for_documents
 
     debug = bool(os.environ.get("MBTUNE_DEBUG"))
-    from mbtune.report import stdout_for_documents
-
     args = sys.argv[1:] if argv is None else argv
     quiet_resource_tracker()
     quiet_library_logs()
     try:
         with stdout_for_documents() if asks_for_document(args) else contextlib.nullcontext():
-            app(args=argv, prog_name="mbtune")
+            # Not standalone: a value the command line cannot parse comes here, to be told in mbtune's one line.
+            code = app(args=argv, prog_name="mbtune", standalone_mode=False)
+        if isinstance(code, int) and code:  # typer.Exit(code) and --help's exit
+            sys.exit(code)
+    except _command_line_errors() as exc:  # the command line itself: an unknown flag, a value of the wrong type
+        if debug:
+            traceback.print_exc()
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `mbtune` alone: the help, as the parser shows it
+            sys.stderr.write(exc.format_message() + "\n")
+        else:
+            print_error(usage_line(exc, args))
+        sys.exit(exc.exit_code)
+    except _aborts():
+        print_error("aborted")
+        sys.exit(1)
     except (MbtuneError, Interrupted) as exc:
         if debug:  # the whole text and the traceback first; the line and the exit code as without it
             if exc.detail:
@@ -70,3 +82,43 @@ def asks_for_document(args: list[str]) -> bool:
             return True
     return False
 
+
+
+def usage_line(exc: Exception, args: list[str]) -> str:
+    """click's usage error as one line, with where to read what the command takes."""
+    message = " ".join(exc.format_message().split()) if hasattr(exc, "format_message") else str(exc)
+    command = next((a for a in args if not a.startswith("-")), "")
+    return f"{message.rstrip('.')}. See `mbtune {command} -h`.".replace("mbtune  -h", "mbtune -h")
+
+
+def _command_line_errors() -> tuple[type[Exception], ...]:
+    """What the command-line parser raises for a line it cannot take: typer's own (newer typer carries its
+    parser) or click's."""
+    kinds: list[type[Exception]] = []
+    try:
+        from typer.exceptions import TyperException
+
+        kinds.append(TyperException)
+    except ImportError:
+        pass
+    try:
+        from click import ClickException
+
+        kinds.append(ClickException)
+    except ImportError:
+        pass
+    return tuple(kinds)
+
+
+def _aborts() -> tuple[type[BaseException], ...]:
+    """What the parser raises when it gives up (an end of input at a prompt)."""
+    import typer
+
+    kinds: list[type[BaseException]] = [typer.Abort]
+    try:
+        from click.exceptions import Abort
+
+        kinds.append(Abort)
+    except ImportError:
+        pass
+    return tuple(kinds)

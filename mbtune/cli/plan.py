@@ -65,7 +65,7 @@ def plan(
     from mbtune.units import parse_bytes, parse_duration, parse_list, parse_rate
 
     fmt = check_output(check_format(format), output)
-    check_outputs(plot_dir=plot, files=(trace,))
+    check_outputs(plot_dir=plot, files={"--trace": trace})
     if profile is None:
         from mbtune.errors import ConfigError
 

@@ -167,7 +167,7 @@ def check_run(fmt: str, output: Path | None, *, resume: bool, save: bool, plot: 
     says, where it says one), --resume with saving, and the picture and trace paths."""
     fmt = check_output(check_format(fmt), output)
     check_resume(resume, save)
-    check_outputs(plot_dir=plot, files=(trace,))
+    check_outputs(plot_dir=plot, files={"--trace": trace})
     return fmt
 
 
@@ -179,17 +179,17 @@ def check_resume(resume: bool, save: bool) -> None:
                           hint="Drop --no-save to resume, or drop --resume to run without saving.")
 
 
-def check_outputs(*, plot_dir: Path | None = None, files: tuple[Path | None, ...] = (),
+def check_outputs(*, plot_dir: Path | None = None, files: dict[str, Path | None] | None = None,
                   export_dir: Path | None = None) -> None:
-    """Output paths are checked before anything is measured, so a typo costs nothing."""
+    """Output paths are checked before anything is measured, so a typo costs nothing. `files`: flag -> path."""
     from mbtune.outputs import check_writable
 
-    for folder in (plot_dir, export_dir):
+    for flag, folder in (("--plot", plot_dir), ("--export", export_dir)):
         if folder is not None:
-            check_writable(folder, folder=True)
-    for path in files:
+            check_writable(folder, flag=flag, folder=True)
+    for flag, path in (files or {}).items():
         if path is not None:
-            check_writable(path)
+            check_writable(path, flag=flag)
 
 
 def with_progress(label: str, job: Callable[[TrialProgressBar | None], T]) -> T:
@@ -225,7 +225,7 @@ def check_output(fmt: str, output: Path | None) -> str:
         if fmt == "table":
             raise ConfigError("--output writes json or csv",
                               hint="Add --format json or --format csv, or name the file .json or .csv.")
-    check_outputs(files=(output,))
+    check_outputs(files={"--output": output})
     return fmt
 
 

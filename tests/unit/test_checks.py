@@ -105,18 +105,18 @@ def test_str_of_an_error_holds_its_hint_once():
 
 
 def test_check_writable(tmp_path):
-    check_writable(tmp_path / "new" / "deeper" / "out.json")  # missing folders are made later
-    check_writable(tmp_path / "plots", folder=True)
+    check_writable(tmp_path / "new" / "deeper" / "out.json", flag="-o")  # missing folders are made later
+    check_writable(tmp_path / "plots", flag="--plot", folder=True)
     afile = tmp_path / "afile"
     afile.write_text("x")
     for bad, folder in ((afile, True), (tmp_path, False), (afile / "x.json", False)):
-        with pytest.raises(ConfigError):
-            check_writable(bad, folder=folder)
+        with pytest.raises(ConfigError, match="^--junit: "):  # every error about a path names its flag
+            check_writable(bad, flag="--junit", folder=folder)
     if os.geteuid() != 0:  # root may write anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
         with pytest.raises(ConfigError, match="not writable"):
-            check_writable(locked / "out.json")
+            check_writable(locked / "out.json", flag="-o")
 
 
 def test_environment_defaults_reach_the_options():
