@@ -24,6 +24,7 @@ from mbtune.profiles import profile_path, save_results
 from mbtune.records import KILLED, DeviceInfo, Record, RecordFieldError, short_repr, shorten
 from mbtune.serving.records import ConfigRun, ServeReport, ServiceCurve
 from mbtune.sweeping.records import Balance, PointResult, SweepReport
+from mbtune.version import __version__
 
 JOURNAL_VERSION = 2  # 2: points name ranks num_ranks and stages per rank stages_per_rank
 # The record each kind of journal entry holds (probing/run.py's PROBE_TRIAL, sweeping/run.py's SWEEP_POINT and
@@ -106,7 +107,7 @@ class RunStore:
         self.journal_path.unlink(missing_ok=True)
 
     def _open_journal(self) -> None:
-        header = {"journal": JOURNAL_VERSION, "kind": self._kind, "config": self._config,
+        header = {"journal": JOURNAL_VERSION, "mbtune": __version__, "kind": self._kind, "config": self._config,
                   "device": self._device.to_dict(), "started_at": _stamp()}
         entries = [{"kind": k, "record": r} for k, records in self._replay.items() for r in records]
         # Rewrite rather than append, so a truncated last line from a killed run does not stay behind.
@@ -174,8 +175,14 @@ def _journal_header(path: Path, lines: list[tuple[int, bytes]]) -> dict[str, Any
         header = _parse(lines[0][1]) if lines else None
     except ValueError:
         header = None
-    if not isinstance(header, dict) or header.get("journal") != JOURNAL_VERSION:
-        raise ProfileError(f"journal {path} is not readable", hint="Run without --resume.")
+    fresh = "Run without --resume to start afresh (the journal is kept beside it as a .bak file)."
+    if not isinstance(header, dict) or "journal" not in header:
+        raise ProfileError(f"journal {path} is damaged: its first line is not an mbtune journal's header", hint=fresh)
+    if header.get("journal") != JOURNAL_VERSION:
+        by = f"mbtune {shorten(str(header['mbtune']))}" if "mbtune" in header else "an older mbtune"
+        raise ProfileError(f"journal {path} was written by {by} (journal format {short_repr(header.get('journal'))}; "
+                           f"this mbtune {__version__} reads format {JOURNAL_VERSION})",
+                           hint="Resume it with the mbtune that started it, or r" + fresh[1:])
     if not isinstance(header.get("config", {}), dict):
         raise ProfileError(f"journal {path} line 1: config is {short_repr(header['config'])}, expected an object",
                            hint=_BAD_JOURNAL)

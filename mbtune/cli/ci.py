@@ -66,7 +66,7 @@ def qualify(
     baseline: Annotated[Path | None, typer.Option("--baseline", help="Profile to re-run and compare against (profiles/<device>/<workload>.json).")] = None,
     spec: Annotated[Path | None, typer.Option("--spec", help="Qualification spec (TOML): workload, device, budget, sweep lists, thresholds.")] = None,
     tolerance: Annotated[str | None, typer.Option("--tolerance", help="Allowed shortfall against the baseline, e.g. 10% (default 10%, or the spec's).")] = None,
-    repeats: Annotated[int | None, typer.Option("--repeats", help="Runs of each sweep point, each in fresh processes; checks use the median and the spread over them (default 3, or the spec's).")] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", help="Runs of each sweep point, each in fresh processes; checks use the median and the spread over them (default: each point until its throughput is known, or the spec's).")] = None,
     allow_different_device: Annotated[bool, typer.Option("--allow-different-device", help="Compare against a baseline measured on another device model.")] = False,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write a JUnit XML file: one testcase per check.")] = None,
     profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = PROFILES / "qualify-runs",

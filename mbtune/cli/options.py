@@ -36,7 +36,7 @@ WorkloadOption = Annotated[list[str] | None, typer.Option("--option", "-O", help
 Device = Annotated[str, typer.Option("--device", "-d", envvar="MBTUNE_DEVICE", help="auto, cpu, cuda or cuda:N.")]
 
 
-Budget = Annotated[str | None, typer.Option("--memory-budget", help="Memory a trial may use, e.g. 3GiB. CPU: address-space cap; CUDA: per-process memory fraction (default: whole device).")]
+Budget = Annotated[str | None, typer.Option("--memory-budget", help="Memory a trial may use, e.g. 3GiB. CPU: the live tensor bytes of every thread, counted as a GPU's allocator counts them; CUDA: the per-process memory fraction (default: the whole device).")]
 
 
 Format = Annotated[str, typer.Option("--format", "-f", help="table (people), json or csv (machines).")]

@@ -317,12 +317,17 @@ def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
         if outcome.error_kind == HARNESS_FAULT:  # the worker's own words say what to do: the hint is never cut
             raise HarnessError(f"the trial at batch {size} could not start its worker process",
                                hint=why[:1].upper() + why[1:], detail=detail)
+        if outcome.status == NONFINITE and not state.passes:  # no size has trained yet: the workload's own loss
+            raise WorkloadBrokenError(f"the workload's loss is not finite in the first trial (batch {size}): "
+                                      f"{why.split(': ')[0]}", detail=detail,
+                                      hint="Make the workload's loss(outputs, targets) a finite mean over the batch: "
+                                           "check it, the batch maker's data and the learning rate.")
         if outcome.status == NONFINITE:
             raise TrialFailedError(f"the trial at batch {size} stopped: {why.split(': ')[0]}", detail=detail,
                                    hint="Training diverged, or the workload computes a non-finite loss: check its "
                                            "loss function, data and learning rate (this is not a memory limit).")
         if outcome.status == ERROR and not state.passes:
-            raise WorkloadBrokenError(f"the workload fails at batch {size} for a reason other than memory: {why}",
+            raise WorkloadBrokenError(f"the workload fails at batch {size} not for lack of memory: {why}",
                                       detail=outcome.error)
         hint = ("It was killed from outside (often the kernel's OOM killer: see dmesg); --resume runs it again."
                 if outcome.status == KILLED else None)

@@ -15,15 +15,15 @@ from typing import Any
 import torch
 
 from mbtune.device import classify_error, get_backend
-from mbtune.errors import NonFiniteLossError
+from mbtune.errors import MbtuneError, NonFiniteLossError
 from mbtune.probing.config import TrialConfig
 from mbtune.probing.records import TrialOutcome
 from mbtune.records import ERROR, HARNESS_FAULT, NONFINITE, OK, OOM, WORKLOAD_FAULT
 from mbtune.settings import INFER, TRAIN, lr_for
 from mbtune.training import autocast_for, create_optimizer_state, make_optimizer, on_device
 from mbtune.worker import failure_tail, run_isolated
-from mbtune.workloads import Workload, load_workload
-from mbtune.workloads.chain import batch_to, failed_block
+from mbtune.workloads import Workload, failed_part, load_workload
+from mbtune.workloads.chain import batch_to
 
 
 def run_training_trial(config: TrialConfig) -> TrialOutcome:
@@ -54,10 +54,11 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
         status, error, tail = NONFINITE, str(exc), _traceback_tail()
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
         status = classify_error(exc)
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        block = failed_block(exc)
-        if block is not None and status != OOM:
-            error = f"in block {block}: {error}"
+        error = (exc.message if isinstance(exc, MbtuneError) else
+                 "".join(traceback.format_exception_only(type(exc), exc)).strip())
+        part = failed_part(exc)
+        if part is not None and status != OOM:
+            error = f"in {part}: {error}" if part.startswith("block") else f"in the workload's {part}: {error}"
         tail = _traceback_tail()
         if os.environ.get("MBTUNE_DEBUG"):
             error += "\n" + traceback.format_exc()

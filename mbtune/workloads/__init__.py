@@ -80,6 +80,9 @@ class Workload:
                                     "pairs of two or more different blocks", hint=fix)
         # Members in block order: the first is the one the whole model names the tensor by (and its value).
         object.__setattr__(self, "ties", tuple(tuple(sorted((int(b), str(n)) for b, n in tie)) for tie in self.ties))
+        # Their failures name them, and a batch of the wrong form is refused saying what the form is.
+        object.__setattr__(self, "make_batch", _checked_batch_maker(self.name, self.make_batch))
+        object.__setattr__(self, "loss", _named_part(self.loss, "loss"))
 
     @classmethod
     def from_module(cls, build: Callable[[], nn.Module], *, make_batch: Callable[..., Any],
@@ -157,6 +160,62 @@ class Workload:
         with torch.device("meta"):
             return sum(p.numel() for index, build in enumerate(self.blocks)
                        for name, p in build().named_parameters() if (index, name) not in copies)
+
+
+BATCH_FORM = "not (inputs, targets) of tensors (inputs may be a tuple or dict of them)"
+
+
+BATCH_FIX = "Fix the workload's make_batch."
+
+
+def failed_part(exc: BaseException) -> str | None:
+    """The part of the workload an exception came from ("block 3", "loss", "batch maker"), or None."""
+    block = getattr(exc, "mbtune_block", None)
+    return f"block {block}" if block is not None else getattr(exc, "mbtune_part", None)
+
+
+def _named_part(function: Callable[..., Any], part: str) -> Callable[..., Any]:
+    """`function`, whose exceptions are marked as raised in `part` of the workload (their type unchanged:
+    an out-of-memory error stays one)."""
+    if getattr(function, "mbtune_part", None) == part:
+        return function
+
+    def named(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:
+            if failed_part(exc) is None:
+                exc.mbtune_part = part  # type: ignore[attr-defined]
+            raise
+
+    named.mbtune_part = part  # type: ignore[attr-defined]
+    return named
+
+
+def _checked_batch_maker(name: str, make_batch: Callable[..., Any]) -> Callable[..., Any]:
+    """The batch maker, refusing a batch that is not (inputs, targets) with one line that says the form."""
+    if getattr(make_batch, "mbtune_part", None) == "batch maker":
+        return make_batch
+    made = _named_part(make_batch, "batch maker")
+
+    def checked(batch_size: int, generator: Any) -> Any:
+        import torch
+
+        batch = made(batch_size, generator)
+        if not isinstance(batch, tuple | list) or len(batch) != 2:
+            got = f"{len(batch)} values" if isinstance(batch, tuple | list) else f"a {type(batch).__name__}"
+            raise WorkloadError(f"make_batch of {name!r} gave {got}, {BATCH_FORM}", hint=BATCH_FIX)
+        inputs, targets = batch
+        tensors = (list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
+                   if isinstance(inputs, tuple | list) else [inputs])
+        if not isinstance(targets, torch.Tensor) or not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+            kinds = ", ".join(sorted({type(t).__name__ for t in [*tensors, targets]}))
+            raise WorkloadError(f"make_batch of {name!r} gave {kinds}, {BATCH_FORM}",
+                                hint=BATCH_FIX)
+        return batch
+
+    checked.mbtune_part = "batch maker"  # type: ignore[attr-defined]
+    return checked
 
 
 def _set_parameter(module: nn.Module, name: str, parameter: nn.Parameter) -> None:

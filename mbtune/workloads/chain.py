@@ -126,11 +126,6 @@ def _mark_block(exc: BaseException, index: int) -> None:
             pass
 
 
-def failed_block(exc: BaseException) -> int | None:
-    """The block an exception raised in a Chain came from, or None."""
-    return getattr(exc, "mbtune_block", None)
-
-
 def check_output(value: Any, where: str) -> None:
     """Refuse an output the contract cannot hand over, naming the block."""
     items = value.values() if isinstance(value, dict) else value if isinstance(value, tuple | list) else (value,)

@@ -259,8 +259,10 @@ JOURNAL_LINES = [  # (line number to replace, its new content, what the message 
      "line 2: record.point.schedule"),
     (3, b'{"kind": "probe_trial", "record": {"status": "ok"}}', "line 3: record.batch_size is missing"),
     (1, b'{"journal": 2, "kind": "probe", "config": [1]}', "line 1: config is [1], expected an object"),
-    (1, b'{"journal": 1, "kind": "probe", "con', "is not readable"),
-    (1, b'{"journal": 99, "kind": "probe", "config": {}}', "is not readable"),
+    (1, b'{"journal": 1, "kind": "probe", "con', "is damaged: its first line is not an mbtune journal's header"),
+    (1, b'{"journal": 1, "kind": "probe", "config": {}}', "was written by an older mbtune (journal format 1; this"),
+    (1, b'{"journal": 99, "mbtune": "9.0", "kind": "probe", "config": {}}',
+     "was written by mbtune 9.0 (journal format 99; this mbtune"),
 ]
 
 

@@ -110,7 +110,7 @@ def test_non_memory_failure_is_never_counted_as_oom():
     run = fake_trials(below(10), status_on_fail="error")
     with pytest.raises(TrialFailedError, match="not out of memory"):
         search_ceiling(run, budget_bytes=budget_for(10))
-    with pytest.raises(WorkloadBrokenError, match="reason other than memory"):
+    with pytest.raises(WorkloadBrokenError, match="not for lack of memory"):
         search_ceiling(fake_trials(below(0), status_on_fail="error"), budget_bytes=100)
 
 
