@@ -10,7 +10,7 @@ import traceback
 
 from mbtune.cli.app import app
 from mbtune.cli.support import as_flag, on_interrupt, save_traceback
-from mbtune.errors import EXIT_COULD_NOT_RUN, Interrupted, MbtuneError
+from mbtune.errors import EXIT_BAD_INPUT, EXIT_COULD_NOT_RUN, Interrupted, MbtuneError
 from mbtune.quiet import quiet_library_logs, quiet_resource_tracker
 
 
@@ -45,10 +45,10 @@ def _run(argv: list[str] | None) -> None:
         if debug:
             traceback.print_exc()
         if type(exc).__name__ == "NoArgsIsHelpError":  # `mbtune` alone: the help, as the parser shows it
-            sys.stderr.write(exc.format_message() + "\n")
+            sys.stderr.write(getattr(exc, "format_message", exc.__str__)() + "\n")
         else:
             print_error(usage_line(exc, args))
-        sys.exit(exc.exit_code)
+        sys.exit(getattr(exc, "exit_code", EXIT_BAD_INPUT))
     except _aborts():
         print_error("aborted")
         sys.exit(1)
