@@ -271,35 +271,69 @@ def unwritable_output(inj: Injection) -> None:
 
 TUNE = ["tune", *SMALL, "--memory-budget", "200MiB", "--max-batch", "64", "-p", "2", "--schedules", "gpipe,1f1b",
         "-m", "2,4", "--accum", "1", "--steps", "2"]
-COMMANDS = {"probe": PROBE, "sweep": SWEEP, "tune": TUNE}
+SERVE = ["serve", *SMALL, "--p99", "1s", "--memory-budget", "200MiB", "--max-batch", "64", "--rates", "50,100",
+         "--max-batch-sizes", "4,8", "--queue-delays", "0,2ms", "--max-windows", "3", "--min-requests", "0",
+         "--window", "0.3s"]
+COMMANDS = {"probe": PROBE, "sweep": SWEEP, "tune": TUNE, "serve": SERVE}
+# Where in a run the signal comes: the probe's third trial, or (tune) the sweep's first point after the probe.
+PHASES = {"probe": "trial 3:", "sweep phase": "-> ok (", "serve": "trial 3:"}
 STOPPED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGKILL: -signal.SIGKILL}
+# A finished run's exit codes: qualify's verdicts (0 pass, 1 a check failed, 4 inconclusive) are all complete.
+COMPLETED = {"qualify": (0, 1, 4)}
+ROW_KINDS = ("probe_trial", "sweep_point", "service_curve", "serve_config")
 
 
-def stop_then_resume(command: str, signum: int) -> Callable[[Injection], None]:
-    """A signal mid-run, then --resume: the documented exit code, every journaled trial or point kept and
-    replayed, and the resumed run completes."""
+def qualify_args(inj: Injection) -> list[str]:
+    """A qualification against a tuned baseline made first (in its own folder: its rows are not counted)."""
+    baseline_dir = inj.work / "baseline"
+    if not list(baseline_dir.glob("*/mlp.json")):
+        made = inj.run(*TUNE, "--profiles-dir", str(baseline_dir), "--repeats", "1")
+        inj.check(made.returncode == 0, "expected the baseline's tune to exit 0", made)
+    [baseline] = list(baseline_dir.glob("*/mlp.json")) or [baseline_dir / "missing.json"]
+    return ["qualify", "--baseline", str(baseline), "--tolerance", "90%", "--repeats", "1"]
+
+
+def read_until(process: subprocess.Popen, marker: str, after: int = 0) -> bytes:
+    """What the process wrote to stderr until `marker` showed (after `after` bytes), read unbuffered."""
+    seen = b""
+    while marker.encode() not in seen[after:] and (chunk := os.read(process.stderr.fileno(), 4096)):
+        seen += chunk
+    return seen
+
+
+def rows_of(report: dict) -> list[dict]:
+    """Every finished row a json report holds: probe trials, sweep results, serve's curve and runs."""
+    parts = [report, *(report.get(k) or {} for k in ("probe", "sweep", "serve"))]
+    parts += [part.get("ceiling") or {} for part in list(parts)]
+    rows = [r for part in parts for key in ("trials", "results", "runs") for r in part.get(key) or []]
+    return rows + [part["curve"] for part in parts if isinstance(part.get("curve"), dict)]
+
+
+def stop_then_resume(command: str, signum: int, phase: str | None = None) -> Callable[[Injection], None]:
+    """A signal mid-run (in `phase`), then --resume: the documented exit code, every journaled trial or point
+    kept and replayed, and the resumed run completes."""
     def inject(inj: Injection) -> None:
-        args = [*COMMANDS[command], "--profiles-dir", str(inj.profiles)]
+        base = qualify_args(inj) if command == "qualify" else COMMANDS[command]
+        args = [*base, "--profiles-dir", str(inj.profiles)]
         process = inj.start(*args)
-        seen = b""
-        while b"trial 3:" not in seen and (chunk := os.read(process.stderr.fileno(), 4096)):
-            seen += chunk
+        seen = read_until(process, "trial 3:")
+        if phase == "sweep phase":
+            seen += read_until(process, PHASES[phase], after=len(seen))
         process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=180)
         result = subprocess.CompletedProcess(process.args, process.returncode, stdout, seen.decode() + stderr)
         inj.reap()
         inj.check(result.returncode == STOPPED[signum], f"expected exit {STOPPED[signal.Signals(signum)]}", result)
-        journaled = [r for kind in ("probe_trial", "sweep_point") for r in journal_records(inj.profiles, kind)]
+        journaled = [r for kind in ROW_KINDS for r in journal_records(inj.profiles, kind)]
         resumed = inj.run(*args, "--resume", "--format", "json")
         replayed = resumed.stderr.count("replayed from the journal")
-        inj.check(resumed.returncode == 0 and replayed == len(journaled),
-                  f"expected the resume to exit 0 and replay {len(journaled)} records, replayed {replayed}", resumed)
-        if resumed.returncode == 0:
+        completed = resumed.returncode in COMPLETED.get(command, (0,))
+        inj.check(completed and replayed == len(journaled),
+                  f"expected the resume to complete and replay {len(journaled)} records, replayed {replayed}", resumed)
+        if completed:
             report = json.loads(resumed.stdout)
-            parts = [report, report.get("probe") or {}, report.get("sweep") or {}]
-            rows = [r for part in parts for key in ("trials", "results") for r in part.get(key) or []]
-            inj.lost += sum(record not in rows for record in journaled)
-    inject.__doc__ = f"{signal.Signals(signum).name} during {command}, then --resume."
+            inj.lost += sum(record not in rows_of(report) for record in journaled)
+    inject.__doc__ = f"{signal.Signals(signum).name} during {command}{f' ({phase})' if phase else ''}, then --resume."
     return inject
 
 
@@ -315,16 +349,59 @@ def killed_trial_runs_again(inj: Injection) -> None:
               resumed)
 
 
-def two_writers(inj: Injection) -> None:
-    """A second run on the profile another is writing: exit 3; the first finishes and saves intact."""
-    first, seen = start_sweep_until(inj, "trial 1:")
-    second = inj.run(*SWEEP, "--profiles-dir", str(inj.profiles))
-    first.send_signal(signal.SIGINT)
-    first.communicate(timeout=120)
-    saved_profiles = list(inj.profiles.glob("*/mlp.json"))
-    intact = bool(saved_profiles) and json.loads(saved_profiles[0].read_text())["sweep"]["interrupted"] is True
-    inj.check(second.returncode == 3 and "another mbtune run is writing" in second.stderr and first.returncode == 130
-              and intact, "expected the second writer refused and the first saved", second)
+def two_writers(command: str) -> Callable[[Injection], None]:
+    """A second run on the profile another is writing: exit 3; the first, stopped, resumes and completes."""
+    def inject(inj: Injection) -> None:
+        base = qualify_args(inj) if command == "qualify" else [*SWEEP] if command == "sweep" else COMMANDS[command]
+        args = [*base, "--profiles-dir", str(inj.profiles)]
+        first = inj.start(*args)
+        read_until(first, "trial 1:")
+        second = inj.run(*args)
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=120)
+        resumed = inj.run(*args, "--resume")
+        inj.check(second.returncode == 3 and "another mbtune run is writing" in second.stderr
+                  and first.returncode == 130, "expected the second writer refused and the first stopped", second)
+        inj.check(resumed.returncode in COMPLETED.get(command, (0,)), "expected the first run to resume", resumed)
+    inject.__doc__ = f"Two runs of {command} on one profile."
+    return inject
+
+
+def full_disk(inj: Injection) -> None:
+    """The profiles folder's disk fills mid-sweep: the run ends in one line, nothing it reported finished is
+    lost once there is room again, and --resume completes."""
+    disk = inj.work / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        inj.problems.append("not injected: mounting a small tmpfs needs root")
+        return
+    try:
+        args = [*SWEEP, "--profiles-dir", str(disk / "profiles")]
+        process = inj.start(*args)
+        seen = read_until(process, "trial 3:")
+        filler = disk / "filler"
+        with open(filler, "wb") as handle:
+            try:
+                while True:
+                    handle.write(b"\0" * 65536)
+                    handle.flush()
+            except OSError:
+                pass
+        stdout, stderr = process.communicate(timeout=300)
+        result = subprocess.CompletedProcess(process.args, process.returncode, stdout, seen.decode() + stderr)
+        inj.reap()
+        lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+        inj.check(result.returncode != 0 and len(lines) == 1 and "Traceback" not in stderr,
+                  "expected the run to end with one error line", result)
+        filler.unlink()
+        inj.profiles.mkdir(parents=True, exist_ok=True)
+        finished_rows = finished(result.stderr)
+        resumed = inj.run(*args, "--resume", "--format", "json")
+        inj.check(resumed.returncode == 0, "expected the resume to complete", resumed)
+        kept = Counter(row_label("sweep_point", r) for r in json.loads(resumed.stdout or "{}").get("results", []))
+        inj.lost += sum((finished_rows - kept).values())
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def hand_edited_profile(inj: Injection) -> None:
@@ -359,9 +436,18 @@ FAULTS: list[tuple[str, Callable[[Injection], None]]] = [
     ("NVML missing", nvml_missing),
     ("unwritable --profiles-dir", unwritable_output),
     *[(f"{signal.Signals(signum).name} mid-{command}, then --resume", stop_then_resume(command, signum))
-      for command in COMMANDS for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)],
+      for command in ("probe", "sweep", "tune") for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                                                                 signal.SIGKILL)],
+    ("rank SIGKILLed mid-step", rank_fault("rank_killed_once", "killed")),
+    ("rank SIGSTOPped mid-step", rank_fault("rank_stopped_once", "timeout")),
+    *[(f"{signal.Signals(signum).name} mid-{name}, then --resume", stop_then_resume(command, signum, phase))
+      for name, command, phase in (("tune's sweep", "tune", "sweep phase"), ("serve", "serve", None),
+                                   ("qualify", "qualify", None))
+      for signum in (signal.SIGINT, signal.SIGKILL)],
+    ("full disk mid-sweep, then --resume", full_disk),
     ("trial killed from outside, resumed", killed_trial_runs_again),
-    ("two writers of one profile", two_writers),
+    *[(f"two writers of one {command} profile", two_writers(command))
+      for command in ("probe", "sweep", "tune", "serve", "qualify")],
     ("hand-edited profile", hand_edited_profile),
 ]
 
@@ -442,7 +528,6 @@ def main() -> int:
         print(f"\nNOT SURVIVED: {name} (rows lost {injection.lost}, orphans {sorted(injection.left)})")
         for problem in injection.problems:
             print(f"  - {problem}")
-    print("not injected: a full disk at save time (it needs a small tmpfs mounted, which needs root)")
     return 1 if failures or (not args.skip_inputs and wrong) else 0
 
 

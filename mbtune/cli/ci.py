@@ -22,6 +22,7 @@ from mbtune.cli.options import (
     Optimizer,
     Output,
     RdzvEndpoint,
+    Resume,
     S,
     Save,
     Seed,
@@ -34,6 +35,7 @@ from mbtune.cli.support import (
     check_format,
     check_output,
     check_outputs,
+    check_resume,
     launch_settings,
     lead_or_follow,
     printing_to,
@@ -71,6 +73,7 @@ def qualify(
     junit: Annotated[Path | None, typer.Option("--junit", help="Write a JUnit XML file: one testcase per check.")] = None,
     profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = PROFILES / "qualify-runs",
     save: Save = True,
+    resume: Resume = False,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
     launcher: Launcher = S.launcher,
     nnodes: NNodes = None,
@@ -89,6 +92,7 @@ def qualify(
     from mbtune.units import parse_fraction
 
     fmt = check_format(format, allowed=("table", "json"))
+    check_resume(resume, save)
     check_outputs(files={"--junit": junit})
     launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
     lead_or_follow(launch)  # before the spec and baseline are read: only node 0 needs those files
@@ -101,7 +105,7 @@ def qualify(
         plan = QualifySpec(baseline=path, tolerance=QualifySpec.tolerance if share is None else share,
                            allow_different_device=allow_different_device)
     verdict = with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=target_folder(profiles_dir, save),
-                                                               repeats=repeats, launch=launch))
+                                                               repeats=repeats, launch=launch, resume=resume))
     if junit is not None:
         write_junit(verdict, junit)
     print_verdict(make_console(), verdict, fmt)

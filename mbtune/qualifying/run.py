@@ -36,7 +36,7 @@ _RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
 
 def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
                 profiles_dir: Path | None, repeats: int | None = None,
-                launch: dict[str, Any] | None = None) -> Verdict:
+                launch: dict[str, Any] | None = None, resume: bool = False) -> Verdict:
     """Re-run a baseline's (or a spec's) probe and sweep here and judge them: PASS, FAIL, INCONCLUSIVE or
     ERROR per check (see mbtune.qualifying.judge). Each sweep point runs `repeats` times, each in fresh
     processes, or by default until the 95% interval of its throughput is a quarter of the tolerance wide
@@ -44,7 +44,8 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
 
     Bad input (an unreadable baseline, another device model) raises; a run that cannot complete (no
     device, a crash, a trial killed) becomes an ERROR check, so CI gets a verdict either way. `launch`:
-    the SweepConfig launcher fields (--launcher torchrun and its nodes) the sweep runs with."""
+    the SweepConfig launcher fields (--launcher torchrun and its nodes) the sweep runs with; `resume`: continue
+    an interrupted qualification from its runs' journals."""
     from mbtune.device import resolve_device
     from mbtune.profiles import load_profile
     from mbtune.qualifying import judge as qualify
@@ -74,9 +75,9 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
         if probe_config is None:
             pass  # a serving spec alone
         elif sweep_config is None:
-            probe = run_probe(probe_config, progress, profiles_dir=profiles_dir).probe
+            probe = run_probe(probe_config, progress, profiles_dir=profiles_dir, resume=resume).probe
         else:
-            outcome = run_tune(probe_config, sweep_config, progress, profiles_dir=profiles_dir)
+            outcome = run_tune(probe_config, sweep_config, progress, profiles_dir=profiles_dir, resume=resume)
             probe, sweep = outcome.probe, outcome.sweep
     except MbtuneError as exc:
         if not (isinstance(exc, _RUN_FAILURES) or exc.exit_code == EXIT_COULD_NOT_RUN):
@@ -84,7 +85,7 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
         probe_error = exc.one_line()
     serve, serve_error = None, None
     if spec.serve is not None:
-        serve, serve_error = _qualify_serve(spec, progress, profiles_dir) if info else (None, probe_error)
+        serve, serve_error = _qualify_serve(spec, progress, profiles_dir, resume) if info else (None, probe_error)
     checks = qualify.run_errors(probe_error, sweep)
     if baseline is not None:
         checks += qualify.against_baseline(baseline.probe, baseline.sweep, probe, sweep, tolerance=spec.tolerance)
@@ -101,14 +102,14 @@ def _serve_device(spec: QualifySpec) -> str:
     return spec.serve.device
 
 
-def _qualify_serve(spec: QualifySpec, progress: TrialProgress | None,
-                   profiles_dir: Path | None) -> tuple[ServeReport | None, str | None]:
+def _qualify_serve(spec: QualifySpec, progress: TrialProgress | None, profiles_dir: Path | None,
+                   resume: bool) -> tuple[ServeReport | None, str | None]:
     """The spec's serving run, or why it could not complete (an ERROR check, as a probe's would be)."""
     from mbtune.session import run_serve
 
     assert spec.serve is not None
     try:
-        return run_serve(spec.serve, progress, profiles_dir=profiles_dir).serve, None
+        return run_serve(spec.serve, progress, profiles_dir=profiles_dir, resume=resume).serve, None
     except MbtuneError as exc:
         if not (isinstance(exc, _RUN_FAILURES) or exc.exit_code == EXIT_COULD_NOT_RUN):
             raise
