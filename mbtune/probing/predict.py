@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from mbtune.device.cuda import training_workspace_bytes
+from mbtune.errors import WorkloadError
 from mbtune.probing.config import TrialConfig
 from mbtune.probing.records import CeilingPrediction
-from mbtune.workloads import Workload, load_workload
+from mbtune.workloads import Workload, failed_part, load_workload
 
 # The sizes the line is fitted through, in granules: far enough apart that the fixed part (weights and
 # optimizer state) does not blur the slope, small enough to predict in a second or two.
@@ -63,7 +64,13 @@ def predict_ceiling(config: TrialConfig, budget_bytes: int, granularity: int,
 
     def peak(size: int) -> int:
         if size not in peaks:
-            peaks[size] = predict_trial_peak(replace(config, batch_size=size), workload)
+            try:
+                peaks[size] = predict_trial_peak(replace(config, batch_size=size), workload)
+            except Exception as exc:  # the workload's error, told as the trials tell it: naming its part
+                part = failed_part(exc)
+                if part is None:
+                    raise
+                raise WorkloadError(f"in {part}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
         return peaks[size]
 
     if config.device.startswith("cuda"):

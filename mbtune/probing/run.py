@@ -139,7 +139,7 @@ def _predicted(config: ProbeConfig, device: str, recompute: str, budget: int, wa
                           timeout_s=config.load_timeout_s + config.trial_timeout_s)
     if progress:
         progress.end_trial(result.status, f"batch {result.value.ceiling}" if result.status == OK and result.value
-                           else "")
+                           else "" if result.status == OK else result.cause)
     if result.status != OK:
         warnings.append(f"the ceiling could not be predicted before the trials ({result.cause}); the search started "
                         "from one granule")
