@@ -34,6 +34,7 @@ from tests.fixtures.processes import orphans  # noqa: E402
 
 TWO_POINTS = ["-d", "cpu", "-p", "2", "--schedules", "gpipe", "-m", "2,4", "--accum", "1", "--micro-batch-size", "2",
               "--steps", "1", "--format", "json"]
+ORPHANS_AFTER_S = 5.0  # a run's processes must all be gone this long after it ended
 TRIAL_LINE = re.compile(r"^\s*trial (\d+): (.+?) -> (\w+)", re.MULTILINE)
 
 
@@ -80,8 +81,8 @@ class Injection:
         return not (self.problems or self.lost or self.left)
 
     def reap(self) -> None:
-        """Add the tagged processes still alive to the orphans."""
-        self.left |= orphans(self.tag)
+        """Add the tagged processes still alive 5 s after the run ended to the orphans."""
+        self.left |= orphans(self.tag, wait_s=ORPHANS_AFTER_S)
 
 
 def describe(result: subprocess.CompletedProcess) -> str:

@@ -167,8 +167,8 @@ def _describe(value: Any) -> str:
 
 
 def _crosses(value: Any) -> str:
-    """Whether a block's output can be a stage's hand-over: "yes", or "no: why". Every dtype crosses (the stages
-    are given their shapes, so no stage runs on an uninitialised buffer); only tensors do."""
+    """Whether a block's output can be a stage's hand-over: "yes", or "no: why". Every dtype crosses (torch's
+    shape inference runs a stage on buffers of zeros: pipeline/schedules.py); only tensors do."""
     import torch
 
     from mbtune.workloads.chain import tensors_of

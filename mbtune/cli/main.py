@@ -39,8 +39,7 @@ def _run(argv: list[str] | None) -> None:
         with stdout_for_documents() if asks_for_document(args) else contextlib.nullcontext():
             # Not standalone: a value the command line cannot parse comes here, to be told in mbtune's one line.
             code = app(args=argv, prog_name="mbtune", standalone_mode=False)
-        if isinstance(code, int) and code:  # typer.Exit(code) and --help's exit
-            sys.exit(code)
+        sys.exit(code if isinstance(code, int) else 0)  # typer.Exit(code), --help's exit, or done: as the parser would
     except _command_line_errors() as exc:  # the command line itself: an unknown flag, a value of the wrong type
         if debug:
             traceback.print_exc()

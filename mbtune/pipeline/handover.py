@@ -1,10 +1,5 @@
-"""What crosses a stage boundary: the module a stage runs, the shapes its hand-overs have, and an audit of
-what each boundary sent and received.
-
-Stage shapes are given to torch before the first step, from one forward of the chain on fake tensors (shapes,
-dtypes and strides, no memory). Left to itself, torch infers them by running each stage's forward on
-uninitialised buffers, where an integer hand-over (targets, position ids, a mask) holds garbage: an index out
-of range there ends the run, and one inside it computes on values nobody sent.
+"""What crosses a stage boundary: the module a stage runs, the shapes its hand-overs have (traced on fake
+tensors where memory is predicted), and an audit of what each boundary sent and received.
 
 The audit (`mbtune check` only): every tensor a stage sends or receives, forward and backward, is recorded
 as its dtype, shape and a digest of its bytes, keyed by the stage's forward count and the tensor's position;
@@ -82,21 +77,6 @@ def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequen
     return shapes
 
 
-def given_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequence[int]],
-                 keys: Sequence[tuple[str, ...] | None], device: torch.device) -> dict[int, StageShapes]:
-    """Every stage's shapes as meta tensors (no values, nothing to free), traced on fake tensors."""
-    from mbtune.device.tensor_bytes import fake_tensors
-
-    with fake_tensors():
-        traced = stage_shapes(spec, workload, blocks, keys, device)
-        return {stage: (_metas(args), _metas(outs)) for stage, (args, outs) in traced.items()}
-
-
-def _metas(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta").requires_grad_(t.requires_grad)
-                 for t in tensors)
-
-
 @dataclass(frozen=True)
 class Crossing:
     """One tensor at one side of a boundary: which stage, which way, which forward of it, which position."""
@@ -130,7 +110,12 @@ class Audited(nn.Module):
         super().__init__()
         self.inner, self.stage, self.first, self.last = inner, stage, first, last
         self.calls = 0
+        self.armed = False  # the next forward is a schedule's micro-batch, not torch's shape inference
         self.crossings: list[Crossing] = []
+
+    def arm(self, microbatch: int) -> None:
+        """The schedule is about to compute `microbatch`'s forward (pipeline/schedules.py on_forward_chunk)."""
+        self.armed = True
 
     def _record(self, direction: str, side: str, call: int, position: int, tensor: torch.Tensor) -> None:
         dtype, shape, digest = fingerprint(tensor)
@@ -145,6 +130,9 @@ class Audited(nn.Module):
             handle = tensor.register_hook(seen)
 
     def forward(self, *tensors: torch.Tensor) -> Any:
+        if not self.armed:  # torch's shape inference runs the stage on buffers of zeros: nothing was sent
+            return self.inner(*tensors)
+        self.armed = False
         call, self.calls = self.calls, self.calls + 1
         if not self.first:
             for i, tensor in enumerate(tensors):

@@ -22,7 +22,8 @@ from torch import nn
 
 from mbtune.device.tensor_bytes import TensorBytes, paused
 from mbtune.errors import NonFiniteLossError
-from mbtune.pipeline.handover import Audited, StageShapes, given_shapes, stage_module, step_batch
+from mbtune.pipeline.action_timer import ActionTimer
+from mbtune.pipeline.handover import Audited, StageShapes, stage_module, step_batch
 from mbtune.pipeline.rank_device import (
     count_memory,
     device_uuid,
@@ -33,7 +34,7 @@ from mbtune.pipeline.rank_device import (
     stop_counting,
     timing_event,
 )
-from mbtune.pipeline.schedules import ActionTimer, build_schedule, build_stage, run_schedule_step
+from mbtune.pipeline.schedules import build_schedule, build_stage, on_forward_chunk, run_schedule_step
 from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.split import StageBlocks, split_blocks
 from mbtune.pipeline.theory import stage_to_rank, stages_of_rank
@@ -164,11 +165,9 @@ class _RankRun:
         self.has_first = 0 in self.stage_indices
         self.has_last = spec.num_model_stages - 1 in self.stage_indices
         self.timer = ActionTimer(new_event=timing_event if device.type == "cuda" else None)
-        with paused(count):  # a trace of keys and shapes, not training memory
-            if keys is None:
+        if keys is None:
+            with paused(count):  # a trace of shapes, not training memory
                 keys = handover_keys(workload, spec.seed) if spec.num_model_stages > 1 else ()
-            if stage_shapes is None and spec.num_model_stages > 1:  # given: torch never runs a stage on garbage
-                stage_shapes = given_shapes(spec, workload, all_blocks, keys, device)
         last = spec.num_model_stages - 1
         self.audits = [Audited(stage_module(spec, m, b, keys, device, last=s == last), stage=s, first=s == 0,
                                last=s == last) if spec.capture_grads else None
@@ -177,8 +176,10 @@ class _RankRun:
                               num_model_stages=spec.num_model_stages, device=device, group=pipeline_group,
                               shapes=(stage_shapes or {}).get(s))
                   for audit, m, s, b in zip(self.audits, self.modules, self.stage_indices, self.blocks)]
-        for stage in stages:
+        for stage, audit in zip(stages, self.audits):
             self.timer.instrument(stage)
+            if audit is not None:
+                on_forward_chunk(stage, audit.arm)
         self.stages = stages
         self.schedule = build_schedule(spec.schedule, stages, num_microbatches=spec.num_microbatches,
                                        loss_fn=self.timer.wrap_loss(self._scaled_loss))

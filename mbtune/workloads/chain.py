@@ -12,8 +12,8 @@ arithmetic), else on the CPU (`handover_keys`). A sent tensor must be contiguous
 zero-bubble schedules detach it in place after the backward, which a view refuses): such tensors are
 copied. Coming back, a received tensor's gradient is made contiguous too (a block that transposes what it
 received would otherwise send a transposed gradient). Every dtype crosses (int64 targets and position ids,
-bool masks, bfloat16 and float16): the stages are given their shapes before the first step
-(pipeline/handover.py), so no stage runs on an uninitialised buffer. What the contract cannot carry: values
+bool masks, bfloat16 and float16): torch's shape inference runs each stage on buffers of zeros, not on
+uninitialised ones (pipeline/schedules.py). What the contract cannot carry: values
 that are not tensors, and shapes that change from micro-batch to micro-batch.
 """
 

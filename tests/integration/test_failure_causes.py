@@ -14,7 +14,7 @@ import textwrap
 import pytest
 from rich.console import Console
 
-from mbtune.errors import TrialFailedError
+from mbtune.errors import WorkloadBrokenError
 from mbtune.probing.config import ProbeConfig, TrialConfig
 from mbtune.probing.run import probe_workload
 from mbtune.probing.trial import run_trial
@@ -65,11 +65,12 @@ def test_a_nan_loss_ends_the_trial_as_nonfinite_at_its_step():
     json.dumps(outcome.to_dict(), allow_nan=False)
 
 
-def test_a_probe_of_a_nan_loss_stops_with_exit_3_not_an_oom():
-    with pytest.raises(TrialFailedError) as raised:
+def test_a_probe_of_a_loss_that_is_nan_from_the_first_step_is_a_workload_defect_not_an_oom():
+    with pytest.raises(WorkloadBrokenError) as raised:
         probe_workload(ProbeConfig(workload=f"{FIXTURES}:nan_loss", device="cpu", max_batch=8, threads=1))
-    assert re.fullmatch(r"the trial at batch \d+ stopped: the loss is nan at step 1", raised.value.message)
-    assert "not a memory limit" in raised.value.hint and raised.value.exit_code == 3
+    assert re.fullmatch(r"the workload's loss is not finite in the first trial \(batch \d+\): the loss is nan at "
+                        r"step 1", raised.value.message)
+    assert "loss(outputs, targets)" in raised.value.hint and raised.value.exit_code == 2
 
 
 def test_a_nan_loss_sweep_point_fails_with_its_reason_and_the_json_stays_valid():

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from mbtune.actions import BACKWARD, FORWARD, LOSS
-from mbtune.pipeline.schedules import ActionTimer, event_offsets_s
+from mbtune.pipeline.action_timer import ActionTimer, event_offsets_s
 
 
 class FakeDevice:

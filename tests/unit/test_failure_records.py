@@ -38,10 +38,13 @@ def test_nonfinite_is_a_status_of_its_own():
 def test_a_probe_stops_on_a_nonfinite_loss_with_no_usable_result():
     nan = TrialOutcome(status="nonfinite", batch_size=0, error="the loss is nan at step 2: training diverged",
                        error_kind="workload")
-    for below in (1, 4):  # at the first trial, and after sizes that ran
-        with pytest.raises(TrialFailedError) as caught:
-            search_ceiling(_failing(nan, below), max_batch=64)
-        assert re.fullmatch(r"the trial at batch \d+ stopped: the loss is nan at step 2", caught.value.message)
+    with pytest.raises(TrialFailedError) as caught:  # after sizes that trained: the run diverged (exit 3)
+        search_ceiling(_failing(nan, 4), max_batch=64)
+    assert re.fullmatch(r"the trial at batch \d+ stopped: the loss is nan at step 2", caught.value.message)
+    with pytest.raises(WorkloadBrokenError) as broken:  # at the first trial: the workload's own loss (exit 2)
+        search_ceiling(_failing(nan, 1), max_batch=64)
+    assert re.fullmatch(r"the workload's loss is not finite in the first trial \(batch \d+\): the loss is nan at "
+                        r"step 2", broken.value.message) and broken.value.exit_code == 2
 
 
 def test_a_probe_reports_a_harness_failure_as_the_harness_not_the_workload():

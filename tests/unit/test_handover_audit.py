@@ -57,3 +57,17 @@ def test_a_changed_dtype_is_named_and_a_forward_that_never_arrived_is_a_differen
     lost = [_crossing(0, FORWARD, SENT, 0, 0, sent)]
     assert first_difference(lost) == (0, "stage 0 sent int64 (4,) forward (micro-batch 0, tensor 0) and stage 1 "
                                          "received nothing")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.float32, torch.bfloat16])
+def test_torch_shape_inference_runs_a_stage_on_zeros_not_on_an_uninitialised_buffer(dtype):
+    import mbtune.pipeline.schedules  # noqa: F401 - importing it makes the buffers zeros
+
+    utils = pytest.importorskip("torch.distributed.pipelining._utils")
+    if not hasattr(utils, "_TensorMeta"):
+        pytest.skip("this torch infers shapes without metadata buffers")
+    meta = utils._TensorMeta.from_tensor(torch.ones(64, 33, dtype=dtype))
+    for _ in range(20):  # memory just freed holds sevens: an uninitialised buffer in its place would too
+        junk = torch.full((64, 33), 7, dtype=dtype)
+        del junk
+        assert not meta.to_tensor("cpu").any()
