@@ -11,6 +11,7 @@ well-formed entry is reported, naming the line and the field, rather than silent
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import fcntl
 import json
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mbtune.atomic import write_atomic
-from mbtune.errors import ConfigError, ProfileError, RunLockedError
+from mbtune.errors import EXIT_COULD_NOT_RUN, ConfigError, ProfileError, RunLockedError
 from mbtune.probing.records import ProbeResult, TrialOutcome
 from mbtune.profiles import profile_path, save_results
 from mbtune.records import KILLED, DeviceInfo, Record, RecordFieldError, short_repr, shorten
@@ -78,7 +79,10 @@ class RunStore:
 
     def __exit__(self, *exc: object) -> None:
         if self._journal is not None:
-            self._journal.close()
+            try:
+                self._journal.close()
+            except OSError:  # a full disk: what could be written was (record says so), the rest cannot be
+                pass
             if not _holds_records(self.journal_path):
                 self.journal_path.unlink(missing_ok=True)  # nothing was measured: nothing to resume
         if self._lock is not None:
@@ -89,10 +93,19 @@ class RunStore:
         return list(self._replay.get(kind, []))
 
     def record(self, kind: str, record: dict[str, Any]) -> None:
-        """Append one finished trial and force it to disk."""
-        self._journal.write(json.dumps({"kind": kind, "record": record}) + "\n")
-        self._journal.flush()
-        os.fsync(self._journal.fileno())
+        """Append one finished trial and force it to disk. A disk that cannot take it ends the run: what was
+        journaled before stays (a cut last line is dropped on resume), this trial runs again on resume."""
+        try:
+            self._journal.write(json.dumps({"kind": kind, "record": record}) + "\n")
+            self._journal.flush()
+            os.fsync(self._journal.fileno())
+        except OSError as exc:
+            error = ProfileError(f"cannot write the journal {self.journal_path}: {exc.strerror or exc}; what "
+                                 "finished before it is kept there",
+                                 hint="Free space on that disk (or fix it), then rerun with --resume.")
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS):  # the machine's, not the input's
+                error.exit_code = EXIT_COULD_NOT_RUN
+            raise error from exc
 
     def save(self, *, command_line: str, probe: ProbeResult | None = None,
              sweep: SweepReport | None = None, serve: ServeReport | None = None) -> Path:
