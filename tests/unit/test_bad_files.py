@@ -3,6 +3,7 @@ names the file and the field (trials[3].status), what it holds and what was expe
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -480,3 +481,33 @@ def test_a_profile_write_failure_is_a_profile_error_and_leaves_nothing(tmp_path,
     with pytest.raises(ProfileError, match="cannot write profile .*Permission denied"):
         write_profile(tmp_path / "gpt.json", sample_profile())
     assert list(tmp_path.iterdir()) == []
+
+
+class _FullDisk:
+    """A journal file whose disk fills after `room` more bytes: writes past it fail as a full disk does."""
+
+    def __init__(self, handle: Any, room: int) -> None:
+        self.handle, self.room = handle, room
+
+    def write(self, text: str) -> int:
+        if len(text) > self.room:
+            self.handle.write(text[:self.room])  # the part that fitted, as a real write would leave it
+            self.handle.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(text)
+        return self.handle.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+
+def test_a_full_disk_under_the_journal_ends_the_run_keeping_what_finished_for_resume(tmp_path):
+    store = RunStore(tmp_path, DEVICE, "mlp", kind="probe", config=CONFIG, resume=False)
+    with pytest.raises(ProfileError) as full, store:
+        store.record("probe_trial", trial())
+        store._journal = _FullDisk(store._journal, room=40)
+        store.record("probe_trial", trial(batch_size=8))
+    assert full.value.exit_code == 3 and "No space left on device" in full.value.message
+    assert "--resume" in full.value.hint
+    replayed = resume(tmp_path).replayed("probe_trial")  # the cut line dropped, the finished trial kept
+    assert [t["batch_size"] for t in replayed] == [4]
