@@ -472,7 +472,8 @@ def bad_inputs() -> tuple[int, int, list[str]]:
                 problems = [p for p, bad in (
                     (f"exit {result.returncode}", result.returncode != 2),
                     (f"{len(lines)} lines on stderr", len(lines) != 1 or "Traceback" in result.stderr),
-                    (f"no {expect!r} in the line", bool(lines) and expect.lower() not in lines[-1].lower()),
+                    (f"no {expect!r} in the line",
+                     bool(lines) and expect.replace("{dir}", folder).lower() not in lines[-1].lower()),
                     ("a file was written", bool(list(Path(scratch).iterdir()))
                      or sorted(p.name for p in inputs.iterdir()) != before)) if bad]
                 if problems:

@@ -1,5 +1,6 @@
-"""Output paths (--junit, --trace, --plot, -o) are checked before anything is measured: a path that
-cannot be written is bad input, found in a second rather than after an hour of measuring."""
+"""Paths given on the command line are checked before anything is measured, each error naming its flag:
+an output (--junit, --trace, --plot, -o) that cannot be written, an input (--baseline, --spec, --config,
+--from-profile) that cannot be read, is bad input found in a second rather than after an hour of measuring."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def check_writable(path: Path | str, *, flag: str, folder: bool = False) -> None
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{what} {path} cannot be created: {existing} is not writable",
                           hint="Choose a path you can write to.")
+
+
+def check_readable(path: Path | str, *, flag: str, hint: str) -> None:
+    """Raise ConfigError, naming `flag`, unless `path` is a file this process can read."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{flag} {path} does not exist", hint=hint)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder", hint=hint)
+    if not os.access(path, os.R_OK):
+        raise ConfigError(f"{flag} {path} is not readable", hint="Choose a file you can read.")

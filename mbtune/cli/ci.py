@@ -32,7 +32,10 @@ from mbtune.cli.options import (
     WorkloadOption,
 )
 from mbtune.cli.support import (
+    PROFILE_HINT,
+    TOML_HINT,
     check_format,
+    check_inputs,
     check_output,
     check_outputs,
     check_resume,
@@ -92,6 +95,7 @@ def qualify(
     from mbtune.units import parse_fraction
 
     fmt = check_format(format, allowed=("table", "json"))
+    check_inputs({"--baseline": (baseline, PROFILE_HINT), "--spec": (spec, TOML_HINT)})
     check_resume(resume, save)
     check_outputs(files={"--junit": junit})
     launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
@@ -176,6 +180,7 @@ def check(
         validated = validate_workload(workload, parse_options(option or []), seed=seed, timeout_s=timeout)
         print_validation(make_console(), validated, fmt)
         raise typer.Exit(0 if validated.status == "PASS" else EXIT_CHECK_FAILED)
+    check_inputs({"--from": (from_profile, PROFILE_HINT)})
     if from_profile is not None:
         config = check_config_from_profile(from_profile, rank, device=device, timeout_s=timeout,
                                            load_timeout_s=load_timeout, seed=seed, lr=lr)

@@ -192,6 +192,19 @@ def check_outputs(*, plot_dir: Path | None = None, files: dict[str, Path | None]
             check_writable(path, flag=flag)
 
 
+PROFILE_HINT = "Pass a saved profile's file (profiles/<device>/<workload>.json)."
+TOML_HINT = "Pass the path of a TOML file (a qualify.toml)."
+
+
+def check_inputs(files: dict[str, tuple[Path | None, str]]) -> None:
+    """Input paths (flag -> (path, what to pass instead)) are checked before anything runs."""
+    from mbtune.outputs import check_readable
+
+    for flag, (path, hint) in files.items():
+        if path is not None:
+            check_readable(path, flag=flag, hint=hint)
+
+
 def with_progress(label: str, job: Callable[[TrialProgressBar | None], T]) -> T:
     from mbtune.report import make_console
     from mbtune.report.progress import TrialProgressBar

@@ -68,6 +68,8 @@ from mbtune.cli.options import (
     WorkloadOption,
 )
 from mbtune.cli.support import (
+    PROFILE_HINT,
+    check_inputs,
     check_run,
     finish,
     launch_settings,
@@ -169,6 +171,7 @@ def sweep(
     fmt = check_run(format, output, resume=resume, save=save, plot=plot, trace=trace)
     launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
     # The saved probe that bounds the micro-batch size is read here, before anything runs.
+    check_inputs({"--from-profile": (from_profile, PROFILE_HINT)})
     config = with_saved_limits(sweep_config_from(options, launch), from_profile=from_profile, profiles_dir=profiles_dir)
     lead_or_follow(launch)
     outcome = with_progress("sweep", lambda p: run_sweep(config, p, profiles_dir=target_folder(profiles_dir, save),
