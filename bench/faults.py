@@ -305,7 +305,7 @@ def read_until(process: subprocess.Popen, marker: str, after: int = 0) -> bytes:
 def rows_of(report: dict) -> list[dict]:
     """Every finished row a json report holds: probe trials, sweep results, serve's curve and runs."""
     parts = [report, *(report.get(k) or {} for k in ("probe", "sweep", "serve"))]
-    parts += [part.get("ceiling") or {} for part in list(parts)]
+    parts += [part["ceiling"] for part in list(parts) if isinstance(part.get("ceiling"), dict)]  # serve's probe
     rows = [r for part in parts for key in ("trials", "results", "runs") for r in part.get(key) or []]
     return rows + [part["curve"] for part in parts if isinstance(part.get("curve"), dict)]
 
