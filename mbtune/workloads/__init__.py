@@ -169,9 +169,13 @@ BATCH_FIX = "Fix the workload's make_batch."
 
 
 def failed_part(exc: BaseException) -> str | None:
-    """The part of the workload an exception came from ("block 3", "loss", "batch maker"), or None."""
+    """The part of the workload an exception came from ("block 3 (given block 2 output (4, 8) float32)",
+    "loss", "batch maker"), or None."""
     block = getattr(exc, "mbtune_block", None)
-    return f"block {block}" if block is not None else getattr(exc, "mbtune_part", None)
+    if block is None:
+        return getattr(exc, "mbtune_part", None)
+    given = getattr(exc, "mbtune_given", "")
+    return f"block {block} (given {given})" if given else f"block {block}"
 
 
 def _named_part(function: Callable[..., Any], part: str) -> Callable[..., Any]:

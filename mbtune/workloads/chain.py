@@ -109,7 +109,9 @@ class Chain(nn.Sequential):
                 raise WorkloadError(f"block {index} cannot take {source} ({_shape(value)}): {exc}",
                                     hint=HANDOVER_HINT) from exc
             except Exception as exc:
-                _mark_block(exc, self.first + offset)
+                index = self.first + offset
+                _mark_block(exc, index, given=f"{'the batch' if index == 0 else f'block {index - 1} output'} "
+                                               f"{_described(value)}")
                 raise
         return value
 
@@ -117,13 +119,22 @@ class Chain(nn.Sequential):
         return call_block(block, value)
 
 
-def _mark_block(exc: BaseException, index: int) -> None:
-    """Remember the block an exception came from (the innermost chain's, where chains nest)."""
+def _mark_block(exc: BaseException, index: int, given: str = "") -> None:
+    """Remember the block an exception came from (the innermost chain's, where chains nest) and what it was
+    given, so the error can say what the block must take."""
     if getattr(exc, "mbtune_block", None) is None:
         try:
             exc.mbtune_block = index  # type: ignore[attr-defined]
+            exc.mbtune_given = given  # type: ignore[attr-defined]
         except AttributeError:  # an exception type without a __dict__
             pass
+
+
+def _described(value: Any, limit: int = 48) -> str:
+    """A hand-over's tensors' shapes and dtypes, short: "(4, 8) float32", "(4, 64) int64, (4, 64, 128) float32"."""
+    text = ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" if isinstance(t, torch.Tensor)
+                     else type(t).__name__ for t in tensors_of(value))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def check_output(value: Any, where: str) -> None:

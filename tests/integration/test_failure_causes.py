@@ -53,7 +53,8 @@ def _render_profile(report, *, errors: bool) -> str:
 def test_a_trial_names_the_block_that_failed():
     outcome = run_trial(TrialConfig(workload=f"{FIXTURES}:broken", batch_size=2, threads=1), timeout_s=60)
     assert outcome.status == "error"
-    assert outcome.error.startswith("in block 0: ValueError: shape mismatch in user block"), outcome.error
+    assert outcome.error.startswith("in block 0 (given the batch (2, 8) float32): ValueError: shape mismatch in user "
+                                    "block"), outcome.error
 
 
 def test_a_nan_loss_ends_the_trial_as_nonfinite_at_its_step():
