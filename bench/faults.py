@@ -353,16 +353,20 @@ def killed_trial_runs_again(inj: Injection) -> None:
 def two_writers(command: str) -> Callable[[Injection], None]:
     """A second run on the profile another is writing: exit 3; the first, stopped, resumes and completes."""
     def inject(inj: Injection) -> None:
-        base = qualify_args(inj) if command == "qualify" else [*SWEEP] if command == "sweep" else COMMANDS[command]
+        base = qualify_args(inj) if command == "qualify" else SWEEP if command == "sweep" else COMMANDS[command]
         args = [*base, "--profiles-dir", str(inj.profiles)]
         first = inj.start(*args)
-        read_until(first, "trial 1:")
+        read_until(first, "trial 2:")  # a trial journaled (the first line may be the prediction, never journaled)
+        first.send_signal(signal.SIGSTOP)  # held mid-run, its lock with it, however short the run would be
         second = inj.run(*args)
         first.send_signal(signal.SIGINT)
+        first.send_signal(signal.SIGCONT)
         first.communicate(timeout=120)
         resumed = inj.run(*args, "--resume")
-        inj.check(second.returncode == 3 and "another mbtune run is writing" in second.stderr
-                  and first.returncode == 130, "expected the second writer refused and the first stopped", second)
+        # qualify tells it as an ERROR check of its verdict (stdout), exit 3 as the others
+        refused = "another mbtune run is writing" in second.stderr + second.stdout
+        inj.check(second.returncode == 3 and refused and first.returncode == 130,
+                  "expected the second writer refused and the first stopped", second)
         inj.check(resumed.returncode in COMPLETED.get(command, (0,)), "expected the first run to resume", resumed)
     inject.__doc__ = f"Two runs of {command} on one profile."
     return inject
