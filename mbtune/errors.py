@@ -93,7 +93,7 @@ class WorkloadBrokenError(MbtuneError):
     """The workload fails at the smallest batch for a reason other than memory (bad input)."""
 
     exit_code = EXIT_BAD_INPUT
-    hint = "Fix the workload; MBTUNE_DEBUG=1 shows the trial's traceback."
+    hint = "Fix the workload; MBTUNE_DEBUG=1 shows the traceback."
 
 
 class WorkloadLoadError(MbtuneError):

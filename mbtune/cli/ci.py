@@ -95,9 +95,9 @@ def qualify(
     from mbtune.units import parse_fraction
 
     fmt = check_format(format, allowed=("table", "json"))
-    check_inputs({"--baseline": (baseline, PROFILE_HINT), "--spec": (spec, TOML_HINT)})
     check_resume(resume, save)
     check_outputs(files={"--junit": junit})
+    check_inputs({"--baseline": (baseline, PROFILE_HINT), "--spec": (spec, TOML_HINT)})
     launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
     lead_or_follow(launch)  # before the spec and baseline are read: only node 0 needs those files
     share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
