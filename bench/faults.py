@@ -279,8 +279,8 @@ SERVE = ["serve", *SMALL, "--p99", "1s", "--memory-budget", "200MiB", "--max-bat
          "--max-batch-sizes", "4,8", "--queue-delays", "0,2ms", "--max-windows", "3", "--min-requests", "0",
          "--window", "0.3s"]
 COMMANDS = {"probe": PROBE, "sweep": SWEEP, "tune": TUNE, "serve": SERVE}
-# Where in a run the signal comes: the probe's third trial, or (tune) the sweep's first point after the probe.
-PHASES = {"probe": "trial 3:", "sweep phase": "-> ok (", "serve": "trial 3:"}
+# Where in a run the signal comes: at the probe's third trial, or after it at the first line of a later phase.
+PHASES = {"sweep phase": " p=2 m=", "configuration phase": "max 4, delay"}
 STOPPED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGKILL: -signal.SIGKILL}
 # A finished run's exit codes: qualify's verdicts (0 pass, 1 a check failed, 4 inconclusive) are all complete.
 COMPLETED = {"qualify": (0, 1, 4)}
@@ -297,10 +297,10 @@ def qualify_args(inj: Injection) -> list[str]:
     return ["qualify", "--baseline", str(baseline), "--tolerance", "90%", "--repeats", "1"]
 
 
-def read_until(process: subprocess.Popen, marker: str, after: int = 0) -> bytes:
-    """What the process wrote to stderr until `marker` showed (after `after` bytes), read unbuffered."""
+def read_until(process: subprocess.Popen, marker: str) -> bytes:
+    """What the process wrote to stderr from now until `marker` showed, read unbuffered."""
     seen = b""
-    while marker.encode() not in seen[after:] and (chunk := os.read(process.stderr.fileno(), 4096)):
+    while marker.encode() not in seen and (chunk := os.read(process.stderr.fileno(), 4096)):
         seen += chunk
     return seen
 
@@ -321,8 +321,8 @@ def stop_then_resume(command: str, signum: int, phase: str | None = None) -> Cal
         args = [*base, "--profiles-dir", str(inj.profiles)]
         process = inj.start(*args)
         seen = read_until(process, "trial 3:")
-        if phase == "sweep phase":
-            seen += read_until(process, PHASES[phase], after=len(seen))
+        if phase is not None:
+            seen += read_until(process, PHASES[phase])
         process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=180)
         result = subprocess.CompletedProcess(process.args, process.returncode, stdout, seen.decode() + stderr)
@@ -451,7 +451,8 @@ FAULTS: list[tuple[str, Callable[[Injection], None]]] = [
     ("rank SIGSTOPped mid-step", rank_fault("rank_stopped_once", "timeout")),
     *[(f"{signal.Signals(signum).name} mid-{name}, then --resume", stop_then_resume(command, signum, phase))
       for name, command, phase in (("tune's sweep", "tune", "sweep phase"), ("serve", "serve", None),
-                                   ("qualify", "qualify", None))
+                                   ("serve's configurations", "serve", "configuration phase"),
+                                   ("qualify", "qualify", None), ("qualify's sweep", "qualify", "sweep phase"))
       for signum in (signal.SIGINT, signal.SIGKILL)],
     ("full disk mid-sweep, then --resume", full_disk),
     ("trial killed from outside, resumed", killed_trial_runs_again),
