@@ -39,6 +39,7 @@ from mbtune.cli.support import (
     check_output,
     check_outputs,
     check_resume,
+    interrupted_exit_code,
     launch_settings,
     lead_or_follow,
     printing_to,
@@ -113,6 +114,8 @@ def qualify(
     if junit is not None:
         write_junit(verdict, junit)
     print_verdict(make_console(), verdict, fmt)
+    if verdict.sweep is not None and verdict.sweep.interrupted:  # a verdict on part of the points is no verdict
+        raise typer.Exit(interrupted_exit_code())
     raise typer.Exit(exit_code(verdict.status))
 
 

@@ -107,9 +107,7 @@ def finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: Pa
     if plot is not None:
         make_console(stderr=True).print(f"wrote {write_serve_plot(outcome.serve, plot)}")
     if outcome.interrupted:
-        from mbtune.errors import EXIT_INTERRUPTED
-
-        raise typer.Exit(128 + _received[-1] if _received else EXIT_INTERRUPTED)
+        raise typer.Exit(interrupted_exit_code())
 
 
 def launch_settings(launcher: str, nnodes: int | None, node_rank: int | None, endpoint: str | None,
@@ -250,7 +248,7 @@ def finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: Pa
             output: Path | None = None) -> None:
     """Print what the run produced, write pictures and traces; exit 128 + the signal's number when it was
     interrupted (after saving what finished), 3 when no point produced a result."""
-    from mbtune.errors import EXIT_INTERRUPTED, NothingMeasuredError
+    from mbtune.errors import NothingMeasuredError
     from mbtune.report import make_console
     from mbtune.report.sweep import write_artifacts
     from mbtune.report.tune import print_results
@@ -263,7 +261,7 @@ def finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: Pa
     if outcome.sweep is not None and (plot or trace):
         write_artifacts(make_console(stderr=True), outcome.sweep, plot_dir=plot, trace_path=trace)
     if outcome.interrupted:
-        raise typer.Exit(128 + _received[-1] if _received else EXIT_INTERRUPTED)
+        raise typer.Exit(interrupted_exit_code())
     if outcome.sweep is not None and (why := nothing_measured(outcome.sweep)):
         raise NothingMeasuredError(why)
 
@@ -281,6 +279,13 @@ def check_format(fmt: str, allowed: tuple[str, ...] | None = None) -> str:
 
 
 _received: list[int] = []  # the signals that interrupted this run
+
+
+def interrupted_exit_code() -> int:
+    """128 + the signal that interrupted the run (130 for Ctrl-C)."""
+    from mbtune.errors import EXIT_INTERRUPTED
+
+    return 128 + _received[-1] if _received else EXIT_INTERRUPTED
 
 
 def as_flag(exc: MbtuneError) -> MbtuneError:
