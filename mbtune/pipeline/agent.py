@@ -82,7 +82,7 @@ def _agent_main(spec: PipelineSpec, nodes: Nodes, endpoint: str, run_id: str, ke
         os._exit(1)
     except BaseException as exc:  # noqa: BLE001 - the rendezvous or the agent failed: say why, once
         store.set(f"{key}/agent_error/{nodes.node_rank}",
-                  f"node {nodes.node_rank}'s elastic agent failed: {type(exc).__name__}: {_first_line(exc)}")
+                  f"node {nodes.node_rank}'s elastic agent failed: {type(exc).__name__}: {first_line(exc)}")
         os._exit(1)
     os._exit(0)
 
@@ -104,7 +104,7 @@ def _rank_entry(spec: PipelineSpec, endpoint: str, key: str, tmp: str, node_rank
     messages.put(rank_message(spec, rank, None, messages.put, hang_rank))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
 

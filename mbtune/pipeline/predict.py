@@ -148,21 +148,21 @@ def _rank_count(spec: PipelineSpec, workload: Workload, prepared: Prepared, rank
     """The rank's step counted, and how many stage forwards were echoed (-1: an echo failed its check)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from mbtune.pipeline.runner import _groups, _RankRun, _StepTimes, _tie_groups
+    from mbtune.pipeline.runner import RankRun, StepTimes, rank_groups, tie_groups_of
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec.world_size)
     try:
         count = TensorBytes(timeline=timeline)
         with count, works_hold_their_tensors():
-            pipeline_group, replica_group = _groups(spec, rank)
-            run = _RankRun(spec, rank, CPU, workload, prepared.blocks, pipeline_group=pipeline_group,
+            pipeline_group, replica_group = rank_groups(spec, rank)
+            run = RankRun(spec, rank, CPU, workload, prepared.blocks, pipeline_group=pipeline_group,
                            replica_group=replica_group,
-                           tie_groups=_tie_groups(spec, workload, prepared.blocks, rank), count=count,
+                           tie_groups=tie_groups_of(spec, workload, prepared.blocks, rank), count=count,
                            stage_shapes=prepared.shapes, keys=prepared.keys)
             take_shapes_as_given(run.schedule)
             echoing = echo_stages(run.stages, count, real) if echoes and (real := _real(spec, run.rank)) else []
             run.read_losses = False
-            run._optimizer_step(0, _StepTimes(), timed_step=None, capture=False)
+            run._optimizer_step(0, StepTimes(), timed_step=None, capture=False)
         if any(module.failed for module in echoing):
             return count, -1
         return count, sum(module.num_echoed for module in echoing)

@@ -88,9 +88,9 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank
     count = count_memory(device)
     workload = load_workload(spec.workload, spec.workload_options)
     all_blocks = stage_blocks(spec, workload)
-    pipeline_group, replica_group = _groups(spec, rank)
-    tie_groups = _tie_groups(spec, workload, all_blocks, rank)
-    report = _RankRun(spec, rank, device, workload, all_blocks, on_placed, pipeline_group=pipeline_group,
+    pipeline_group, replica_group = rank_groups(spec, rank)
+    tie_groups = tie_groups_of(spec, workload, all_blocks, rank)
+    report = RankRun(spec, rank, device, workload, all_blocks, on_placed, pipeline_group=pipeline_group,
                       replica_group=replica_group, tie_groups=tie_groups, count=count).run(hang=hang_rank == rank)
     # Only on success: tearing the group down on failure would let peers fail (and report) before we do.
     dist.destroy_process_group()
@@ -99,7 +99,7 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank
     return replace(report, cpu_time_s=time.process_time(), cores=cores)
 
 
-def _groups(spec: PipelineSpec, rank: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+def rank_groups(spec: PipelineSpec, rank: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
     """This process's pipeline group (its replica's ranks) and replica group (the ranks of the other
     replicas that hold the same stages); both None without data parallelism (the world is the pipeline).
     Every process creates every group, in the same order, as torch requires."""
@@ -112,7 +112,7 @@ def _groups(spec: PipelineSpec, rank: int) -> tuple[dist.ProcessGroup | None, di
     return pipelines[replica], replicas[pipeline_rank]
 
 
-def _tie_groups(spec: PipelineSpec, workload: Workload, all_blocks: StageBlocks,
+def tie_groups_of(spec: PipelineSpec, workload: Workload, all_blocks: StageBlocks,
                 rank: int) -> dict[int, dist.ProcessGroup]:
     """Per tie of the workload whose members sit on several pipeline ranks, the group of those ranks in
     this process's replica, where this process is one of them: their copies' gradients are summed in it.
@@ -133,7 +133,7 @@ def _tie_groups(spec: PipelineSpec, workload: Workload, all_blocks: StageBlocks,
 
 
 @dataclass
-class _StepTimes:
+class StepTimes:
     step_s: list[float] = field(default_factory=list)
     pipeline_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -143,7 +143,7 @@ class _StepTimes:
     last_end_unix_s: float | None = None  # time.time() as the last step ended
 
 
-class _RankRun:
+class RankRun:
     """One rank's stages, schedule, optimizer and timers."""
 
     def __init__(self, spec: PipelineSpec, process: int, device: torch.device, workload: Workload,
@@ -218,8 +218,8 @@ class _RankRun:
         spec = self.spec
         if hang:
             time.sleep(HANG_S)
-        warmup = _StepTimes()
-        measured = _StepTimes()
+        warmup = StepTimes()
+        measured = StepTimes()
         grads = None
         for step in range(spec.total_steps):
             is_measured = step >= spec.warmup_steps
@@ -232,7 +232,7 @@ class _RankRun:
                 stop_counting(self.count)  # the warmup steps (or the first) held what every step holds
         return self._report(warmup, measured, grads)
 
-    def _optimizer_step(self, step: int, times: _StepTimes, *, timed_step: int | None,
+    def _optimizer_step(self, step: int, times: StepTimes, *, timed_step: int | None,
                         capture: bool) -> dict[str, torch.Tensor] | None:
         self._barrier()
         start = time.perf_counter()
@@ -325,7 +325,7 @@ class _RankRun:
                     grads[f"{blocks[int(local)]}.{rest}"] = param.grad.detach().to("cpu", copy=True)
         return grads
 
-    def _report(self, warmup: _StepTimes, measured: _StepTimes, grads: dict[str, torch.Tensor] | None) -> StageReport:
+    def _report(self, warmup: StepTimes, measured: StepTimes, grads: dict[str, torch.Tensor] | None) -> StageReport:
         peak, source = peak_memory(self.device, self.count)
         return StageReport(
             rank=self.rank, num_ranks=self.spec.num_ranks, replica=self.replica, device=str(self.device),

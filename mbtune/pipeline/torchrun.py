@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from mbtune.errors import ConfigError, HarnessError
-from mbtune.pipeline.agent import POLL_S, STOP_GRACE_S, StoreQueue, _first_line, open_store, start_agent, stop_agent
+from mbtune.pipeline.agent import POLL_S, STOP_GRACE_S, StoreQueue, first_line, open_store, start_agent, stop_agent
 from mbtune.pipeline.launch import Ranks, collect, failure_detail, hang_rank_from_env
 from mbtune.pipeline.nodes import Nodes, parse_endpoint
 from mbtune.pipeline.spec import PipelineSpec
@@ -90,10 +90,10 @@ class Session:
         except (RuntimeError, OSError) as exc:
             where = f"{self.host}:{port}"
             if nodes.leads:
-                raise HarnessError(f"node 0 cannot serve the rendezvous store at {where}: {_first_line(exc)}",
+                raise HarnessError(f"node 0 cannot serve the rendezvous store at {where}: {first_line(exc)}",
                                    hint="Choose a free port on node 0 with --rdzv-endpoint HOST:PORT.") from exc
             raise HarnessError(f"node {nodes.node_rank} cannot reach node 0 at {where} within "
-                               f"{nodes.join_timeout_s:g} s: {_first_line(exc)}",
+                               f"{nodes.join_timeout_s:g} s: {first_line(exc)}",
                                hint="Start node 0 too, with the same --rdzv-endpoint, and check the address "
                                     "and port are reachable from here.") from exc
         self.port = self.store.port
@@ -259,7 +259,7 @@ class Session:
                 if self.store.check([name]):
                     return self.store.get(name)
             except (RuntimeError, OSError) as exc:
-                raise HarnessError(f"lost node 0 (its store at {self.endpoint}): {_first_line(exc)}",
+                raise HarnessError(f"lost node 0 (its store at {self.endpoint}): {first_line(exc)}",
                                    hint="Node 0 ended or died: see its output.") from exc
             if end is not None and time.monotonic() > end:
                 raise HarnessError(f"node 0 said nothing within {within_s:g} s", hint="See node 0's output.")

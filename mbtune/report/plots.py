@@ -22,7 +22,7 @@ COLOURS = {FORWARD: "tab:green", BACKWARD: "tab:blue", BACKWARD_INPUT: "tab:cyan
 DPI = 110
 
 
-def _figure(width_in: float = 9.0, height_in: float = 4.5) -> Any:
+def new_figure(width_in: float = 9.0, height_in: float = 4.5) -> Any:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -34,7 +34,7 @@ def _figure(width_in: float = 9.0, height_in: float = 4.5) -> Any:
     return figure
 
 
-def _save(figure: Any, path: Path) -> Path:
+def save_figure(figure: Any, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, format="png")
     return path
@@ -96,9 +96,9 @@ def write_plots(report: SweepReport, directory: str | os.PathLike[str], *,
     written = []
     best = report.best
     if best is not None and best.timeline:
-        figure = _figure(10.0, 1.6 + 0.6 * len({a.stage for a in best.timeline}))
+        figure = new_figure(10.0, 1.6 + 0.6 * len({a.stage for a in best.timeline}))
         draw_timeline(figure.subplots(), best.timeline, title=f"Measured timeline: {best.point.label}")
-        written.append(_save(figure, target / "timeline.png"))
+        written.append(save_figure(figure, target / "timeline.png"))
     ok = [r for r in report.results if r.ok and r.samples_per_s]
     if ok:
         written.append(_throughput_plot(ok, target / "throughput.png", title=f"Throughput: {report.workload}"))
@@ -116,7 +116,7 @@ def _series_key(point: Any) -> str:
 
 
 def _throughput_plot(items: Sequence[Any], path: Path, *, title: str, predicted: bool = False) -> Path:
-    figure = _figure()
+    figure = new_figure()
     ax = figure.subplots()
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for item in items:
@@ -130,7 +130,7 @@ def _throughput_plot(items: Sequence[Any], path: Path, *, title: str, predicted:
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def _bubble_plot(results: Sequence[Any], path: Path) -> Path:
@@ -143,7 +143,7 @@ def _bubble_plot(results: Sequence[Any], path: Path) -> Path:
 def _bubble_lines(rows: Sequence[tuple[str, int, float, float]], path: Path, *, kind: str, ylabel: str,
                   title: str) -> Path:
     """One solid line (measured or simulated) and one dashed (theory) per schedule, against micro-batches."""
-    figure = _figure()
+    figure = new_figure()
     ax = figure.subplots()
     series: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
     for key, m, value, theory in rows:
@@ -160,11 +160,11 @@ def _bubble_lines(rows: Sequence[tuple[str, int, float, float]], path: Path, *, 
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="x-small", ncol=2)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def _memory_plot(per_stage: Sequence[float], limit: float | None, path: Path, *, title: str, label: str) -> Path:
-    figure = _figure(max(6.0, 0.25 * len(per_stage) + 3), 4.0)
+    figure = new_figure(max(6.0, 0.25 * len(per_stage) + 3), 4.0)
     ax = figure.subplots()
     mib = [b / 2**20 for b in per_stage]
     colours = ["tab:red" if limit is not None and b > limit else "tab:blue" for b in per_stage]
@@ -175,7 +175,7 @@ def _memory_plot(per_stage: Sequence[float], limit: float | None, path: Path, *,
     ax.set_ylabel("MiB")
     ax.set_title(title + ("" if limit is not None else " (no probed ceiling)"))
     ax.legend(fontsize="small")
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def write_plan_plots(report: PlanReport, directory: str | os.PathLike[str], *,
@@ -200,9 +200,9 @@ def write_plan_plots(report: PlanReport, directory: str | os.PathLike[str], *,
                                     title=f"Predicted memory per rank: {best.point.label}", label="predicted"))
     if recommended is not None and recommended.timeline:
         stages = len({a.stage for a in recommended.timeline})
-        figure = _figure(10.0, min(24.0, 1.6 + 0.3 * stages))
+        figure = new_figure(10.0, min(24.0, 1.6 + 0.3 * stages))
         draw_timeline(figure.subplots(), recommended.timeline, title=f"Simulated timeline: {recommended.point.label}")
-        written.append(_save(figure, target / "plan_timeline.png"))
+        written.append(save_figure(figure, target / "plan_timeline.png"))
     if report.validation is not None and report.validation.rows:
         written.append(_validation_plot(report.validation, target / "validation.png"))
     return written
@@ -215,7 +215,7 @@ def _depth_plot(report: PlanReport, path: Path) -> Path:
         if p.fits is not False and (p.point.num_ranks not in best or p.samples_per_s > best[p.point.num_ranks].samples_per_s):
             best[p.point.num_ranks] = p
     depths = sorted(best)
-    figure = _figure(8.0, 4.5)
+    figure = new_figure(8.0, 4.5)
     ax = figure.subplots()
     ax.plot(depths, [best[d].samples_per_s for d in depths], marker="o")
     for d in depths:
@@ -226,7 +226,7 @@ def _depth_plot(report: PlanReport, path: Path) -> Path:
     ax.set_ylabel("samples/s (predicted)")
     ax.set_title(f"Best predicted throughput per depth: {report.workload} on {report.num_gpus} GPUs")
     ax.grid(True, alpha=0.3)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def _plan_bubble_plot(predictions: Sequence[Any], path: Path) -> Path:
@@ -236,7 +236,7 @@ def _plan_bubble_plot(predictions: Sequence[Any], path: Path) -> Path:
 
 
 def _validation_plot(validation: Any, path: Path) -> Path:
-    figure = _figure(6.0, 5.0)
+    figure = new_figure(6.0, 5.0)
     ax = figure.subplots()
     measured = [r.measured_step_s * 1e3 for r in validation.rows]
     predicted = [r.predicted_step_s * 1e3 for r in validation.rows]
@@ -253,4 +253,4 @@ def _validation_plot(validation: Any, path: Path) -> Path:
                  f"{100 * (validation.median_step_error or 0):.1f}%, worst {100 * (validation.worst_step_error or 0):.1f}%",
                  fontsize="small")
     ax.legend(fontsize="small")
-    return _save(figure, path)
+    return save_figure(figure, path)

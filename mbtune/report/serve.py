@@ -182,10 +182,10 @@ def summary_panel(report: ServeReport) -> Panel:
 
 def write_serve_plot(report: ServeReport, directory: Path) -> Path:
     """serve_curve.png: p99 against throughput per configuration, the budget as a line."""
-    from mbtune.report.plots import _figure, _save
+    from mbtune.report.plots import new_figure, save_figure
 
     directory.mkdir(parents=True, exist_ok=True)
-    figure = _figure(8.0, 5.0)
+    figure = new_figure(8.0, 5.0)
     ax = figure.subplots()
     for run in report.runs:
         points = [(load.throughput_per_s, load.p99_s * 1e3) for load in run.loads if load.p99_s is not None]
@@ -196,4 +196,4 @@ def write_serve_plot(report: ServeReport, directory: Path) -> Path:
     ax.set_ylabel("p99 latency (ms)")
     ax.set_title(f"Throughput against p99: {report.workload} on {report.device.label}", fontsize="small")
     ax.legend(fontsize="x-small")
-    return _save(figure, directory / "serve_curve.png")
+    return save_figure(figure, directory / "serve_curve.png")
