@@ -1,4 +1,4 @@
-"""Write mbtune/schemas/profile-v<N>.schema.json from the records (mbtune/profile_schema.py).
+"""Write mbtune/schemas/profile-v<N>.schema.json from the records (mbtune/saving/profile_schema.py).
 
 Run from the checkout after changing a record: `python docs/generate_profile_schema.py`.
 tests/unit/test_profile_schema.py fails when the shipped file differs from what the records give.
@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
-    from mbtune.profile_schema import schema_file_name, schema_text
-    from mbtune.profiles import SCHEMA_VERSION
+    from mbtune.saving.profile_schema import schema_file_name, schema_text
+    from mbtune.saving.profiles import SCHEMA_VERSION
 
     path = ROOT / "mbtune" / "schemas" / schema_file_name(SCHEMA_VERSION)
     path.write_text(schema_text())

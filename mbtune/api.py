@@ -24,7 +24,7 @@ from typing import Any
 from mbtune.errors import ConfigError
 from mbtune.probing.config import ProbeConfig
 from mbtune.probing.records import ProbeResult
-from mbtune.profiles import Profile
+from mbtune.saving.profiles import Profile
 from mbtune.serving.records import ServeReport
 from mbtune.settings import field_for, param_for
 from mbtune.sweeping.config import SweepConfig
@@ -35,7 +35,7 @@ from mbtune.units import parse_bytes
 def probe(*, save_to: str | Path | None = None, resume: bool = False, progress: Any = None,
           **settings: Any) -> ProbeResult:
     """Find the memory ceiling and the verified safe batch (see `mbtune probe --help` for the settings)."""
-    from mbtune.session import run_probe
+    from mbtune.saving.session import run_probe
 
     config = _config(ProbeConfig, settings)
     found = run_probe(config, progress, profiles_dir=_folder(save_to), resume=resume).probe
@@ -48,7 +48,7 @@ def sweep(*, save_to: str | Path | None = None, resume: bool = False, progress: 
     """Run real pipelined training steps over the grid and rank them (see `mbtune sweep --help`). The
     micro-batch size is bounded by the probe in `from_profile=` (a saved profile), else by this device's
     saved probe of the workload in `save_to`, if there is one."""
-    from mbtune.session import run_sweep, with_saved_limits
+    from mbtune.saving.session import run_sweep, with_saved_limits
 
     from_profile = settings.pop("from_profile", None)
     config = with_saved_limits(_config(SweepConfig, settings), from_profile=from_profile, profiles_dir=_folder(save_to))
@@ -62,7 +62,7 @@ def tune(*, save_to: str | Path | None = None, resume: bool = False, progress: A
     """Probe, then sweep around the probed safe batch, then (with `check`) check the best row's update
     against the plain model's (the report's `check`). Settings of both, by name; the probe's own trial
     steps are `probe_steps` (`steps` are the sweep's measured steps)."""
-    from mbtune.session import run_tune
+    from mbtune.saving.session import run_tune
 
     probe_fields = {f.name for f in dataclasses.fields(ProbeConfig)}
     sweep_fields = {f.name for f in dataclasses.fields(SweepConfig)}
@@ -82,8 +82,8 @@ def serve(*, save_to: str | Path | None = None, resume: bool = False, progress: 
           **settings: Any) -> ServeReport:
     """Find the dynamic-batching configuration that sustains the highest Poisson rate with its p99 within
     the budget (`p99="50ms"`, or seconds: `p99=0.05`; see `mbtune serve --help` for the settings)."""
+    from mbtune.saving.session import run_serve
     from mbtune.serving.config import DURATIONS, ServeConfig, with_durations
-    from mbtune.session import run_serve
 
     fields = {f.name for f in dataclasses.fields(ServeConfig)} - set(DURATIONS.values())
     durations = with_durations({k: v for k, v in settings.items() if k in DURATIONS})
@@ -106,7 +106,7 @@ def plan(profile: str | Path | Profile, **settings: Any) -> Any:
 
 def load_profile(path: str | Path) -> Profile:
     """A saved profile, validated (ProfileError names the file and field when it is damaged)."""
-    from mbtune.profiles import load_profile as load
+    from mbtune.saving.profiles import load_profile as load
 
     return load(Path(path))
 

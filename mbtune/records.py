@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from mbtune.recordio import (  # noqa: F401 - the loader's names are part of this module's interface
     MAX_DEPTH,
@@ -117,3 +120,29 @@ class TimelineAction(Record):
     accum: int
     start_s: float
     end_s: float
+
+
+def pct(share: float | None) -> float | None:
+    """A share (0-1) as a percentage (0-100)."""
+    return None if share is None else 100.0 * share
+
+
+def frame(rows: Iterable[dict[str, Any]]) -> Any:
+    """The rows as a pandas DataFrame whose columns of numbers and Nones are float (None: NaN).
+
+    Each record's `to_frame()` hands its rows here: one row per item of the record (a probe's trials, a
+    sweep's points ranked as its table ranks them, a serve run's loads, a plan's predictions, ranked); plain
+    columns with the unit in the name (`_s`, `_bytes`, `_per_s`, `_pct`); every share as a percentage, 0-100,
+    named `_pct`; a per-stage list as one column per stage (`peak_memory_bytes_stage0`, ...); a figure that
+    was not measured is NaN in a float column, never None in an object column. pandas is imported here only.
+    """
+    import pandas as pd
+
+    out = pd.DataFrame(list(rows))
+    for column in out.columns:
+        if out[column].dtype != object:
+            continue
+        values = [v for v in out[column] if v is not None]
+        if all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+            out[column] = out[column].astype(float)
+    return out

@@ -50,7 +50,7 @@ def _profiles_written_match_their_schema(request: pytest.FixtureRequest):
     yield
     import json
 
-    from mbtune.profiles import SCHEMA_VERSION, Profile
+    from mbtune.saving.profiles import SCHEMA_VERSION, Profile
 
     global _VALIDATOR
     for path in folder.rglob("*.json"):
@@ -66,7 +66,7 @@ def _profiles_written_match_their_schema(request: pytest.FixtureRequest):
         if _VALIDATOR is None:
             import jsonschema
 
-            from mbtune.profile_schema import shipped_schema
+            from mbtune.saving.profile_schema import shipped_schema
 
             _VALIDATOR = jsonschema.Draft202012Validator(shipped_schema())
         errors = sorted(_VALIDATOR.iter_errors(data), key=lambda e: list(e.absolute_path))

@@ -58,9 +58,9 @@ def show(
     output: Output = None,
 ) -> None:
     """Print a saved profile again."""
-    from mbtune.profiles import load_profile
     from mbtune.report import make_console
     from mbtune.report.profile import print_profile
+    from mbtune.saving.profiles import load_profile
 
     fmt = check_output(check_format(format), output)
     loaded = load_profile(profile)
@@ -87,12 +87,12 @@ def qualify(
 ) -> None:
     """Re-run a baseline's probe and sweep here and give a verdict: exit 0 pass, 1 a check failed, 3 could not run,
     4 inconclusive (the measured spread is wider than the tolerance)."""
-    from mbtune.profiles import command_line
     from mbtune.qualifying.judge import exit_code
     from mbtune.qualifying.run import run_qualify
+    from mbtune.qualifying.specfile import read_spec
     from mbtune.report import make_console
     from mbtune.report.qualify import print_verdict, write_junit
-    from mbtune.specfile import read_spec
+    from mbtune.saving.profiles import command_line
     from mbtune.units import parse_fraction
 
     fmt = check_format(format, allowed=("table", "json"))
@@ -173,7 +173,7 @@ def check(
     from mbtune.checking.run import check_update
     from mbtune.report import make_console
     from mbtune.report.check import print_check, print_validation
-    from mbtune.session import check_config_from_profile
+    from mbtune.saving.session import check_config_from_profile
     from mbtune.units import parse_options
 
     fmt = check_format(format, allowed=("table", "json"))

@@ -115,8 +115,8 @@ Strategy = Annotated[str, typer.Option("--strategy", help="grid: run every runna
 def _settings_file(ctx: typer.Context, value: Path | None) -> Path | None:
     """--config: the file's settings become this command's defaults, so flags given on the command line win."""
     if value is not None:
-        from mbtune.outputs import check_readable
-        from mbtune.specfile import read_settings
+        from mbtune.cli.outputs import check_readable
+        from mbtune.qualifying.specfile import read_settings
 
         check_readable(value, flag="--config", hint="Pass the path of a TOML settings file.")
 

@@ -72,7 +72,7 @@ def serve(
     export: Annotated[Path | None, typer.Option("--export", help="Write the chosen configuration's serving files into this folder: triton/<model>/config.pbtxt, torchserve/model-config.yaml and config.properties.")] = None,
 ) -> None:
     """Tune dynamic batching for inference under a p99 latency budget, on a real server under real load."""
-    from mbtune.session import run_serve
+    from mbtune.saving.session import run_serve
 
     fmt = check_output(check_format(format), output)
     check_resume(resume, save)

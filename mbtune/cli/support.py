@@ -17,8 +17,8 @@ from mbtune.errors import Interrupted, MbtuneError
 if TYPE_CHECKING:
     from mbtune.probing.config import ProbeConfig
     from mbtune.report.progress import TrialProgressBar
+    from mbtune.saving.session import RunOutcome
     from mbtune.serving.config import ServeConfig
-    from mbtune.session import RunOutcome
     from mbtune.sweeping.config import SweepConfig
 
 T = TypeVar("T")
@@ -28,7 +28,7 @@ def probe_config_from(options: Mapping[str, Any], *, steps: str = "steps") -> Pr
     """The probe's config from a training command's options (`steps`: the option that holds the probe's
     trial steps; tune's is probe_steps)."""
     from mbtune.probing.config import ProbeConfig
-    from mbtune.profiles import command_line
+    from mbtune.saving.profiles import command_line
     from mbtune.settings import MAX_BUDGET_BYTES
     from mbtune.units import parse_bytes, parse_list, parse_options
 
@@ -45,7 +45,7 @@ def probe_config_from(options: Mapping[str, Any], *, steps: str = "steps") -> Pr
 
 def sweep_config_from(options: Mapping[str, Any], launch: dict[str, Any]) -> SweepConfig:
     """The sweep's config from a training command's options and its launcher settings."""
-    from mbtune.profiles import command_line
+    from mbtune.saving.profiles import command_line
     from mbtune.sweeping.config import DEFAULT_SCHEDULES, SweepConfig
     from mbtune.sweeping.stopping import default_repeats
     from mbtune.units import parse_list, parse_options
@@ -71,7 +71,7 @@ def sweep_config_from(options: Mapping[str, Any], launch: dict[str, Any]) -> Swe
 def serve_config_from(*, p99: str, option: list[str] | None, memory_budget: str | None, rates: str | None,
                   concurrency: str | None, max_batch_sizes: str | None, queue_delays: str | None,
                   preferred: str | None, window: str, queue_timeout: str | None, **fields: Any) -> ServeConfig:
-    from mbtune.profiles import command_line
+    from mbtune.saving.profiles import command_line
     from mbtune.serving.config import ServeConfig
     from mbtune.settings import MAX_BUDGET_BYTES
     from mbtune.units import parse_bytes, parse_duration, parse_list, parse_options
@@ -180,7 +180,7 @@ def check_resume(resume: bool, save: bool) -> None:
 def check_outputs(*, plot_dir: Path | None = None, files: dict[str, Path | None] | None = None,
                   export_dir: Path | None = None) -> None:
     """Output paths are checked before anything is measured, so a typo costs nothing. `files`: flag -> path."""
-    from mbtune.outputs import check_writable
+    from mbtune.cli.outputs import check_writable
 
     for flag, folder in (("--plot", plot_dir), ("--export", export_dir)):
         if folder is not None:
@@ -196,7 +196,7 @@ TOML_HINT = "Pass the path of a TOML file (a qualify.toml)."
 
 def check_inputs(files: dict[str, tuple[Path | None, str]]) -> None:
     """Input paths (flag -> (path, what to pass instead)) are checked before anything runs."""
-    from mbtune.outputs import check_readable
+    from mbtune.cli.outputs import check_readable
 
     for flag, (path, hint) in files.items():
         if path is not None:

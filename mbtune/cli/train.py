@@ -110,7 +110,7 @@ def probe(
 ) -> None:
     """Find the per-device memory ceiling with real training steps, then leave a safety margin."""
     options = dict(locals())
-    from mbtune.session import run_probe
+    from mbtune.saving.session import run_probe
 
     fmt = check_run(format, output, resume=resume, save=save)
     config = probe_config_from(options)
@@ -166,7 +166,7 @@ def sweep(
 ) -> None:
     """Run real pipelined training steps across micro-batches, accumulation steps and schedules."""
     options = dict(locals())
-    from mbtune.session import run_sweep, with_saved_limits
+    from mbtune.saving.session import run_sweep, with_saved_limits
 
     fmt = check_run(format, output, resume=resume, save=save, plot=plot, trace=trace)
     launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
@@ -235,7 +235,7 @@ def tune(
 ) -> None:
     """Probe the memory ceiling, sweep pipeline configurations around the safe batch, check the best one's update."""
     options = dict(locals())
-    from mbtune.session import run_tune
+    from mbtune.saving.session import run_tune
     fmt = check_run(format, output, resume=resume, save=save, plot=plot, trace=trace)
     launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
     probe_config, sweep_config = probe_config_from(options, steps="probe_steps"), sweep_config_from(options, launch)

@@ -38,7 +38,7 @@ from mbtune.planning.records import (
     Validation,
 )
 from mbtune.planning.validate import LEAVE_ONE_OUT, validate
-from mbtune.profiles import Profile
+from mbtune.saving.profiles import Profile
 from mbtune.sweeping.records import PointResult, SweepReport
 
 
@@ -202,7 +202,7 @@ def plan_from_profile(profile: Profile | str | Path, config: PlanConfig | None =
     elif options:
         raise TypeError(f"plan_from_profile takes a PlanConfig or keyword options, not both ({', '.join(options)})")
     if not isinstance(profile, Profile):
-        from mbtune.profiles import load_profile
+        from mbtune.saving.profiles import load_profile
 
         profile = load_profile(Path(profile))
     sweep = _sweep_of(profile)

@@ -8,7 +8,7 @@ from typing import Any
 
 from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 from mbtune.pipeline.point import SweepPoint
-from mbtune.records import DeviceInfo, Record, TimelineAction
+from mbtune.records import DeviceInfo, Record, TimelineAction, frame, pct
 from mbtune.sweeping.records import PointResult, SkippedPoint
 
 _COST_FIELD = {FORWARD: "forward_s", BACKWARD: "backward_s", BACKWARD_INPUT: "backward_input_s",
@@ -291,10 +291,18 @@ class PlanReport(Record):
     estimated_for: str = ""  # a device the times were scaled to by peak FLOP/s (an estimate); "": as profiled
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame of the predictions, ranked, shaped for analysis (mbtune/frames.py)."""
-        from mbtune.frames import plan_frame
-
-        return plan_frame(self)
+        """A pandas DataFrame of the predictions, ranked, shaped for analysis."""
+        return frame({
+            "rank": i + 1, "schedule": p.point.schedule, "num_blocks": p.num_blocks, "num_ranks": p.point.num_ranks,
+            "stages_per_rank": p.point.stages_per_rank, "num_microbatches": p.point.num_microbatches,
+            "micro_batch_size": p.point.micro_batch_size, "data_parallel_size": p.point.data_parallel_size,
+            "global_batch": p.point.global_batch, "samples_per_s": p.samples_per_s, "step_time_s": p.step_time_s,
+            "bubble_pct": pct(p.bubble), "bubble_theoretical_pct": pct(p.bubble_theoretical),
+            "memory_bytes_max": p.max_memory_bytes, "fits": p.fits, "recommended": i == self.recommended,
+            "scatter": self.scatter, "grad_accum_steps": p.point.grad_accum_steps,
+            "recompute": p.point.recompute, "allreduce_s": p.allreduce_s, "binding_rank": p.binding_rank,
+            "lost_because": p.lost_because,
+        } for i, p in enumerate(self.predictions))
 
     @property
     def best(self) -> Prediction | None:

@@ -9,7 +9,7 @@ from typing import Any
 from mbtune.recordio import (
     Record,
 )
-from mbtune.records import OK, DeviceInfo, Outcome
+from mbtune.records import OK, DeviceInfo, Outcome, frame
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,10 +102,12 @@ class ProbeResult(Record):
 
     __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
     def to_frame(self) -> Any:
-        """A pandas DataFrame shaped for analysis (mbtune/frames.py)."""
-        from mbtune.frames import probe_frame
-
-        return probe_frame(self)
+        """A pandas DataFrame shaped for analysis."""
+        return frame({
+            "batch_size": t.batch_size, "status": t.status, "peak_memory_bytes": t.peak_memory_bytes,
+            "peak_reserved_bytes": t.peak_reserved_bytes, "budget_used_bytes": t.budget_used_bytes,
+            "step_time_s": t.step_time_s, "samples_per_s": t.samples_per_s, "wall_s": t.wall_s, "error": t.error,
+        } for t in self.trials)
 
     workload: str
     workload_options: dict[str, Any] = field(default_factory=dict)

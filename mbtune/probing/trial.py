@@ -135,7 +135,7 @@ def train_steps(workload: Workload, config: TrialConfig, backend: Any):
 
 def _infer(workload: Workload, config: TrialConfig) -> list[float]:
     """Seconds of each of `config.steps` forward passes under torch.inference_mode, in eval mode."""
-    from mbtune.inference import InferenceModel
+    from mbtune.probing.inference import InferenceModel
 
     model = InferenceModel(workload, device=config.device, precision=config.precision, seed=config.seed)
     times = []

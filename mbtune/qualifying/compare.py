@@ -7,15 +7,15 @@ from pathlib import Path
 from mbtune.errors import (
     ConfigError,
 )
-from mbtune.profiles import Profile
 from mbtune.qualifying.records import ComparisonRow
+from mbtune.saving.profiles import Profile
 
 
 def compare_files(a: Path, b: Path, *, allow_different_device: bool = False,
                   allow_different_workload: bool = False) -> tuple[ComparisonRow, ...]:
     """Two saved profiles side by side (ratios B / A), refused where they differ in device model, or in
     workload, options, precision or optimizer, unless allowed."""
-    from mbtune.profiles import load_profile
+    from mbtune.saving.profiles import load_profile
 
     first, second = load_profile(a), load_profile(b)
     check_same_device(device_model(first), device_model(second), allow=allow_different_device, what="the profiles")

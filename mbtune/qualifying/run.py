@@ -18,12 +18,12 @@ from mbtune.errors import (
     WorkloadBrokenError,
 )
 from mbtune.probing.config import ProbeConfig
-from mbtune.profiles import Profile
 from mbtune.progress import TrialProgress
 from mbtune.qualifying.records import Verdict
 from mbtune.qualifying.spec import QualifySpec
+from mbtune.saving.profiles import Profile
+from mbtune.saving.session import run_probe, run_tune
 from mbtune.serving.records import ServeReport
-from mbtune.session import run_probe, run_tune
 from mbtune.sweeping.config import SweepConfig
 
 # Errors that are bad input for probe and sweep but, for a qualification, mean this machine could not run
@@ -47,9 +47,9 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     the SweepConfig launcher fields (--launcher torchrun and its nodes) the sweep runs with; `resume`: continue
     an interrupted qualification from its runs' journals."""
     from mbtune.device import resolve_device
-    from mbtune.profiles import load_profile
     from mbtune.qualifying import judge as qualify
     from mbtune.qualifying.compare import check_same_device, device_model
+    from mbtune.saving.profiles import load_profile
     from mbtune.sweeping.stopping import default_repeats
 
     started, started_at = time.monotonic(), datetime.now(UTC).replace(microsecond=0, tzinfo=None).isoformat()
@@ -105,7 +105,7 @@ def _serve_device(spec: QualifySpec) -> str:
 def _qualify_serve(spec: QualifySpec, progress: TrialProgress | None, profiles_dir: Path | None,
                    resume: bool) -> tuple[ServeReport | None, str | None]:
     """The spec's serving run, or why it could not complete (an ERROR check, as a probe's would be)."""
-    from mbtune.session import run_serve
+    from mbtune.saving.session import run_serve
 
     assert spec.serve is not None
     try:

@@ -6,10 +6,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from mbtune.profiles import Profile
 from mbtune.report import key_value_grid, print_json
 from mbtune.report.probe import print_probe
 from mbtune.report.sweep import print_sweep
+from mbtune.saving.profiles import Profile
 
 
 def metadata_table(profile: Profile, path: str) -> Table:

@@ -1,6 +1,6 @@
 """Inference on a workload, inside a fresh process: what the server's model process is given (ModelSpec),
 and the service-time curve (the latency of one batch of each size, warm). The batches run through
-mbtune.inference.InferenceModel, as the inference probe's trials (probing/trial.py) do.
+mbtune.probing.inference.InferenceModel, as the inference probe's trials (probing/trial.py) do.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from mbtune.inference import InferenceModel
+from mbtune.probing.inference import InferenceModel
 from mbtune.serving.config import pin_process, serve_threads
 from mbtune.serving.records import ServiceCurve, ServiceTime, TensorSignature
 from mbtune.workloads import load_workload

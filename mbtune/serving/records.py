@@ -10,7 +10,7 @@ from typing import Any
 
 from mbtune.probing.records import ProbeResult
 from mbtune.recordio import Record
-from mbtune.records import DeviceInfo, MachineLoad
+from mbtune.records import DeviceInfo, MachineLoad, frame, pct
 from mbtune.serving.load import LOAD_KINDS, POISSON
 from mbtune.validation import require
 
@@ -202,10 +202,17 @@ class ServeReport(Record):
 
     __repr__ = Record.__repr__
     def to_frame(self) -> Any:
-        """A pandas DataFrame shaped for analysis (mbtune/frames.py)."""
-        from mbtune.frames import serve_frame
-
-        return serve_frame(self)
+        """A pandas DataFrame shaped for analysis."""
+        budget = self.p99_budget_s
+        return frame({
+            "max_batch_size": load.config.max_batch_size, "max_queue_delay_s": load.config.max_queue_delay_s,
+            "preferred": ",".join(map(str, load.config.preferred)), "kind": load.kind, "rate_per_s": load.rate_per_s,
+            "concurrency": load.concurrency, "throughput_per_s": load.throughput_per_s, "p50_s": load.p50_s,
+            "p90_s": load.p90_s, "p99_s": load.p99_s, "predicted_p99_s": load.predicted_p99_s,
+            "mean_batch_size": load.mean_batch_size, "queue_pct": pct(load.queue_share), "sent": load.sent,
+            "completed": load.completed, "rejected": load.rejected, "timed_out": load.timed_out,
+            "stable": load.stable, "windows": load.windows, "meets_budget": load.meets(budget),
+        } for load in self.loads)
 
     workload: str
     workload_options: dict[str, Any] = field(default_factory=dict)

@@ -10,7 +10,7 @@ from mbtune.pipeline.point import SweepPoint
 from mbtune.recordio import (
     Record,
 )
-from mbtune.records import OK, DeviceInfo, IdleShares, MachineLoad, NvmlSummary, Outcome, TimelineAction
+from mbtune.records import OK, DeviceInfo, IdleShares, MachineLoad, NvmlSummary, Outcome, TimelineAction, frame, pct
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,10 +141,40 @@ class SweepReport(Record):
 
     __repr__ = Record.__repr__  # short: the dataclass one prints every trial and action
     def to_frame(self) -> Any:
-        """A pandas DataFrame shaped for analysis (mbtune/frames.py)."""
-        from mbtune.frames import sweep_frame
-
-        return sweep_frame(self)
+        """A pandas DataFrame shaped for analysis."""
+        stages = max((len(r.peak_memory_bytes) for r in self.results), default=0)
+        order = list(self.ranking) + [i for i in range(len(self.results)) if i not in self.ranking]
+        rows = []
+        for index in order:
+            r, p = self.results[index], self.results[index].point
+            advice = self.advice_for(p.global_batch)
+            load = r.load
+            peaks = list(r.peak_memory_bytes) + [None] * (stages - len(r.peak_memory_bytes))
+            rows.append({
+                "rank": self.ranking.index(index) + 1 if index in self.ranking else None,
+                "schedule": p.schedule, "num_ranks": p.num_ranks, "stages_per_rank": p.stages_per_rank,
+                "num_microbatches": p.num_microbatches, "grad_accum_steps": p.grad_accum_steps,
+                "data_parallel_size": p.data_parallel_size, "recompute": p.recompute,
+                "micro_batch_size": p.micro_batch_size, "global_batch": p.global_batch,
+                "lr_scale": advice.scale if advice else None, "lr": advice.lr if advice else None,
+                "status": r.status, "num_repeats": r.num_repeats, "stopped": r.stopped, "busy_reruns": r.busy_reruns,
+                "samples_per_s": r.samples_per_s, "samples_per_s_ci_half_pct": r.ci_half_pct, "ci_basis": r.ci_basis,
+                "samples_per_s_min": r.samples_per_s_min, "samples_per_s_max": r.samples_per_s_max,
+                "tied_with_best": index in self.ties, "pareto": index in self.pareto,
+                "tokens_per_s": r.tokens_per_s, "step_time_median_s": r.step_time_median_s,
+                "step_time_cv_pct": r.step_time_cv_pct, "allreduce_s": r.allreduce_s,
+                "stage_imbalance": r.stage_imbalance,
+                "bubble_measured_pct": pct(r.bubble_measured), "bubble_measured_min_pct": pct(r.bubble_measured_min),
+                "bubble_measured_max_pct": pct(r.bubble_measured_max), "bubble_theoretical_pct": pct(r.bubble_theoretical),
+                **{f"idle_{cause}_pct": pct(getattr(r.idle, cause)) if r.idle else None
+                   for cause in ("schedule", "transfer", "overhead")},
+                "peak_memory_bytes_max": r.max_peak_memory_bytes,
+                **{f"peak_memory_bytes_stage{stage}": peak for stage, peak in enumerate(peaks)},
+                "mfu_pct": r.mfu_pct, "load_avg_1m": load.load_avg_1m if load else None,
+                "other_cpu_pct": pct(load.other_cpu_share) if load else None,
+                "machine_busy": load.busy if load else None, "wall_s": r.wall_s, "error": r.error,
+            })
+        return frame(rows)
 
     workload: str
     workload_options: dict[str, Any] = field(default_factory=dict)

@@ -18,9 +18,9 @@ from mbtune.errors import WorkloadBrokenError
 from mbtune.probing.config import ProbeConfig, TrialConfig
 from mbtune.probing.run import probe_workload
 from mbtune.probing.trial import run_trial
-from mbtune.profiles import SCHEMA_VERSION, Metadata, Profile
 from mbtune.report.profile import print_profile
 from mbtune.report.sweep import failure_lines
+from mbtune.saving.profiles import SCHEMA_VERSION, Metadata, Profile
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.records import PointResult
 from mbtune.sweeping.run import sweep_workload

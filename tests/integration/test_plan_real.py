@@ -27,9 +27,9 @@ from mbtune.planning.api import (
 from mbtune.planning.calibrate import point_orders
 from mbtune.planning.planner import predict, with_scatter
 from mbtune.planning.records import SCATTER_NONE
-from mbtune.profiles import Metadata, Profile
 from mbtune.report.plots import write_plan_plots, write_plots
 from mbtune.report.trace import write_trace
+from mbtune.saving.profiles import Metadata, Profile
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.records import SweepReport
 from mbtune.sweeping.run import sweep_workload

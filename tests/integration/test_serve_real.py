@@ -15,10 +15,10 @@ import pytest
 from mbtune.cli import main
 from mbtune.errors import Interrupted
 from mbtune.journal import REPLAYED
-from mbtune.profiles import load_profile
+from mbtune.saving.profiles import load_profile
+from mbtune.saving.session import run_serve
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.load import CLOSED, POISSON
-from mbtune.session import run_serve
 
 pytestmark = pytest.mark.integration
 

@@ -154,14 +154,14 @@ def test_sweep_takes_the_safe_batch_from_the_saved_probe(tmp_path):
 
 
 def test_the_sweep_itself_reads_no_profile(monkeypatch):
-    import mbtune.profiles
+    import mbtune.saving.profiles
     from mbtune.sweeping.config import SweepConfig
     from mbtune.sweeping.run import sweep_workload
 
     def refuse(path):
         raise AssertionError(f"the sweep read {path}")
 
-    monkeypatch.setattr(mbtune.profiles, "load_profile", refuse)
+    monkeypatch.setattr(mbtune.saving.profiles, "load_profile", refuse)
     config = SweepConfig(workload="mlp", workload_options=(("layers", 2), ("width", 32)), device="cpu", num_ranks=2,
                          schedules=("gpipe",), micro_batches=(2,), grad_accum_steps=(1,), micro_batch_size=2,
                          measured_steps=1, safe_batch=None)

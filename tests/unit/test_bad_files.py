@@ -18,10 +18,10 @@ import mbtune.records as records
 from mbtune.atomic import write_atomic
 from mbtune.errors import ConfigError, ProfileError
 from mbtune.probing.records import TrialOutcome
-from mbtune.profiles import SCHEMA_VERSION, Metadata, Profile, load_profile, write_profile
+from mbtune.qualifying.specfile import read_spec
 from mbtune.records import DeviceInfo
-from mbtune.specfile import read_spec
-from mbtune.store import JOURNAL_RECORDS, RunStore
+from mbtune.saving.profiles import SCHEMA_VERSION, Metadata, Profile, load_profile, write_profile
+from mbtune.saving.store import JOURNAL_RECORDS, RunStore
 from tests.unit.test_cli import Ran, mbtune_here
 from tests.unit.test_records import sample_probe
 from tests.unit.test_report import sweep_report

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from mbtune.cli.outputs import check_writable
 from mbtune.errors import ONE_LINE_CHARS, ConfigError, MbtuneError
-from mbtune.outputs import check_writable
 from mbtune.probing.config import ProbeConfig
 from mbtune.sweeping.config import SweepConfig
 from mbtune.validation import check_types, require_unique, short

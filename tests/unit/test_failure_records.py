@@ -119,7 +119,7 @@ def test_trials_table_shows_a_cause_only_when_a_trial_failed():
 
 
 def test_error_tails_list_every_failed_trial_with_its_whole_text():
-    from mbtune.profiles import SCHEMA_VERSION, Metadata, Profile
+    from mbtune.saving.profiles import SCHEMA_VERSION, Metadata, Profile
 
     probe = sample_probe()
     failed = TrialOutcome(status="error", batch_size=16, error="ValueError: bad", error_kind="workload",

@@ -19,8 +19,8 @@ from mbtune.planning.api import (
     validate_profile,
 )
 from mbtune.planning.config import PlanConfig
-from mbtune.profiles import Metadata, Profile
 from mbtune.records import DeviceInfo
+from mbtune.saving.profiles import Metadata, Profile
 from mbtune.sweeping.records import SweepReport
 from mbtune.workloads import Workload
 from mbtune.workloads.mlp import mlp

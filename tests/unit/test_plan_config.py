@@ -142,7 +142,7 @@ def test_a_valid_config_plans() -> None:
     ("--gpus", "8", "--global-batch", "64", "--device-memory", "0"),
 ])
 def test_the_cli_refuses_a_bad_plan_in_one_line_before_simulating(options, tmp_path) -> None:
-    from mbtune.profiles import write_profile
+    from mbtune.saving.profiles import write_profile
     from tests.unit.test_cli import mbtune_here
 
     write_profile(tmp_path / "mlp.json", profile())

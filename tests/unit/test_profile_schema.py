@@ -9,8 +9,8 @@ import json
 import jsonschema
 import pytest
 
-from mbtune.profile_schema import profile_schema, schema_file_name, shipped_schema
-from mbtune.profiles import SCHEMA_VERSION, Profile
+from mbtune.saving.profile_schema import profile_schema, schema_file_name, shipped_schema
+from mbtune.saving.profiles import SCHEMA_VERSION, Profile
 from tests.unit.test_qualify import sample_probe, sweep_report
 
 
@@ -21,7 +21,7 @@ def test_the_shipped_schema_is_the_one_the_records_give():
 
 
 def profile() -> dict:
-    from mbtune.profiles import Metadata
+    from mbtune.saving.profiles import Metadata
 
     metadata = Metadata(mbtune_version="0", torch_version="2", python_version="3.11", host="h", platform="p",
                         command_line="mbtune tune", created_at="2026-12-04T10:00:00")

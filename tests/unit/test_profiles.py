@@ -5,8 +5,8 @@ import json
 import pytest
 
 from mbtune.errors import ProfileError
-from mbtune.profiles import SCHEMA_VERSION, device_slug, load_profile, profile_path, save_probe, slug
 from mbtune.records import DeviceInfo
+from mbtune.saving.profiles import SCHEMA_VERSION, device_slug, load_profile, profile_path, save_probe, slug
 from tests.unit.test_records import sample_probe
 
 
@@ -54,7 +54,7 @@ def test_unwritable_folder_is_a_clear_error_and_keeps_the_old_file(tmp_path):
 
 
 def test_older_schemas_are_migrated_or_refused(tmp_path, monkeypatch):
-    import mbtune.profiles as profiles
+    import mbtune.saving.profiles as profiles
 
     path = save_probe(tmp_path, sample_probe(), "mbtune probe")
     data = json.loads(path.read_text())

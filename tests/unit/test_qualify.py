@@ -10,7 +10,6 @@ import pytest
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
-from mbtune.profiles import Metadata, Profile
 from mbtune.qualifying.compare import check_same_device, compare_profiles
 from mbtune.qualifying.judge import (
     AGGREGATE,
@@ -24,9 +23,10 @@ from mbtune.qualifying.judge import (
 )
 from mbtune.qualifying.records import CHECK_ERROR, FAIL, INCONCLUSIVE, PASS, Check, Verdict
 from mbtune.qualifying.spec import QualifySpec
+from mbtune.qualifying.specfile import load_spec, read_spec
 from mbtune.records import DeviceInfo
 from mbtune.report.qualify import PER_POINT_TITLE, junit_xml, per_point_table, verdict_table
-from mbtune.specfile import load_spec, read_spec
+from mbtune.saving.profiles import Metadata, Profile
 from mbtune.sweeping.grid import rank_results
 from mbtune.sweeping.records import PointResult, SweepReport
 from tests.unit.test_records import sample_probe

@@ -3,8 +3,8 @@ from __future__ import annotations
 import json
 
 from mbtune.probing.records import MemoryModel, ProbeResult, TrialOutcome
-from mbtune.profiles import SCHEMA_VERSION, Metadata, Profile
 from mbtune.records import DeviceInfo
+from mbtune.saving.profiles import SCHEMA_VERSION, Metadata, Profile
 
 
 def sample_probe() -> ProbeResult:

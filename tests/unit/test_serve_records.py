@@ -12,12 +12,12 @@ import pytest
 from rich.console import Console
 
 from mbtune.errors import ConfigError
-from mbtune.profiles import SCHEMA_VERSION, Profile, collect_metadata, load_profile, save_results
 from mbtune.qualifying.judge import serve_thresholds
 from mbtune.qualifying.records import FAIL, INCONCLUSIVE, PASS
 from mbtune.qualifying.spec import QualifySpec
 from mbtune.records import DeviceInfo
 from mbtune.report.serve import print_serve, serve_document
+from mbtune.saving.profiles import SCHEMA_VERSION, Profile, collect_metadata, load_profile, save_results
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.export import TORCHSERVE_KEYS, torchserve_settings
 from mbtune.serving.records import (
@@ -150,7 +150,7 @@ def test_min_rate_at_p99_passes_fails_and_is_inconclusive_when_unstable():
 
 
 def test_a_spec_serve_section_reads_durations_and_a_serving_spec_runs_no_training_probe(tmp_path):
-    from mbtune.specfile import read_spec
+    from mbtune.qualifying.specfile import read_spec
 
     spec = tmp_path / "qualify.toml"
     spec.write_text('workload = "mlp"\ndevice = "cpu"\n[options]\nwidth = 32\n[serve]\np99 = "50ms"\n'

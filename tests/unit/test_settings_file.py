@@ -6,8 +6,8 @@ import pytest
 
 from mbtune.errors import ConfigError
 from mbtune.probing.config import ProbeConfig
+from mbtune.qualifying.specfile import read_settings
 from mbtune.settings import field_for, param_for
-from mbtune.specfile import read_settings
 from mbtune.sweeping.config import SweepConfig
 
 FILE = """
@@ -80,7 +80,7 @@ def test_settings_are_named_by_field_or_by_flag():
 def test_a_spec_sets_replicas_recompute_and_balance_one_value_or_a_list(tmp_path):
     from pathlib import Path
 
-    from mbtune.specfile import read_spec
+    from mbtune.qualifying.specfile import read_spec
 
     path = Path(tmp_path / "qualify.toml")
     path.write_text('workload = "mlp"\ndevice = "cpu"\n[sweep]\nstages = 2\ndata_parallel = 2\nrecompute = "full"\n'

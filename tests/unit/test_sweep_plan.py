@@ -162,8 +162,8 @@ def test_saved_limits_are_read_where_the_file_is_named_and_enter_the_config(tmp_
 
     from mbtune.device.describe import describe
     from mbtune.errors import ProfileError
-    from mbtune.profiles import save_probe
-    from mbtune.session import with_saved_limits
+    from mbtune.saving.profiles import save_probe
+    from mbtune.saving.session import with_saved_limits
     from tests.unit.test_records import sample_probe
 
     probe = replace(sample_probe(), device=describe("cpu"))

@@ -17,8 +17,8 @@ from mbtune.errors import ConfigError, ProfileError
 from mbtune.probing.config import ProbeConfig
 from mbtune.probing.records import ProbeResult
 from mbtune.probing.run import probe_workload
-from mbtune.profiles import load_profile, profile_path
 from mbtune.progress import TrialProgress
+from mbtune.saving.profiles import load_profile, profile_path
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.records import ServeReport
 from mbtune.serving.run import serve_workload
@@ -54,7 +54,7 @@ def saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, pr
     """Run `body(store)` -> (probe, sweep) or (probe, sweep, serve) under a RunStore, and save what it
     returns into the profile (without a profiles folder: no store, nothing written)."""
     from mbtune.device import resolve_device
-    from mbtune.store import RunStore
+    from mbtune.saving.store import RunStore
     from mbtune.sweeping.feasible import refuse_unrunnable
     from mbtune.workloads.facts import workload_facts
 

@@ -21,8 +21,8 @@ from typing import Any
 from mbtune.atomic import write_atomic
 from mbtune.errors import EXIT_COULD_NOT_RUN, ConfigError, ProfileError, RunLockedError
 from mbtune.probing.records import ProbeResult, TrialOutcome
-from mbtune.profiles import profile_path, save_results
 from mbtune.records import KILLED, DeviceInfo, Record, RecordFieldError, short_repr, shorten
+from mbtune.saving.profiles import profile_path, save_results
 from mbtune.serving.records import ConfigRun, ServeReport, ServiceCurve
 from mbtune.sweeping.records import Balance, PointResult, SweepReport
 from mbtune.version import __version__

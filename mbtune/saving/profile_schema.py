@@ -26,7 +26,7 @@ def schema_file_name(version: int) -> str:
 
 def profile_schema() -> dict[str, Any]:
     """The JSON Schema of a profile of this mbtune's schema version."""
-    from mbtune.profiles import SCHEMA_VERSION, Profile
+    from mbtune.saving.profiles import SCHEMA_VERSION, Profile
 
     defs: dict[str, Any] = {}
     root = _record(Profile, defs)
@@ -38,7 +38,7 @@ def profile_schema() -> dict[str, Any]:
 
 def shipped_schema(version: int | None = None) -> dict[str, Any]:
     """The schema file shipped in the package for `version` (default: this mbtune's)."""
-    from mbtune.profiles import SCHEMA_VERSION
+    from mbtune.saving.profiles import SCHEMA_VERSION
 
     name = schema_file_name(SCHEMA_VERSION if version is None else version)
     return json.loads(resources.files("mbtune").joinpath("schemas", name).read_text())

@@ -1,0 +1,2 @@
+"""Saving runs: the store (lock, journal, atomic profile write), profiles and their schema, and the session
+that every command's run goes through."""
