@@ -3,12 +3,17 @@ config field is set by, and the checks the configs run on the fields they have i
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Collection
-from typing import Any
+import typing
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, TypeVar
 
+from mbtune.errors import ConfigError
 from mbtune.records import RECOMPUTE_MODES
 from mbtune.validation import require as _require
+
+C = TypeVar("C")
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -48,23 +53,27 @@ DEFAULT_LOAD_TIMEOUT_S = 120.0
 USUAL_MARGIN_RANGE = (0.10, 0.20)
 
 
-# Config fields whose command-line flag is not the field's name with dashes (every other field's is). A
-# setting has one spelling: its flag's, with underscores in the Python API and in settings files.
-FLAG_NAMES = {"trial_timeout_s": "trial-timeout", "load_timeout_s": "load-timeout", "point_timeout_s": "point-timeout",
-              "grad_accum_steps": "accum", "measured_steps": "steps", "warmup_steps": "warmup", "num_ranks": "stages",
-              "memory_budget_bytes": "memory-budget", "workload_options": "option", "data_parallel_size": "data-parallel",
-              "num_blocks": "blocks", "link_bandwidth_bytes_per_s": "link-bandwidth", "link_latency_s": "link-latency",
-              "validation_method": "validation", "num_microbatches": "micro-batches", "timeout_s": "timeout",
-              "p99_budget_s": "p99", "queue_delays_s": "queue-delays", "window_s": "window",
-              "queue_timeout_s": "queue-timeout", "num_gpus": "gpus", "device_memory_bytes": "device-memory",
-              "max_time_per_point_s": "max-time-per-point"}
+# The fields whose flag is a shorter word than the field. Every other field's flag is its name less its unit
+# (`_s`, `_bytes`, `_bytes_per_s`) and its `num_`, with dashes: trial_timeout_s -> --trial-timeout,
+# memory_budget_bytes -> --memory-budget, num_gpus -> --gpus. A setting has that one spelling: its flag's,
+# with underscores in the Python API and in settings files.
+SHORT_FLAGS = {"grad_accum_steps": "accum", "measured_steps": "steps", "warmup_steps": "warmup", "num_ranks": "stages",
+               "num_microbatches": "micro-batches", "workload_options": "option", "data_parallel_size": "data-parallel",
+               "validation_method": "validation", "p99_budget_s": "p99"}
+_UNITS = ("_bytes_per_s", "_bytes", "_s")
 # The workload's options are one table (a dict in Python, [options] in a file), not the repeatable -O flag.
 _TABLES = {"workload_options": "options"}
+# Config fields that no setting names: mbtune fills them in itself.
+NOT_SETTINGS = frozenset({"command_line", "extra_warnings", "points"})
 
 
 def flag_for(field_name: str) -> str:
     """The command-line flag of a config field."""
-    return "--" + FLAG_NAMES.get(field_name, field_name.replace("_", "-"))
+    if field_name in SHORT_FLAGS:
+        return "--" + SHORT_FLAGS[field_name]
+    name = field_name.removeprefix("num_")
+    name = next((name.removesuffix(unit) for unit in _UNITS if name.endswith(unit)), name)
+    return "--" + name.replace("_", "-")
 
 
 def param_for(field_name: str) -> str:
@@ -133,3 +142,99 @@ def check_at_most(config: Any, limit: int, *names: str) -> None:
 
 def check_seed(seed: int) -> None:
     _require(abs(seed) <= MAX_SEED, "seed", seed, f"an integer from -{_BOUNDS[MAX_SEED]} to {_BOUNDS[MAX_SEED]}")
+
+
+def setting_names(kind: type) -> dict[str, str]:
+    """A config's settings: each setting's name (its flag with underscores) -> the config field it sets. The
+    workload's options answer to `options` (one table) and to `option` (the repeatable flag's KEY=VALUE items)."""
+    fields = [f.name for f in dataclasses.fields(kind) if f.init and f.name not in NOT_SETTINGS]
+    return {**{flag_for(f)[2:].replace("-", "_"): f for f in fields}, **{param_for(f): f for f in fields}}
+
+
+def spelled_as_flag(field_name: str) -> str:
+    """How the command line names a setting: its flag (`--memory-budget`)."""
+    return flag_for(field_name)
+
+
+def build(kind: type[C], given: Mapping[str, Any], *, spelled: Callable[[str], str] = param_for, what: str = "",
+          **filled: Any) -> C:
+    """The one door to a config, for the command line, the Python API, settings files and re-runs alike.
+
+    `given`: settings by name (the flag's, with underscores or dashes); None is a setting not given (the
+    config's default). Each value is coerced by its field: a size ("8GiB") for a `_bytes` field, a duration
+    ("50ms") for an `_s` one, a rate ("50GB/s") for a `_bytes_per_s` one, a comma list ("2,4") or a list for
+    a tuple, KEY=VALUE items or a mapping for the workload's options. The config then checks its own
+    bounds. `spelled` names a field in the caller's words (the flag on the command line, the setting's name
+    elsewhere): every error names the setting so. `filled`: fields mbtune fills in itself (command_line)."""
+    names = setting_names(kind)
+    hints = typing.get_type_hints(kind)
+    fields: dict[str, Any] = {}
+    for key, value in given.items():
+        name = names.get(key.replace("-", "_"))
+        if name is None:
+            raise ConfigError(f"unknown setting {key!r} for {what or kind.__name__}",
+                              hint=f"Settings are the flags' names with underscores: {', '.join(sorted(names))}.")
+        if name in fields:
+            raise ConfigError(f"{spelled(name)} is given twice", hint="Give it once.")
+        if value is not None:
+            fields[name] = _coerced(name, hints[name], value, spelled(name))
+    try:
+        return kind(**fields, **filled)
+    except ConfigError as exc:
+        raise _in_words(exc, spelled) if exc.field in names.values() else exc from None
+
+
+def _coerced(name: str, hint: Any, value: Any, label: str) -> Any:
+    """A setting's value as its field holds it (see build)."""
+    from mbtune.units import parse_bytes, parse_duration, parse_list, parse_options, parse_rate
+
+    if name == "workload_options":
+        if isinstance(value, Mapping):
+            return tuple(sorted(value.items()))
+        if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+            return parse_options(list(value))
+        return value
+    if isinstance(value, list):
+        value = tuple(value)
+    listed = _is_tuple(hint)
+    if listed and isinstance(value, str):
+        value = parse_list(value, name=label, convert=str if name.endswith("_s") else _item_type(hint))
+    if not isinstance(value, str):
+        if listed and name.endswith("_s") and isinstance(value, tuple):
+            return tuple(parse_duration(v, name=label) if isinstance(v, str) else v for v in value)
+        return value
+    if name.endswith("_bytes_per_s"):
+        return parse_rate(value, name=label)
+    if name.endswith("_bytes"):
+        return parse_bytes(value, name=label, at_most=MAX_BUDGET_BYTES)
+    if name.endswith("_s"):
+        return parse_duration(value, name=label)
+    return value
+
+
+def _is_tuple(hint: Any) -> bool:
+    return typing.get_origin(hint) is tuple or any(typing.get_origin(a) is tuple for a in typing.get_args(hint))
+
+
+def _item_type(hint: Any) -> type:
+    """The item type of a tuple field (`tuple[int, ...] | None` -> int); str where it is not one type."""
+    tuples = [hint] if typing.get_origin(hint) is tuple else [a for a in typing.get_args(hint) if typing.get_origin(a) is tuple]
+    item = typing.get_args(tuples[0])[0] if tuples and typing.get_args(tuples[0]) else str
+    return item if item in (int, float, str) else str
+
+
+def _in_words(exc: ConfigError, spelled: Callable[[str], str]) -> ConfigError:
+    """A config's error about one of its fields, naming the setting as the caller does."""
+    assert exc.field is not None
+    word = spelled(exc.field)
+    message = exc.message.replace(f"{exc.field}=", f"{word} " if word.startswith("--") else f"{word}=", 1)
+    hint = exc.hint or (f"Fix {word}." if word.startswith("--") else None)
+    return ConfigError(message, hint=hint, detail=exc.detail, field=exc.field, given=exc.given, expected=exc.expected)
+
+
+def settings_of(kind: type, record: Any, *, skip: Collection[str] = ()) -> dict[str, Any]:
+    """The settings of `kind` that a saved record holds under the same field name, by setting name: what a
+    re-run of the record starts from (qualify's re-run of a baseline). `skip`: fields the record holds that a
+    re-run decides afresh."""
+    held = {f.name for f in dataclasses.fields(record)} - set(skip)
+    return {param_for(field): getattr(record, field) for field in set(setting_names(kind).values()) & held}

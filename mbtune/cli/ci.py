@@ -40,9 +40,8 @@ from mbtune.cli.support import (
     check_outputs,
     check_resume,
     interrupted_exit_code,
-    launch_settings,
-    lead_or_follow,
     printing_to,
+    say_on_stderr,
     target_folder,
     with_progress,
 )
@@ -87,20 +86,25 @@ def qualify(
 ) -> None:
     """Re-run a baseline's probe and sweep here and give a verdict: exit 0 pass, 1 a check failed, 3 could not run,
     4 inconclusive (the measured spread is wider than the tolerance)."""
+    from mbtune.pipeline.nodes import launch_nodes
     from mbtune.qualifying.judge import exit_code
     from mbtune.qualifying.run import run_qualify
     from mbtune.qualifying.specfile import read_spec
     from mbtune.report import make_console
     from mbtune.report.qualify import print_verdict, write_junit
     from mbtune.saving.profiles import command_line
+    from mbtune.saving.session import lead_or_follow
     from mbtune.units import parse_fraction
 
     fmt = check_format(format, allowed=("table", "json"))
     check_resume(resume, save)
     check_outputs(files={"--junit": junit})
     check_inputs({"--baseline": (baseline, PROFILE_HINT), "--spec": (spec, TOML_HINT)})
-    launch = launch_settings(launcher, nnodes, node_rank, rdzv_endpoint, join_timeout)
-    lead_or_follow(launch)  # before the spec and baseline are read: only node 0 needs those files
+    nodes = launch_nodes(launcher, nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint, join_timeout_s=join_timeout)
+    launch = nodes if launcher == "torchrun" else None
+    # Before the spec and baseline are read: only node 0 needs those files.
+    if (followed := lead_or_follow(launch, say_on_stderr)) is not None:
+        raise typer.Exit(followed)
     share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
     path = str(baseline) if baseline else None
     if spec is not None:

@@ -3,8 +3,10 @@ config's own)."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -42,7 +44,7 @@ Budget = Annotated[str | None, typer.Option("--memory-budget", help="Memory a tr
 Format = Annotated[str, typer.Option("--format", "-f", help="table (people), json or csv (machines).")]
 
 
-Precision = Annotated[str, typer.Option("--precision", help="fp32, bf16 (autocast) or fp16 (autocast + GradScaler, CUDA only).")]
+Precision = Annotated[str, typer.Option("--precision", help="fp32, bf16 (autocast) or fp16 (autocast + GradScaler: CUDA only, probe only; a sweep's stages run fp32 or bf16).")]
 
 
 Optimizer = Annotated[str, typer.Option("--optimizer", help="adamw or sgd (optimizer state counts toward memory).")]
@@ -87,7 +89,7 @@ ReferenceBatch = Annotated[int | None, typer.Option("--reference-batch", help="T
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the model's weights and of the synthetic batches.")]
 
 
-Threads = Annotated[int | None, typer.Option("--threads", help="torch threads per process (default: all cores for a probe trial, cores / stages for a pipeline stage).")]
+Threads = Annotated[int | None, typer.Option("--threads", help="torch threads per process (default: all cores for a probe trial, cores / stages for a pipeline stage on the CPU).")]
 
 
 Margin = Annotated[float, typer.Option(help="Safety margin below the ceiling, 0-0.5 (usual 0.10-0.20).")]
@@ -190,3 +192,61 @@ Repeats = Annotated[int | None, typer.Option("--repeats", help="Runs of each poi
 TargetCi = Annotated[float, typer.Option("--target-ci", help="Measure each point until the 95% interval of its samples/s is at most this wide, a share of it (0.05: 5%).")]
 MaxTimePerPoint = Annotated[float, typer.Option("--max-time-per-point", help="Seconds a point is measured for at most, repeats included, when measured until known.")]
 PinCpus = Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, pin each rank process to its own cores.")]
+
+
+FromProfile = Annotated[Path | None, typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")]
+
+
+ProbeStepsInTune = Annotated[int, typer.Option("--probe-steps", help="Full training steps per probe trial (>= 2).")]
+
+
+Check = Annotated[bool, typer.Option(help="Check the best row's update against the plain model's (mbtune check) and show the verdict.")]
+
+
+def option(name: str, kind: Any, default: Any = None) -> inspect.Parameter:
+    """One command-line option, declared once: its name (the setting's), its Annotated type and default."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind, default=default)
+
+
+# The options the training commands share, each declared once, in the order --help lists them. A command is
+# the groups it takes (see command()).
+WORKLOAD_OPTIONS = (option("config_file", ConfigFile), option("workload", Workload, P.workload),
+                    option("option", WorkloadOption), option("device", Device, P.device))
+BUDGET_OPTIONS = (option("memory_budget", Budget), option("margin", Margin, P.margin),
+                  option("granularity", Granularity, P.granularity), option("max_batch", MaxBatch, P.max_batch),
+                  option("confirm", Confirm, P.confirm), option("resolution", Resolution, P.resolution),
+                  option("predict", Predict, P.predict))
+PROBE_STEPS = (option("steps", ProbeSteps, P.steps),)
+TRIAL_TIMEOUT = (option("trial_timeout", TrialTimeout, P.trial_timeout_s),)
+GRID_OPTIONS = (option("stages", Stages, S.num_ranks), option("schedules", Schedules),
+                option("micro_batches", MicroBatches), option("accum", Accum, SWEEP_ACCUM),
+                option("micro_batch_size", MicroBatchSizes), option("global_batch", GlobalBatch),
+                option("data_parallel", DataParallel, SWEEP_DATA_PARALLEL), option("balance", Balance, "params"))
+MEASURE_OPTIONS = (option("objective", Objective, S.objective), option("strategy", Strategy, S.strategy),
+                   option("steps", SweepSteps, S.measured_steps), option("warmup", Warmup, S.warmup_steps),
+                   option("repeats", Repeats), option("target_ci", TargetCi, S.target_ci),
+                   option("max_time_per_point", MaxTimePerPoint, S.max_time_per_point_s),
+                   option("pin_cpus", PinCpus, S.pin_cpus), option("virtual_stages", VirtualStages, S.virtual_stages),
+                   option("reference_batch", ReferenceBatch, S.reference_batch),
+                   option("point_timeout", PointTimeout, S.point_timeout_s))
+TRAINING_OPTIONS = (option("precision", Precision, P.precision), option("optimizer", Optimizer, P.optimizer),
+                    option("threads", Threads, P.threads), option("lr", Lr, P.lr), option("seed", Seed, P.seed),
+                    option("recompute", Recompute, RECOMPUTE), option("load_timeout", LoadTimeout, P.load_timeout_s))
+LAUNCH_OPTIONS = (option("launcher", Launcher, S.launcher), option("nnodes", NNodes), option("node_rank", NodeRank),
+                  option("rdzv_endpoint", RdzvEndpoint), option("join_timeout", JoinTimeout, S.join_timeout_s))
+SAVE_OPTIONS = (option("profiles_dir", ProfilesDir, PROFILES), option("save", Save, True),
+                option("resume", Resume, False))
+PICTURE_OPTIONS = (option("plot", Plot), option("trace", Trace))
+OUTPUT_OPTIONS = (option("format", Format, "table"), option("output", Output))
+
+
+def command(run: Callable[[dict[str, Any]], None], *groups: tuple[inspect.Parameter, ...]) -> Callable[..., None]:
+    """A typer command of `run`, taking the options of `groups`: typer reads the signature, and `run` gets
+    what was given as one mapping, by the options' names (the settings' names)."""
+
+    def given(**options: Any) -> None:
+        run(options)
+
+    given.__signature__ = inspect.Signature([p for group in groups for p in group])  # type: ignore[attr-defined]
+    given.__name__, given.__doc__, given.__module__ = run.__name__.lstrip("_"), run.__doc__, run.__module__
+    return given

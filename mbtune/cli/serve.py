@@ -31,7 +31,7 @@ from mbtune.cli.support import (
     check_outputs,
     check_resume,
     finish_serve,
-    serve_config_from,
+    settings_in,
     target_folder,
     with_progress,
 )
@@ -39,6 +39,7 @@ from mbtune.serving.config import DEFAULT_MIN_REQUESTS, DEFAULT_SERVE_MAX_BATCH
 
 
 def serve(
+    ctx: typer.Context,
     p99: Annotated[str, typer.Option("--p99", help="The p99 latency budget of one request, end to end, e.g. 50ms.")],
     workload: Workload = P.workload,
     option: WorkloadOption = None,
@@ -73,16 +74,12 @@ def serve(
 ) -> None:
     """Tune dynamic batching for inference under a p99 latency budget, on a real server under real load."""
     from mbtune.saving.session import run_serve
+    from mbtune.serving.config import ServeConfig
 
     fmt = check_output(check_format(format), output)
     check_resume(resume, save)
     check_outputs(plot_dir=plot, export_dir=export)
-    config = serve_config_from(p99=p99, workload=workload, option=option, device=device, precision=precision,
-                           rates=rates, concurrency=concurrency, max_batch_sizes=max_batch_sizes,
-                           queue_delays=queue_delays, preferred=preferred, memory_budget=memory_budget, margin=margin,
-                           max_batch=max_batch, confirm=confirm, threads=threads, pin_cpus=pin_cpus, window=window,
-                           max_windows=max_windows, min_requests=min_requests, queue_timeout=queue_timeout,
-                           strategy=strategy, seed=seed, trial_timeout_s=trial_timeout, load_timeout_s=load_timeout)
+    config = settings_in(ctx.params, ServeConfig)
     outcome = with_progress("serve", lambda p: run_serve(config, p, profiles_dir=target_folder(profiles_dir, save),
                                                            resume=resume))
     finish_serve(fmt, outcome, plot=plot, output=output, export=export)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -15,77 +16,55 @@ import typer
 from mbtune.errors import Interrupted, MbtuneError
 
 if TYPE_CHECKING:
-    from mbtune.probing.config import ProbeConfig
     from mbtune.report.progress import TrialProgressBar
     from mbtune.saving.session import RunOutcome
-    from mbtune.serving.config import ServeConfig
-    from mbtune.sweeping.config import SweepConfig
 
 T = TypeVar("T")
 quiet: list[bool] = [False]  # -q: no per-trial progress lines
 
-def probe_config_from(options: Mapping[str, Any], *, steps: str = "steps") -> ProbeConfig:
-    """The probe's config from a training command's options (`steps`: the option that holds the probe's
-    trial steps; tune's is probe_steps)."""
-    from mbtune.probing.config import ProbeConfig
+# The options that say where and how a command prints and saves, not what it measures: the rest of what a
+# command is given are its config's settings.
+RUN_OPTIONS = frozenset({"config_file", "profiles_dir", "save", "resume", "format", "output", "plot", "trace",
+                         "export", "check", "from_profile", "rank", "junit"})
+
+
+def settings_in(given: Mapping[str, Any], door: Callable[..., T]) -> T:
+    """The config a command's options describe, through its one door: settings.build for a config class,
+    or a wing's own door (tune_configs); every error names the flag."""
     from mbtune.saving.profiles import command_line
-    from mbtune.settings import MAX_BUDGET_BYTES
-    from mbtune.units import parse_bytes, parse_list, parse_options
+    from mbtune.settings import build, flag_for
 
-    o = options
-    budget = parse_bytes(o["memory_budget"], name="--memory-budget", at_most=MAX_BUDGET_BYTES) if o["memory_budget"] is not None else None
-    return ProbeConfig(
-        workload=o["workload"], workload_options=parse_options(o["option"] or []), device=o["device"],
-        memory_budget_bytes=budget, margin=o["margin"], granularity=o["granularity"], max_batch=o["max_batch"],
-        confirm=o["confirm"], resolution=o["resolution"], predict=o["predict"], precision=o["precision"], optimizer=o["optimizer"],
-        steps=o[steps], threads=o["threads"], trial_timeout_s=o["trial_timeout"], load_timeout_s=o["load_timeout"],
-        lr=o["lr"], seed=o["seed"], recompute=parse_list(o["recompute"], name="--recompute", convert=str),
-        command_line=command_line())
+    settings = {name: value for name, value in given.items() if name not in RUN_OPTIONS}
+    if isinstance(door, type):
+        return build(door, settings, spelled=flag_for, command_line=command_line())
+    return door(settings, spelled=flag_for, command_line=command_line())
 
 
-def sweep_config_from(options: Mapping[str, Any], launch: dict[str, Any]) -> SweepConfig:
-    """The sweep's config from a training command's options and its launcher settings."""
-    from mbtune.saving.profiles import command_line
-    from mbtune.sweeping.config import DEFAULT_SCHEDULES, SweepConfig
-    from mbtune.sweeping.stopping import default_repeats
-    from mbtune.units import parse_list, parse_options
+@dataclass(frozen=True, kw_only=True)
+class Given:
+    """A training command's output settings, checked before anything runs: the format (as --output's name
+    says, where it says one), --resume with saving, and the picture and trace paths."""
 
-    o = options
-    return SweepConfig(
-        workload=o["workload"], workload_options=parse_options(o["option"] or []), device=o["device"],
-        num_ranks=o["stages"], schedules=parse_list(o["schedules"], name="--schedules", convert=str) or DEFAULT_SCHEDULES,
-        micro_batches=parse_list(o["micro_batches"], name="--micro-batches"),
-        grad_accum_steps=parse_list(o["accum"], name="--accum"),
-        micro_batch_size=parse_list(o["micro_batch_size"], name="--micro-batch-size"),
-        global_batch=parse_list(o["global_batch"], name="--global-batch"),
-        data_parallel_size=parse_list(o["data_parallel"], name="--data-parallel"),
-        recompute=parse_list(o["recompute"], name="--recompute", convert=str), balance=o["balance"],
-        objective=o["objective"], measured_steps=o["steps"], warmup_steps=o["warmup"],
-        virtual_stages=o["virtual_stages"], optimizer=o["optimizer"], precision=o["precision"], threads=o["threads"],
-        strategy=o["strategy"], repeats=default_repeats() if o["repeats"] is None else o["repeats"], target_ci=o["target_ci"],
-        max_time_per_point_s=o["max_time_per_point"], pin_cpus=o["pin_cpus"], point_timeout_s=o["point_timeout"],
-        load_timeout_s=o["load_timeout"], lr=o["lr"], reference_batch=o["reference_batch"], seed=o["seed"],
-        command_line=command_line(), **launch)
+    fmt: str
+    output: Path | None
+    folder: Path | None  # where the run is saved; None with --no-save
+    resume: bool
+    plot: Path | None
+    trace: Path | None
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any]) -> Given:
+        plot, trace = given.get("plot"), given.get("trace")
+        fmt = check_run(given["format"], given["output"], resume=given["resume"], save=given["save"], plot=plot,
+                        trace=trace)
+        return cls(fmt=fmt, output=given["output"], folder=target_folder(given["profiles_dir"], given["save"]),
+                   resume=given["resume"], plot=plot, trace=trace)
 
 
-def serve_config_from(*, p99: str, option: list[str] | None, memory_budget: str | None, rates: str | None,
-                  concurrency: str | None, max_batch_sizes: str | None, queue_delays: str | None,
-                  preferred: str | None, window: str, queue_timeout: str | None, **fields: Any) -> ServeConfig:
-    from mbtune.saving.profiles import command_line
-    from mbtune.serving.config import ServeConfig
-    from mbtune.settings import MAX_BUDGET_BYTES
-    from mbtune.units import parse_bytes, parse_duration, parse_list, parse_options
+def say_on_stderr(line: str) -> None:
+    from mbtune.report import make_console
 
-    delays = parse_list(queue_delays, name="--queue-delays", convert=str)
-    return ServeConfig(
-        p99_budget_s=parse_duration(p99, name="--p99"), workload_options=parse_options(option or []),
-        memory_budget_bytes=parse_bytes(memory_budget, name="--memory-budget", at_most=MAX_BUDGET_BYTES) if memory_budget is not None else None,
-        rates=parse_list(rates, name="--rates", convert=float), concurrency=parse_list(concurrency, name="--concurrency") or (),
-        max_batch_sizes=parse_list(max_batch_sizes, name="--max-batch-sizes"),
-        queue_delays_s=tuple(parse_duration(d, name="--queue-delays") for d in delays) if delays else None,
-        preferred=parse_list(preferred, name="--preferred") or (), window_s=parse_duration(window, name="--window"),
-        queue_timeout_s=parse_duration(queue_timeout, name="--queue-timeout") if queue_timeout is not None else None,
-        command_line=command_line(), **fields)
+    make_console(stderr=True).print(line)
 
 
 def finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: Path | None,
@@ -108,55 +87,6 @@ def finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: Pa
         make_console(stderr=True).print(f"wrote {write_serve_plot(outcome.serve, plot)}")
     if outcome.interrupted:
         raise typer.Exit(interrupted_exit_code())
-
-
-def launch_settings(launcher: str, nnodes: int | None, node_rank: int | None, endpoint: str | None,
-            join_timeout: float) -> dict[str, Any]:
-    """The SweepConfig fields of --launcher and the node flags, filled from the scheduler's environment
-    (Slurm, torchrun, Kubeflow PyTorchJob) where a flag is not given."""
-    from mbtune.errors import ConfigError
-    from mbtune.pipeline.nodes import LAUNCHERS, Nodes, nodes_from_env
-
-    if launcher not in LAUNCHERS:
-        raise ConfigError(f"--launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}",
-                          hint="Use --launcher local (one host) or --launcher torchrun.")
-    if launcher == "local":
-        given = [flag for flag, value in (("--nnodes", nnodes), ("--node-rank", node_rank),
-                                          ("--rdzv-endpoint", endpoint)) if value is not None]
-        if given and not (nnodes in (None, 1) and node_rank in (None, 0) and endpoint is None):
-            raise ConfigError(f"{' and '.join(given)} need --launcher torchrun",
-                              hint="Add --launcher torchrun: mbtune's own launcher reaches one host only.")
-        return {}
-    env = nodes_from_env()
-    nodes = Nodes(nnodes=nnodes if nnodes is not None else env.get("nnodes", 1),
-                  node_rank=node_rank if node_rank is not None else env.get("node_rank", 0),
-                  endpoint=endpoint if endpoint is not None else env.get("endpoint"), join_timeout_s=join_timeout)
-    return {"launcher": "torchrun", "nnodes": nodes.nnodes, "node_rank": nodes.node_rank,
-            "rdzv_endpoint": nodes.endpoint, "join_timeout_s": nodes.join_timeout_s}
-
-
-def lead_or_follow(launch: dict[str, Any]) -> None:
-    """Under torchrun: node 0 opens the shared store now (the other nodes can join while it probes); any
-    other node follows node 0's points until it says the run is over, then exits with its exit code."""
-    import sys
-
-    if not launch:
-        return
-    from mbtune.pipeline.nodes import Nodes
-    from mbtune.pipeline.torchrun import command_fingerprint, session
-
-    nodes = Nodes(nnodes=launch["nnodes"], node_rank=launch["node_rank"], endpoint=launch["rdzv_endpoint"],
-                  join_timeout_s=launch["join_timeout_s"])
-    opened = session(nodes, command_fingerprint(sys.argv[1:]))
-    if nodes.leads:
-        return
-    from mbtune.report import make_console
-
-    console = make_console(stderr=True)
-    console.print(f"node {nodes.node_rank} of {nodes.nnodes}: following node 0 at {opened.endpoint}")
-    code = opened.follow(say=lambda line: console.print(f"node {nodes.node_rank}: {line}"))
-    console.print(f"node {nodes.node_rank}: node 0 ended the run (exit code {code})")
-    raise typer.Exit(code)
 
 
 def check_run(fmt: str, output: Path | None, *, resume: bool, save: bool, plot: Path | None = None,
@@ -254,6 +184,8 @@ def finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: Pa
     from mbtune.report.tune import print_results
     from mbtune.sweeping.grid import nothing_measured
 
+    if outcome.followed is not None:  # another node led the run, and printed and saved it
+        raise typer.Exit(outcome.followed)
     saved = str(outcome.saved_to) if outcome.saved_to else None
     with printing_to(output):
         print_results(make_console(), fmt, probe=outcome.probe, sweep=outcome.sweep, saved_to=saved,

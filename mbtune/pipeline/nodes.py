@@ -90,3 +90,25 @@ def nodes_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             port = env.get(f"{prefix}MASTER_PORT", "").strip() or DEFAULT_PORT
             found["endpoint"] = f"{env[f'{prefix}MASTER_ADDR'].strip()}:{port}"
     return found
+
+
+def launch_nodes(launcher: str, *, nnodes: int | None = None, node_rank: int | None = None,
+                 endpoint: str | None = None, join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
+                 environ: Mapping[str, str] | None = None) -> Nodes:
+    """The nodes a run's ranks come from, as --launcher and the node settings give them: under torchrun the
+    scheduler's environment (Slurm, torchrun, Kubeflow PyTorchJob) fills what was not given; mbtune's own
+    launcher reaches this host alone."""
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"--launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}",
+                          hint="Use --launcher local (one host) or --launcher torchrun.")
+    if launcher == "local":
+        given = [flag for flag, value in (("--nnodes", nnodes), ("--node-rank", node_rank),
+                                          ("--rdzv-endpoint", endpoint)) if value is not None]
+        if given and not (nnodes in (None, 1) and node_rank in (None, 0) and endpoint is None):
+            raise ConfigError(f"{' and '.join(given)} need --launcher torchrun",
+                              hint="Add --launcher torchrun: mbtune's own launcher reaches one host only.")
+        return Nodes(join_timeout_s=join_timeout_s)
+    env = nodes_from_env(environ)
+    return Nodes(nnodes=nnodes if nnodes is not None else env.get("nnodes", 1),
+                 node_rank=node_rank if node_rank is not None else env.get("node_rank", 0),
+                 endpoint=endpoint if endpoint is not None else env.get("endpoint"), join_timeout_s=join_timeout_s)

@@ -318,3 +318,16 @@ def close_sessions(exit_code: int) -> None:
         _, opened = _sessions.popitem()
         with contextlib.suppress(Exception):
             opened.close(exit_code)
+
+
+def lead_or_follow(nodes: Nodes, argv: list[str], say: Callable[[str], None]) -> int | None:
+    """Open this node's session: node 0 opens the shared store now (the other nodes can join while it
+    probes) and leads (None); any other node follows node 0's points until node 0 says the run is over, and
+    gets node 0's exit code. `argv`: the command every node must run alike."""
+    opened = session(nodes, command_fingerprint(argv))
+    if nodes.leads:
+        return None
+    say(f"node {nodes.node_rank} of {nodes.nnodes}: following node 0 at {opened.endpoint}")
+    code = opened.follow(say=lambda line: say(f"node {nodes.node_rank}: {line}"))
+    say(f"node {nodes.node_rank}: node 0 ended the run (exit code {code})")
+    return code

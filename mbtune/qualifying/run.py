@@ -6,7 +6,6 @@ import dataclasses
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from mbtune.device.describe import describe
 from mbtune.errors import (
@@ -17,6 +16,7 @@ from mbtune.errors import (
     MbtuneError,
     WorkloadBrokenError,
 )
+from mbtune.pipeline.nodes import Nodes
 from mbtune.probing.config import ProbeConfig
 from mbtune.progress import TrialProgress
 from mbtune.qualifying.records import Verdict
@@ -24,6 +24,7 @@ from mbtune.qualifying.spec import QualifySpec
 from mbtune.saving.profiles import Profile
 from mbtune.saving.session import run_probe, run_tune
 from mbtune.serving.records import ServeReport
+from mbtune.settings import build, settings_of
 from mbtune.sweeping.config import SweepConfig
 
 # Errors that are bad input for probe and sweep but, for a qualification, mean this machine could not run
@@ -36,7 +37,7 @@ _RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
 
 def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
                 profiles_dir: Path | None, repeats: int | None = None,
-                launch: dict[str, Any] | None = None, resume: bool = False) -> Verdict:
+                launch: Nodes | None = None, resume: bool = False) -> Verdict:
     """Re-run a baseline's (or a spec's) probe and sweep here and judge them: PASS, FAIL, INCONCLUSIVE or
     ERROR per check (see mbtune.qualifying.judge). Each sweep point runs `repeats` times, each in fresh
     processes, or by default until the 95% interval of its throughput is a quarter of the tolerance wide
@@ -44,7 +45,7 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
 
     Bad input (an unreadable baseline, another device model) raises; a run that cannot complete (no
     device, a crash, a trial killed) becomes an ERROR check, so CI gets a verdict either way. `launch`:
-    the SweepConfig launcher fields (--launcher torchrun and its nodes) the sweep runs with; `resume`: continue
+    the nodes a torchrun launch spans (SweepConfig.launch), for the sweep; `resume`: continue
     an interrupted qualification from its runs' journals."""
     from mbtune.device import resolve_device
     from mbtune.qualifying import judge as qualify
@@ -63,8 +64,10 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
         sweep_config = dataclasses.replace(sweep_config, target_ci=max(spec.tolerance / 4, 0.001),
                                            max_time_per_point_s=max(sweep_config.max_time_per_point_s,
                                                                     QUALIFY_MAX_TIME_PER_POINT_S))
-    if sweep_config is not None and launch:
-        sweep_config = dataclasses.replace(sweep_config, **launch)
+    if sweep_config is not None and launch is not None:
+        sweep_config = dataclasses.replace(sweep_config, launcher="torchrun", nnodes=launch.nnodes,
+                                           node_rank=launch.node_rank, rdzv_endpoint=launch.endpoint,
+                                           join_timeout_s=launch.join_timeout_s)
     probe = sweep = info = None
     probe_error = None
     try:
@@ -130,20 +133,17 @@ def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
         raise ProfileError(f"baseline {spec.baseline} holds no probe to re-run",
                            hint="Qualify against a profile written by mbtune probe or tune.")
     was = baseline.probe
-    probe = ProbeConfig(workload=was.workload, workload_options=tuple(sorted(was.workload_options.items())),
-                        device=was.device.label if was.device.backend == "cuda" else "cpu",
-                        memory_budget_bytes=was.memory_budget_bytes, margin=was.margin, granularity=was.granularity,
-                        precision=was.precision, optimizer=was.optimizer, max_batch=was.max_batch,
-                        confirm=was.confirm, resolution=was.resolution, steps=was.steps,
-                        recompute=(was.recompute, *(c.recompute for c in was.recompute_ceilings)),
-                        command_line=baseline.metadata.command_line)
+    device = was.device.label if was.device.backend == "cuda" else "cpu"
+    probe = build(ProbeConfig, {**settings_of(ProbeConfig, was), "device": device,
+                                "recompute": (was.recompute, *(c.recompute for c in was.recompute_ceilings))},
+                  command_line=baseline.metadata.command_line)
     if baseline.sweep is None:
         return probe, None
     points = tuple(r.point for r in baseline.sweep.results if r.ok)
-    sweep = SweepConfig(workload=was.workload, workload_options=probe.workload_options, device=probe.device,
-                        num_ranks=max(p.num_ranks for p in points) if points else 1, points=points,
-                        objective=baseline.sweep.objective, warmup_steps=baseline.sweep.warmup_steps,
-                        measured_steps=baseline.sweep.measured_steps, repeats=repeats,
-                        balance=baseline.sweep.balance.by, precision=baseline.sweep.precision,
-                        optimizer=baseline.sweep.optimizer, lr=baseline.sweep.lr)
+    # How the baseline searched (its limits, strategy, precision target and repeats) is decided afresh: the
+    # re-run measures the baseline's own points.
+    searched = ("ceiling", "ceiling_peak_memory_bytes", "safe_batch", "strategy", "target_ci", "repeats")
+    sweep = build(SweepConfig, {**settings_of(SweepConfig, baseline.sweep, skip=searched), "device": device,
+                                "balance": baseline.sweep.balance.by, "repeats": repeats,
+                                "stages": max(p.num_ranks for p in points) if points else 1}, points=points)
     return probe, sweep

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mbtune.checking.config import CheckConfig
 from mbtune.device.describe import describe
@@ -28,6 +30,12 @@ from mbtune.sweeping.records import SweepReport
 from mbtune.sweeping.run import sweep_workload
 from mbtune.sweeping.tune import tune_workload
 
+if TYPE_CHECKING:
+    from mbtune.pipeline.nodes import Nodes
+
+log = logging.getLogger("mbtune")
+
+
 # Settings that change where or how patiently a run happens, not what it measures: a resumed run may change
 # them (a rescheduled multi-node job gets a new endpoint and node numbers).
 _NOT_MEASUREMENT = {"command_line", "extra_warnings", "trial_timeout_s", "point_timeout_s", "reference_batch",
@@ -43,6 +51,7 @@ class RunOutcome:
     serve: ServeReport | None = None
     saved_to: Path | None = None
     notes: tuple[str, ...] = ()
+    followed: int | None = None  # on a node other than node 0: node 0's exit code, after following its run
 
     @property
     def interrupted(self) -> bool:
@@ -102,24 +111,49 @@ def run_probe(config: ProbeConfig, progress: TrialProgress | None = None, *, pro
 
 
 def run_sweep(config: SweepConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,
-              resume: bool = False) -> RunOutcome:
+              resume: bool = False, from_profile: str | Path | None = None, probes_dir: Path | None = None,
+              say: Callable[[str], None] = log.info) -> RunOutcome:
     """sweep_workload (its quick strategy led by the planner's simulator), journaled and saved to its
-    profile (next to the probe already there)."""
+    profile (next to the probe already there). The micro-batch size is bounded by the probe saved in
+    `from_profile`, else by this device's saved probe of the workload in `probes_dir` (default:
+    `profiles_dir`), if any (with_saved_limits). Across nodes, node 0 leads and any other node follows it
+    (`followed`)."""
     from mbtune.planning.api import quick_sweep
 
+    config = with_saved_limits(config, from_profile=from_profile,
+                               profiles_dir=probes_dir if probes_dir is not None else profiles_dir)
+    if (code := lead_or_follow(config.launch, say)) is not None:
+        return RunOutcome(followed=code)
     return saved_run("sweep", {"sweep": config}, config.workload, config.device, profiles_dir, resume,
                      config.command_line, lambda store: (None, sweep_workload(config, progress, store, quick=quick_sweep)))
 
 
 def run_tune(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None, *,
-             profiles_dir: Path | None, resume: bool = False, check: bool = True) -> RunOutcome:
-    """tune_workload, journaled and saved: the probe and the sweep into one profile."""
+             profiles_dir: Path | None, resume: bool = False, check: bool = True,
+             say: Callable[[str], None] = log.info) -> RunOutcome:
+    """tune_workload, journaled and saved: the probe and the sweep into one profile. Across nodes, node 0
+    leads and any other node follows it (`followed`)."""
     from mbtune.planning.api import quick_sweep
 
+    if (code := lead_or_follow(sweep_config.launch, say)) is not None:
+        return RunOutcome(followed=code)
     return saved_run("tune", {"probe": probe_config, "sweep": sweep_config}, probe_config.workload,
                      probe_config.device, profiles_dir, resume, probe_config.command_line,
                      lambda store: tune_workload(probe_config, sweep_config, progress, store, check=check,
                                                 quick=quick_sweep))
+
+
+def lead_or_follow(nodes: Nodes | None, say: Callable[[str], None] = log.info) -> int | None:
+    """Across nodes (`nodes`: a torchrun launch's, SweepConfig.launch): this node's session opened
+    (pipeline/torchrun.py); None on node 0, which leads; on any other node, node 0's exit code once it has
+    followed node 0's run. None on one host's own launcher (`nodes` None)."""
+    import sys
+
+    if nodes is None:
+        return None
+    from mbtune.pipeline.torchrun import lead_or_follow as opened
+
+    return opened(nodes, sys.argv[1:], say)
 
 
 def run_serve(config: ServeConfig, progress: TrialProgress | None = None, *, profiles_dir: Path | None,

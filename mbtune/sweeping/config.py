@@ -87,8 +87,8 @@ class SweepConfig:
     # Who starts each point's ranks: mbtune's own launcher on this host, or torch.distributed.run's elastic
     # agent (pipeline/torchrun.py), on this host or on nnodes hosts meeting at rdzv_endpoint.
     launcher: str = "local"
-    nnodes: int = 1
-    node_rank: int = 0
+    nnodes: int | None = None  # None: the scheduler's, under torchrun (pipeline/nodes.py launch_nodes); else 1
+    node_rank: int | None = None  # None: the scheduler's, under torchrun; else 0
     rdzv_endpoint: str | None = None
     join_timeout_s: float = 60.0
 
@@ -148,21 +148,27 @@ class SweepConfig:
         check_lr(self.lr)
         _require(self.reference_batch is None or self.reference_batch >= 1, "reference_batch", self.reference_batch,
                  "an integer >= 1")
-        from mbtune.pipeline.nodes import LAUNCHERS
+        from mbtune.pipeline.nodes import launch_nodes
 
-        _require(self.launcher in LAUNCHERS, "launcher", self.launcher, " | ".join(LAUNCHERS))
-        if self.nnodes > 1 and self.launcher != "torchrun":
-            raise ConfigError(f"--nnodes {self.nnodes} needs --launcher torchrun",
-                              hint="Add --launcher torchrun: mbtune's own launcher reaches one host only.")
-        _ = self.nodes  # checks the node settings
+        nodes = launch_nodes(self.launcher, nnodes=self.nnodes, node_rank=self.node_rank, endpoint=self.rdzv_endpoint,
+                             join_timeout_s=self.join_timeout_s)
+        object.__setattr__(self, "nnodes", nodes.nnodes)
+        object.__setattr__(self, "node_rank", nodes.node_rank)
+        object.__setattr__(self, "rdzv_endpoint", nodes.endpoint)
 
     @property
     def nodes(self) -> Nodes:
         """The hosts this sweep's ranks run on (pipeline/torchrun.py)."""
         from mbtune.pipeline.nodes import Nodes
 
+        assert self.nnodes is not None and self.node_rank is not None, "filled in by __post_init__"
         return Nodes(nnodes=self.nnodes, node_rank=self.node_rank, endpoint=self.rdzv_endpoint,
                      join_timeout_s=self.join_timeout_s)
+
+    @property
+    def launch(self) -> Nodes | None:
+        """The nodes a torchrun launch spans (one or more); None for mbtune's own launcher on this host."""
+        return self.nodes if self.launcher == "torchrun" else None
 
     def safe_batch_for(self, recompute: str) -> int | None:
         """The probed safe batch that bounds a point's micro-batch size: with full recompute, the probe's

@@ -56,7 +56,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
         warnings.append("one measured step per point (--steps 1, --repeats 1) states no spread: each range is "
                         "that one step; measure --steps 2 or more")
     grid = plan_grid(config, num_blocks=workload.num_blocks, num_ranks=num_ranks, max_processes=max_processes,
-                     nnodes=config.nnodes)
+                     nnodes=config.nodes.nnodes)
     refuse_unrunnable(config, num_blocks=workload.num_blocks, grid=grid)
     points = _Points(config, device, threads, workload, info, progress, store, grid.points)
     interrupted, note = False, ""
@@ -71,7 +71,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
         interrupted = True
         points.keep_unfinished()
     finally:
-        if config.launcher == "torchrun" and config.nnodes == 1:  # across nodes, the command ends the session
+        if config.launcher == "torchrun" and config.nodes.nnodes == 1:  # across nodes, the command ends the session
             from mbtune.pipeline.torchrun import close_session
 
             close_session(config.nodes, 0)
@@ -207,7 +207,7 @@ def _placement(config: SweepConfig, device: str) -> tuple[int, int | None, int |
     get the same threads, the cores over the most processes a point has (stages x the most replicas), so
     costs measured at one point are costs at another (calibration pools them)."""
     warnings: list[str] = []
-    p, nodes = config.num_ranks, config.nnodes  # across nodes, each node holds its share of a point's ranks
+    p, nodes = config.num_ranks, config.nodes.nnodes  # across nodes, each node holds its share of a point's ranks
     if device.startswith("cuda"):
         import torch
 
@@ -275,7 +275,7 @@ class _Measuring:
         # Until known only (fixed repeats run exactly as many as asked), and on one node (across nodes this
         # host's load is not the point's whole story): elsewhere a busy repeat keeps its warning.
         if (run.ok and run.load is not None and run.load.busy and self.reruns < MAX_BUSY_RERUNS
-                and config.repeats is None and config.nnodes == 1):
+                and config.repeats is None and config.nodes.nnodes == 1):
             self.reruns += 1
             log.info("%s: measured while the machine was busy (%s); running it again", point.label, run.load.reason)
             return
@@ -363,7 +363,7 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     if cores := outcome.pinned_cores:
         ran_as += ", pinned to cores " + " | ".join(",".join(map(str, c)) for c in cores)
     if config.launcher == "torchrun":
-        ran_as += f", torchrun on {config.nnodes} node(s)" if config.nnodes > 1 else ", torchrun"
+        ran_as += f", torchrun on {config.nodes.nnodes} node(s)" if config.nodes.nnodes > 1 else ", torchrun"
     if spec.data_parallel_size > 1:
         ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel_size} replicas, gradients all-reduced)"
     return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mbtune.checking.config import CheckConfig
-from mbtune.errors import (
-    Interrupted,
-    MbtuneError,
-)
+from mbtune.errors import ConfigError, Interrupted, MbtuneError
 from mbtune.probing.config import ProbeConfig
 from mbtune.probing.records import ProbeResult
 from mbtune.probing.run import probe_workload
 from mbtune.progress import TrialProgress
 from mbtune.records import ERROR, OK
+from mbtune.settings import build, param_for, setting_names
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.limits import sweep_limits
 from mbtune.sweeping.records import SweepReport
@@ -70,3 +69,33 @@ def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | 
     if progress:
         progress.end_trial(OK if result.status == "PASS" else ERROR, f"check {result.status}")
     return replace(sweep, check=result)
+
+
+# tune takes the settings of probe and of sweep at once; `steps` are the sweep's measured steps, and the
+# probe's own trial steps are this one.
+PROBE_STEPS = "probe_steps"
+
+
+def tune_configs(given: Mapping[str, Any], *, spelled: Callable[[str], str] = param_for,
+                 command_line: str = "") -> tuple[ProbeConfig, SweepConfig]:
+    """tune's two configs from one mapping of settings (see settings.build): each setting goes to the
+    config that has it, a setting both have to both."""
+    probe_names, sweep_names = setting_names(ProbeConfig), setting_names(SweepConfig)
+    keys = {key: key.replace("-", "_") for key in given}
+    unknown = [key for key, name in keys.items() if name not in probe_names | sweep_names and name != PROBE_STEPS]
+    if unknown:
+        known = sorted({*probe_names, *sweep_names, PROBE_STEPS})
+        raise ConfigError(f"unknown setting {unknown[0]!r} for tune",
+                          hint=f"Settings are the flags' names with underscores: {', '.join(known)}.")
+    probe = {name: given[key] for key, name in keys.items() if name in probe_names and name != "steps"}
+    if PROBE_STEPS in keys.values():
+        probe["steps"] = next(given[key] for key, name in keys.items() if name == PROBE_STEPS)
+    sweep = {name: given[key] for key, name in keys.items() if name in sweep_names}
+    return (build(ProbeConfig, probe, spelled=lambda f: _probe_spelled(f, spelled), what="tune", command_line=command_line),
+            build(SweepConfig, sweep, spelled=spelled, what="tune", command_line=command_line))
+
+
+def _probe_spelled(field_name: str, spelled: Callable[[str], str]) -> str:
+    word = spelled(field_name)
+    return word.replace("steps", PROBE_STEPS.replace("_", "-") if word.startswith("--") else PROBE_STEPS) \
+        if field_name == "steps" else word
