@@ -8,7 +8,7 @@ STAMP := $(VENV)/.mbtune-installed
 # Test workers: each test file runs whole on one worker (its module fixtures are built once).
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo lint test test-fast bench clean docs
+.PHONY: setup demo lint test test-fast test-not-slow bench clean docs
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ test: $(STAMP)
 # The inner loop: the unit tier alone (pure, in-process, under a minute); `make test` runs the whole suite.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
+
+# Everything but the `slow` tests (two-node torchrun, hung ranks, the longest faults).
+test-not-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/python bench/probe.py

@@ -7,6 +7,7 @@ from typing import Any
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint, micro_batch_size_for
+from mbtune.pipeline.theory import DEFAULT_VIRTUAL_STAGES
 from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
@@ -42,7 +43,7 @@ class CheckConfig:
     recompute: str = "none"  # the pipeline's; the plain model it is held to never recomputes
     micro_batch_size: int | None = None  # None: from global_batch, else 2
     global_batch: int | None = None
-    virtual_stages: int = 2
+    virtual_stages: int = DEFAULT_VIRTUAL_STAGES
     precision: str = "fp32"
     optimizer: str = "adamw"
     lr: float | None = None
@@ -87,11 +88,12 @@ class CheckConfig:
 
     @classmethod
     def for_point(cls, point: SweepPoint, **settings: Any) -> CheckConfig:
-        """The check of one sweep point; `settings` give the workload and the rest."""
-        return cls(schedule=point.schedule, num_ranks=point.num_ranks, num_microbatches=point.num_microbatches,
-                   grad_accum_steps=point.grad_accum_steps, data_parallel_size=point.data_parallel_size,
-                   recompute=point.recompute,
-                   micro_batch_size=point.micro_batch_size, virtual_stages=max(2, point.stages_per_rank), **settings)
+        """The check of one sweep point; `settings` (by name, as settings.build takes them) give the workload
+        and the rest."""
+        from mbtune.settings import build, settings_of
+
+        return build(cls, {**settings_of(cls, point),
+                           "virtual_stages": max(DEFAULT_VIRTUAL_STAGES, point.stages_per_rank), **settings})
 
     @property
     def point(self) -> SweepPoint:

@@ -42,12 +42,12 @@ from mbtune.cli.support import (
     interrupted_exit_code,
     printing_to,
     say_on_stderr,
+    settings_in,
     target_folder,
     with_progress,
 )
 from mbtune.errors import EXIT_CHECK_FAILED
 from mbtune.pipeline.theory import SCHEDULE_NAMES
-from mbtune.qualifying.spec import QualifySpec
 
 
 def show(
@@ -107,12 +107,8 @@ def qualify(
         raise typer.Exit(followed)
     share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
     path = str(baseline) if baseline else None
-    if spec is not None:
-        plan, repeats = read_spec(spec, baseline=path, tolerance=share, repeats=repeats,
-                                  allow_different_device=allow_different_device, command_line=command_line())
-    else:
-        plan = QualifySpec(baseline=path, tolerance=QualifySpec.tolerance if share is None else share,
-                           allow_different_device=allow_different_device)
+    plan, repeats = read_spec(spec, baseline=path, tolerance=share, repeats=repeats,
+                              allow_different_device=allow_different_device, command_line=command_line())
     verdict = with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=target_folder(profiles_dir, save),
                                                                repeats=repeats, launch=launch, resume=resume))
     if junit is not None:
@@ -143,7 +139,7 @@ def compare(
 
 # The options that say which pipeline to check: with none of them, check validates the workload alone.
 PIPELINE_OPTIONS = ("stages", "schedule", "micro_batches", "accum", "data_parallel", "recompute", "micro_batch_size",
-                    "global_batch", "virtual_stages", "precision", "optimizer", "lr", "from_profile", "rank")
+                    "global_batch", "virtual_stages", "precision", "optimizer", "lr", "from_profile", "rank", "from_old")
 
 
 def check(
@@ -164,8 +160,9 @@ def check(
     optimizer: Optimizer = C.optimizer,
     lr: Lr = C.lr,
     seed: Seed = C.seed,
-    from_profile: Annotated[Path | None, typer.Option("--from", help="Check a row of a saved profile's sweep instead (with --rank).")] = None,
-    rank: Annotated[int, typer.Option("--rank", help="With --from: the row, by rank (1 is the best).")] = 1,
+    from_profile: Annotated[Path | None, typer.Option("--from-profile", help="Check a row of a saved profile's sweep instead (with --rank).")] = None,
+    rank: Annotated[int, typer.Option("--rank", help="With --from-profile: the row, by rank (1 is the best).")] = 1,
+    from_old: Annotated[Path | None, typer.Option("--from", hidden=True, help="The old spelling of --from-profile.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds the pipeline, and then the plain model, may take.")] = C.timeout_s,
     load_timeout: LoadTimeout = C.load_timeout_s,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
@@ -187,17 +184,16 @@ def check(
         validated = validate_workload(workload, parse_options(option or []), seed=seed, timeout_s=timeout)
         print_validation(make_console(), validated, fmt)
         raise typer.Exit(0 if validated.status == "PASS" else EXIT_CHECK_FAILED)
-    check_inputs({"--from": (from_profile, PROFILE_HINT)})
+    if from_old is not None:
+        make_console(stderr=True).print("note: --from is now --from-profile (as in sweep); --from will go in a "
+                                        "later release")
+        from_profile = from_profile or from_old
+    check_inputs({"--from-profile": (from_profile, PROFILE_HINT)})
     if from_profile is not None:
-        config = check_config_from_profile(from_profile, rank, device=device, timeout_s=timeout,
-                                           load_timeout_s=load_timeout, seed=seed, lr=lr)
+        config = check_config_from_profile(from_profile, rank, device=device, timeout=timeout,
+                                           load_timeout=load_timeout, seed=seed, lr=lr)
     else:
-        config = CheckConfig(workload=workload, workload_options=parse_options(option or []), device=device,
-                             schedule=schedule, num_ranks=stages, num_microbatches=micro_batches,
-                             grad_accum_steps=accum, data_parallel_size=data_parallel, recompute=recompute,
-                             micro_batch_size=micro_batch_size,
-                             global_batch=global_batch, virtual_stages=virtual_stages, precision=precision, optimizer=optimizer, lr=lr, seed=seed,
-                             timeout_s=timeout, load_timeout_s=load_timeout)
+        config = settings_in(ctx.params, CheckConfig, leave=("from_old",))
     result = check_update(config)
     print_check(make_console(), result, fmt)
     raise typer.Exit(0 if result.status == "PASS" else EXIT_CHECK_FAILED)

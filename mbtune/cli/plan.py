@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -20,11 +20,13 @@ from mbtune.cli.options import (
     VirtualStages,
     WorkloadOption,
 )
-from mbtune.cli.support import check_format, check_output, check_outputs, printing_to
+from mbtune.cli.support import check_format, check_output, check_outputs, printing_to, settings_in
+from mbtune.pipeline.theory import DEFAULT_VIRTUAL_STAGES
 from mbtune.planning.defaults import DEFAULT_PLAN_RANKS, DEFAULT_PLAN_SCATTER, DEFAULT_PLAN_VALIDATION
 
 
 def plan(
+    ctx: typer.Context,
     profile: Annotated[Path | None, typer.Argument(help="A profile with a sweep (profiles/<device>/<workload>.json) to calibrate the simulator on; without one, --workload and --device-memory plan memory alone.", show_default=False)] = None,
     workload: Annotated[str | None, typer.Option("--workload", "-w", help="Without a profile: the workload whose every stage's peak memory to predict (on fake tensors: no memory, no device).")] = None,
     option: WorkloadOption = None,
@@ -42,7 +44,7 @@ def plan(
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = 1,
     recompute: Annotated[str | None, typer.Option("--recompute", help="Comma list of none, full: plan each point with and without activation recompute (memory: each block's input held; compute: the forward again in each backward). Default: none; both with --gpus.")] = None,
     blocks: Annotated[int | None, typer.Option("--blocks", help="Plan a model of this many of the workload's blocks (default: the profiled model's count).")] = None,
-    virtual_stages: VirtualStages = 2,
+    virtual_stages: VirtualStages = DEFAULT_VIRTUAL_STAGES,
     link_bandwidth: Annotated[str | None, typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
     link_latency: Annotated[str | None, typer.Option("--link-latency", help="Stage-to-stage latency, e.g. 5us (default: as measured here).")] = None,
     ranks_per_node: Annotated[int | None, typer.Option("--ranks-per-node", help="Pipeline ranks per node: hand-overs between nodes cost what torchrun sweeps measured across nodes (or --link-*), those within a node what was measured within one.")] = None,
@@ -60,9 +62,7 @@ def plan(
     from mbtune.planning.config import PlanConfig
     from mbtune.report import make_console
     from mbtune.report.plan import print_plan, write_plan_artifacts
-    from mbtune.settings import MAX_BUDGET_BYTES
     from mbtune.sweeping.config import DEFAULT_SCHEDULES
-    from mbtune.units import parse_bytes, parse_duration, parse_list, parse_rate
 
     fmt = check_output(check_format(format), output)
     check_outputs(plot_dir=plot, files={"--trace": trace})
@@ -73,24 +73,14 @@ def plan(
             if value is not None:
                 raise ConfigError(f"{flag} plans from a saved profile's measured costs; none was given",
                                   hint="mbtune plan profiles/<device>/<workload>.json " + flag + " ...")
-        _memory_plan(workload, option, device_memory, stages, micro_batches, schedules, data_parallel, accum,
-                     recompute or RECOMPUTE, virtual_stages, precision, optimizer, fmt, output)
+        _memory_plan({**ctx.params, "recompute": recompute or RECOMPUTE,
+                      "schedules": schedules or ",".join(DEFAULT_SCHEDULES)}, fmt, output)
         return
     cluster = gpus is not None
-    config = PlanConfig(
-        num_ranks=stages, micro_batches=parse_list(micro_batches, name="--micro-batches"),
-        schedules=parse_list(schedules, name="--schedules", convert=str) or (SCHEDULE_NAMES if cluster else DEFAULT_SCHEDULES),
-        data_parallel_size=data_parallel, micro_batch_size=micro_batch_size, global_batch=global_batch,
-        grad_accum_steps=accum, num_blocks=blocks, virtual_stages=virtual_stages,
-        recompute=parse_list(recompute or ("none,full" if cluster else RECOMPUTE), name="--recompute", convert=str),
-        num_gpus=gpus, target_device=target_device, device_memory_bytes=parse_bytes(device_memory, name="--device-memory", at_most=MAX_BUDGET_BYTES)
-        if device_memory else None,
-        link_bandwidth_bytes_per_s=parse_rate(link_bandwidth, name="--link-bandwidth") if link_bandwidth else None,
-        link_latency_s=parse_duration(link_latency, name="--link-latency") if link_latency else None,
-        ranks_per_node=ranks_per_node,
-        validation_method=None if validation == "none" else validation, scatter=scatter,
-        keep_timeline=bool(plot or trace),
-    )
+    settings = {**ctx.params, "keep_timeline": bool(plot or trace),
+                "schedules": schedules or ",".join(SCHEDULE_NAMES if cluster else DEFAULT_SCHEDULES),
+                "recompute": recompute or ("none,full" if cluster else RECOMPUTE)}
+    config = settings_in(settings, PlanConfig, leave=_MEMORY_PLAN_ONLY)
     report = plan_from_profile(profile, config)
     with printing_to(output):
         print_plan(make_console(), report, fmt)
@@ -98,33 +88,23 @@ def plan(
         write_plan_artifacts(make_console(stderr=True), report, plot_dir=plot, trace_path=trace)
 
 
-def _memory_plan(workload: str | None, option: list[str] | None, device_memory: str | None, stages: int,
-                 micro_batches: str, schedules: str | None, data_parallel: int, accum: int, recompute: str,
-                 virtual_stages: int, precision: str, optimizer: str, fmt: str, output: Path | None) -> None:
+# The options plan takes for a memory plan alone (without a profile), and those it takes with a profile alone.
+_MEMORY_PLAN_ONLY = ("profile", "workload", "option", "precision", "optimizer")
+_PROFILE_ONLY = ("profile", "target_device", "gpus", "micro_batch_size", "global_batch", "blocks", "link_bandwidth",
+                 "link_latency", "ranks_per_node", "validation", "scatter", "plot", "trace")
+
+
+def _memory_plan(given: dict[str, Any], fmt: str, output: Path | None) -> None:
     from mbtune.errors import ConfigError
     from mbtune.planning.memory_plan import MemoryPlanConfig, plan_memory
     from mbtune.report import make_console
     from mbtune.report.plan import print_memory_plan
-    from mbtune.settings import MAX_BUDGET_BYTES, OPTIMIZERS
-    from mbtune.sweeping.config import DEFAULT_SCHEDULES
-    from mbtune.units import parse_bytes, parse_list, parse_options
 
-    if workload is None or device_memory is None:
+    if given["workload"] is None or given["device_memory"] is None:
         raise ConfigError("plan needs a saved profile, or --workload and --device-memory to plan memory alone",
                           hint="mbtune plan profiles/<device>/<workload>.json, or mbtune plan --workload hf:llama "
                                "--device-memory 141GB --stages 8")
-    for name, value, allowed in (("precision", precision, ("fp32", "bf16")), ("optimizer", optimizer, OPTIMIZERS)):
-        if value not in allowed:
-            raise ConfigError(f"--{name} {value!r} is not one of {', '.join(allowed)}", field=name)
-    if stages < 1 or data_parallel < 1 or accum < 1:
-        raise ConfigError("--stages, --data-parallel and --accum must be at least 1")
-    config = MemoryPlanConfig(
-        workload=workload, workload_options=parse_options(option or []),
-        device_memory_bytes=parse_bytes(device_memory, name="--device-memory", at_most=MAX_BUDGET_BYTES),
-        num_ranks=stages, schedules=parse_list(schedules, name="--schedules", convert=str) or DEFAULT_SCHEDULES,
-        micro_batches=parse_list(micro_batches, name="--micro-batches"), data_parallel_size=data_parallel,
-        grad_accum_steps=accum, recompute=parse_list(recompute, name="--recompute", convert=str),
-        virtual_stages=virtual_stages, precision=precision, optimizer=optimizer)
+    config = settings_in(given, MemoryPlanConfig, leave=_PROFILE_ONLY)
     plan = plan_memory(config)
     with printing_to(output):
         print_memory_plan(make_console(), plan, fmt)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,16 +28,20 @@ RUN_OPTIONS = frozenset({"config_file", "profiles_dir", "save", "resume", "forma
                          "export", "check", "from_profile", "rank", "junit"})
 
 
-def settings_in(given: Mapping[str, Any], door: Callable[..., T]) -> T:
+def settings_in(given: Mapping[str, Any], door: Callable[..., T], *, leave: Collection[str] = ()) -> T:
     """The config a command's options describe, through its one door: settings.build for a config class,
-    or a wing's own door (tune_configs); every error names the flag."""
+    or a wing's own door (tune_configs); every error names the flag. `leave`: options of the command that
+    are not this config's (plan's, which builds one of two configs)."""
+    import dataclasses
+
     from mbtune.saving.profiles import command_line
     from mbtune.settings import build, flag_for
 
-    settings = {name: value for name, value in given.items() if name not in RUN_OPTIONS}
-    if isinstance(door, type):
-        return build(door, settings, spelled=flag_for, command_line=command_line())
-    return door(settings, spelled=flag_for, command_line=command_line())
+    settings = {name: value for name, value in given.items() if name not in RUN_OPTIONS and name not in leave}
+    if not isinstance(door, type):
+        return door(settings, spelled=flag_for, command_line=command_line())
+    filled = {"command_line": command_line()} if "command_line" in {f.name for f in dataclasses.fields(door)} else {}
+    return build(door, settings, spelled=flag_for, **filled)
 
 
 @dataclass(frozen=True, kw_only=True)

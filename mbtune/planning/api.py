@@ -195,10 +195,12 @@ def plan_from_profile(profile: Profile | str | Path, config: PlanConfig | None =
     it, and predict, rank and recommend the config's grid, with memory per rank checked against the probed
     ceiling. Where the probe's memory model is not resolved, memory per rank has no per-sample part.
 
-    Keyword options instead of a config build one (PlanConfig's fields), keeping the recommended timeline
-    as the keyword call always provided it; the CLI uses this call until it builds a PlanConfig itself."""
+    Keyword settings instead of a config build one (as `mbtune.plan` does: by the flags' names), keeping
+    the recommended timeline."""
     if config is None:
-        config = PlanConfig(**{"keep_timeline": True, **options})
+        from mbtune.settings import build
+
+        config = build(PlanConfig, {"keep_timeline": True, **options}, what="plan")
     elif options:
         raise TypeError(f"plan_from_profile takes a PlanConfig or keyword options, not both ({', '.join(options)})")
     if not isinstance(profile, Profile):

@@ -114,6 +114,8 @@ class PlanConfig:
     target_device: str | None = None  # plan for this device: compute scaled by its peak FLOP/s (an estimate)
 
     def __post_init__(self) -> None:
+        if self.validation_method == "none":  # as the command line says it
+            object.__setattr__(self, "validation_method", None)
         for name in ("micro_batches", "schedules", "recompute"):
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))

@@ -52,6 +52,19 @@ class MemoryPlanConfig:
     timeout_s: float = 3600.0
     workers: int | None = None  # processes tracing ranks at once (None: one per core this process may use)
 
+    def __post_init__(self) -> None:
+        from mbtune.settings import OPTIMIZERS, as_tuple
+        from mbtune.validation import check_types, require
+
+        for name in ("schedules", "micro_batches", "recompute"):
+            as_tuple(self, name)
+        check_types(self)
+        require(self.precision in ("fp32", "bf16"), "precision", self.precision, "fp32 | bf16")
+        require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
+        for name in ("num_ranks", "data_parallel_size", "grad_accum_steps"):
+            require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
+        require(self.device_memory_bytes > 0, "device_memory_bytes", self.device_memory_bytes, "a size above zero")
+
     def specs(self) -> list[tuple[str, int, str, PipelineSpec | None, str]]:
         """Every configuration (schedule, micro-batches, recompute) as a spec at micro-batch size 1, or None
         with why it cannot run."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COMPUTE_KINDS, FORWARD
 from mbtune.pipeline.point import SweepPoint, micro_batch_size_for
 from mbtune.pipeline.theory import (
+    DEFAULT_VIRTUAL_STAGES,
     check_point,
     schedule_info,
     stage_to_rank,
@@ -70,7 +71,7 @@ class PlanGrid:
     micro_batch_size: int | None = None  # or derived from global_batch
     global_batch: int | None = None
     grad_accum_steps: int = 1
-    virtual_stages: int = 2
+    virtual_stages: int = DEFAULT_VIRTUAL_STAGES
     num_blocks: int | None = None  # what-if deeper model for every point; None: the workload's own
     deepen_as_needed: bool = True  # without num_blocks, a point with too few blocks gets one block per stage
     recompute: tuple[str, ...] = ("none",)  # activation recompute modes, every point in each

@@ -47,10 +47,10 @@ from mbtune.errors import ConfigError
 from mbtune.probing.config import ProbeConfig
 from mbtune.qualifying.spec import SERVE_THRESHOLDS, THRESHOLD_KEYS, QualifySpec
 from mbtune.records import RecordFieldError, load_value, short_repr, shorten
-from mbtune.settings import field_for, param_for
+from mbtune.settings import build, param_for, setting_names
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.stopping import default_repeats
-from mbtune.units import parse_bytes, parse_fraction
+from mbtune.units import parse_fraction
 
 if typing.TYPE_CHECKING:
     from mbtune.serving.config import ServeConfig
@@ -62,7 +62,7 @@ _TOP: dict[str, tuple[type | tuple[type, ...], str]] = {
     "baseline": (str, "a path"), "options": (dict, "a table"), "probe": (dict, "a table"), "sweep": (dict, "a table"),
     "thresholds": (dict, "a table"), "serve": (dict, "a table"),
 }
-_SET_AT_THE_TOP = {"workload", "workload_options", "device", "memory_budget_bytes", "command_line", "extra_warnings"}
+_SET_AT_THE_TOP = {"workload", "workload_options", "device", "memory_budget_bytes"}
 _OPTION = int | float | str | bool  # a workload option's value
 # Longer text is no name, size, device or schedule (nor path): refused before any message could echo it.
 _TEXT_LIMIT = 256
@@ -84,14 +84,16 @@ def load_spec(path: Path, *, baseline: str | None = None, tolerance: float | Non
                      command_line=command_line).spec
 
 
-def read_spec(path: Path, *, baseline: str | None = None, tolerance: float | None = None,
+def read_spec(path: Path | None, *, baseline: str | None = None, tolerance: float | None = None,
               repeats: int | None = None, allow_different_device: bool = False,
               command_line: str = "") -> LoadedSpec:
     """Read a TOML spec and its repeats (the flag, else the file's `repeats` or [sweep] repeats, else None:
     each point measured until known);
     flags given on the command line win over the file. Every value is checked at this boundary: a wrong
-    type, a non-table section or an unknown key is one ConfigError naming the file and the field."""
-    data = _read(path)
+    type, a non-table section or an unknown key is one ConfigError naming the file and the field. Without
+    a file (`path` None), the flags alone: a baseline to re-run."""
+    data = _read(path) if path is not None else {}
+    path = path if path is not None else Path("(no spec)")  # nothing from a file can fail then
     if baseline is None and data.get("baseline"):
         baseline = str((Path(path).parent / data["baseline"]).resolve())
     repeats = _repeats(path, data, repeats)
@@ -145,49 +147,42 @@ def _repeats(path: Path, data: dict[str, Any], flag: int | None) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        where = "" if flag is not None else f"spec {path}: "
-        raise ConfigError(f"{where}repeats={short_repr(value)} is out of range: expected an integer >= 1",
+        said = f"--repeats {short_repr(value)}" if flag is not None else f"spec {path}: repeats={short_repr(value)}"
+        raise ConfigError(f"{said} is out of range: expected an integer >= 1",
                           hint="Use an integer >= 1, or leave it out to measure each point until known.")
     return value
 
 
 def _probe(path: Path, data: dict[str, Any], command_line: str,
-           fields: dict[str, Any] | None = None) -> ProbeConfig:
-    budget = data.get("memory_budget")
-    fields = _fields(path, data, "probe", ProbeConfig) if fields is None else fields
-    options = _options(path, data)
+           settings: dict[str, Any] | None = None) -> ProbeConfig:
+    settings = _settings(path, data, "probe", ProbeConfig) if settings is None else settings
     with _named(path, "probe"):
-        return ProbeConfig(workload=data.get("workload", ProbeConfig.workload), workload_options=options,
-                           device=data.get("device", ProbeConfig.device),
-                           memory_budget_bytes=parse_bytes(budget, name="memory_budget") if budget is not None else None,
-                           command_line=command_line, **fields)
+        return build(ProbeConfig, {**_top(path, data, ProbeConfig), **settings}, command_line=command_line)
 
 
 def _sweep(path: Path, data: dict[str, Any], command_line: str,
-           fields: dict[str, Any] | None = None) -> SweepConfig:
-    fields = _fields(path, data, "sweep", SweepConfig) if fields is None else fields
-    options = _options(path, data)
+           settings: dict[str, Any] | None = None) -> SweepConfig:
+    settings = _settings(path, data, "sweep", SweepConfig) if settings is None else settings
     with _named(path, "sweep"):
-        return SweepConfig(workload=data.get("workload", SweepConfig.workload), workload_options=options,
-                           device=data.get("device", SweepConfig.device), command_line=command_line, **fields)
+        return build(SweepConfig, {**_top(path, data, SweepConfig), **settings}, command_line=command_line)
 
 
 def _serve(path: Path, data: dict[str, Any], command_line: str) -> ServeConfig:
-    from mbtune.serving.config import DURATIONS, ServeConfig, with_durations
+    from mbtune.serving.config import ServeConfig
 
-    table = _table(data, "serve")
-    written = {k: v for k, v in table.items() if k in DURATIONS}
+    settings = _settings(path, data, "serve", ServeConfig)
     with _named(path, "serve"):
-        durations = with_durations(written)
-    fields = _fields(path, {"serve": {k: v for k, v in table.items() if k not in written}}, "serve", ServeConfig)
-    budget = data.get("memory_budget")
-    with _named(path, "serve"):
-        if "p99_budget_s" not in durations:
+        if "p99" not in settings:
             raise ConfigError(f"spec {path}: [serve] has no p99 budget", hint='Add p99 = "50ms" to [serve].')
-        return ServeConfig(workload=data.get("workload", "gpt"), workload_options=_options(path, data),
-                           device=data.get("device", "auto"),
-                           memory_budget_bytes=parse_bytes(budget, name="memory_budget") if budget is not None else None,
-                           command_line=command_line, **durations, **fields)
+        return build(ServeConfig, {**_top(path, data, ServeConfig), **settings}, command_line=command_line)
+
+
+def _top(path: Path, data: dict[str, Any], config: type) -> dict[str, Any]:
+    """The settings the spec gives at its top level (workload, device, memory_budget, [options]) that
+    `config` takes."""
+    names = setting_names(config)
+    top: dict[str, Any] = {key: data[key] for key in ("workload", "device", "memory_budget") if key in data and key in names}
+    return {**top, "options": _options(path, data)}
 
 
 def read_settings(path: Path, command: str) -> dict[str, Any]:
@@ -207,11 +202,11 @@ def read_settings(path: Path, command: str) -> dict[str, Any]:
         if command not in commands or section not in data:
             continue
         config = ProbeConfig if section == "probe" else SweepConfig
-        fields = _fields(path, data, section, config)
-        (_probe if section == "probe" else _sweep)(path, data, "", fields)  # the whole config checks out
-        for name, value in fields.items():
-            param = "probe_steps" if (command, section, name) == ("tune", "probe", "steps") else param_for(name)
-            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        settings = _settings(path, data, section, config)
+        (_probe if section == "probe" else _sweep)(path, data, "", settings)  # the whole config checks out
+        for name, value in settings.items():
+            param = "probe_steps" if (command, section, name) == ("tune", "probe", "steps") else name
+            shown = ",".join(map(str, value)) if isinstance(value, list | tuple) else value
             if param in setters and values[param] != shown:
                 raise ConfigError(f"spec {path}: [{setters[param]}] and [{section}] set {param} differently "
                                   f"({short_repr(values[param])} and {short_repr(shown)}), and tune takes it once",
@@ -220,32 +215,39 @@ def read_settings(path: Path, command: str) -> dict[str, Any]:
     return values
 
 
-def _fields(path: Path, data: dict[str, Any], section: str, config: type) -> dict[str, Any]:
-    """A [probe] or [sweep] table as the config's keyword arguments, each value checked against the config
-    field's type (a TOML list becomes a tuple; a string where a list belongs is refused, not split). A key
-    is the flag's name, with underscores or dashes (`accum`, `trial_timeout` or `trial-timeout`)."""
-    names = {f.name for f in dataclasses.fields(config)} - _SET_AT_THE_TOP
+def _settings(path: Path, data: dict[str, Any], section: str, config: type) -> dict[str, Any]:
+    """A [probe], [sweep] or [serve] table as settings by name, each value checked against the config
+    field's type (a string where a list belongs is refused, not split; a size or duration may be text,
+    "8GiB" or "50ms", which the config's door reads). A key is the flag's name, with underscores or dashes
+    (`accum`, `trial_timeout` or `trial-timeout`)."""
+    names = {name: field for name, field in setting_names(config).items() if field not in _SET_AT_THE_TOP}
     hints = typing.get_type_hints(config)
-    fields: dict[str, Any] = {}
-    keys: dict[str, str] = {}  # field name -> the key that set it
+    settings: dict[str, Any] = {}
+    keys: dict[str, str] = {}  # setting -> the key that set it
     unknown = []
     for key, value in _table(data, section).items():
-        name = field_for(key, names)
-        if name not in names or param_for(name) != key.replace("-", "_"):
+        field = names.get(key.replace("-", "_"))
+        if field is None or key.replace("-", "_") != param_for(field):
             unknown.append(key)
             continue
+        name = param_for(field)
         if name in keys:
-            raise ConfigError(f"spec {path}: [{section}] sets {param_for(name)} twice, as {keys[name]} and as {key}",
+            raise ConfigError(f"spec {path}: [{section}] sets {name} twice, as {keys[name]} and as {key}",
                               hint="Keep one of them.")
         keys[name] = key
-        if name in _ONE_OR_MORE and isinstance(value, int | str) and not isinstance(value, bool) and _is_list(hints[name]):
+        if field in _ONE_OR_MORE and isinstance(value, int | str) and not isinstance(value, bool) and _is_list(hints[field]):
             value = [value]  # one value, as specs wrote it before lists
-        fields[name] = _value(path, f"[{section}] {key}", hints[name], value)
+        settings[name] = _value(path, f"[{section}] {key}", hints[field], value, read_by_door=_in_words(field))
     if unknown:
-        known = sorted(param_for(name) for name in names)
+        known = sorted({param_for(field) for field in names.values()})
         raise ConfigError(f"[{section}] in the spec {path} has unknown key(s) {_names(unknown)}; known: "
                           f"{', '.join(known)}", hint="Fix the key's name.")
-    return fields
+    return settings
+
+
+def _in_words(field: str) -> bool:
+    """Whether a field's value may be written as text that the door reads: a size, a duration, a rate."""
+    return field.endswith(("_bytes", "_s"))
 
 
 # Settings that took one value before they took lists: a single value is a list of one.
@@ -257,7 +259,10 @@ def _is_list(hint: Any) -> bool:
     return typing.get_origin(hint) is tuple or any(typing.get_origin(a) is tuple for a in typing.get_args(hint))
 
 
-def _value(path: Path, where: str, hint: Any, value: Any) -> Any:
+def _value(path: Path, where: str, hint: Any, value: Any, *, read_by_door: bool = False) -> Any:
+    if read_by_door and (isinstance(value, str) or (isinstance(value, list) and any(isinstance(v, str) for v in value))):
+        _check_text(path, where, value)
+        return value
     args = typing.get_args(hint)
     if type(None) in args:  # TOML has no null: an optional setting is one left out
         options = tuple(a for a in args if a is not type(None))

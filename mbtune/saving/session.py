@@ -24,6 +24,7 @@ from mbtune.saving.profiles import load_profile, profile_path
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.records import ServeReport
 from mbtune.serving.run import serve_workload
+from mbtune.settings import settings_of
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.limits import SweepLimits, sweep_limits
 from mbtune.sweeping.records import SweepReport
@@ -211,13 +212,10 @@ def check_config_from_profile(path: Path, rank: int, **settings: Any) -> CheckCo
     sweep = profile.sweep
     if sweep is None or not sweep.ranking:
         raise ConfigError(f"{path} holds no ranked sweep rows to check",
-                         hint="Run mbtune sweep or tune first, or pass the configuration's flags instead of --from.")
+                         hint="Run mbtune sweep or tune first, or pass the configuration's flags instead of --from-profile.")
     if not 1 <= rank <= len(sweep.ranking):
         raise ConfigError(f"--rank {rank} is out of range: {path} ranks {len(sweep.ranking)} row(s)",
                          hint=f"Use --rank 1 to {len(sweep.ranking)}.")
     point = sweep.results[sweep.ranking[rank - 1]].point
-    lr = settings.pop("lr", None)
-    return CheckConfig.for_point(point, workload=sweep.workload,
-                                workload_options=tuple(sorted(sweep.workload_options.items())),
-                                precision=sweep.precision, optimizer=sweep.optimizer,
-                                lr=lr if lr is not None else sweep.lr, **settings)
+    saved = settings_of(CheckConfig, sweep, skip=("device",))
+    return CheckConfig.for_point(point, **{**saved, **{k: v for k, v in settings.items() if v is not None}})

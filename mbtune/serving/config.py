@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from mbtune.probing.config import ProbeConfig
 from mbtune.settings import (
@@ -43,29 +42,6 @@ INFERENCE_STEPS = 2  # forward passes per inference probe trial (the second is w
 
 
 # Settings written as durations ("50ms", or a list of them for queue delays): flag name -> field.
-DURATIONS = {"p99": "p99_budget_s", "queue_delays": "queue_delays_s", "window": "window_s",
-             "queue_timeout": "queue_timeout_s"}
-
-
-def with_durations(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings with their durations (by their flag's name: p99, queue_delays, window, queue_timeout) in
-    seconds, under the field's name: "50ms" -> 0.05, a list of durations -> a tuple of seconds; numbers are
-    seconds already. Any other setting is left as it is."""
-    from mbtune.units import parse_duration
-
-    converted = dict(settings)
-    for flag, name in DURATIONS.items():
-        if flag not in converted:
-            continue
-        value = converted.pop(flag)
-        if isinstance(value, list | tuple):
-            value = tuple(parse_duration(v, name=flag) if isinstance(v, str) else v for v in value)
-        elif isinstance(value, str):
-            value = parse_duration(value, name=flag)
-        converted[name] = value
-    return converted
-
-
 def serve_threads(threads: int | None) -> int:
     """torch threads of the model process: as given, else all cores this process may run on but one (the
     load generator's)."""
@@ -178,10 +154,8 @@ class ServeConfig:
 
     def probe_config(self) -> ProbeConfig:
         """The inference ceiling's probe: forward passes only, under the same budget and precision."""
-        return ProbeConfig(workload=self.workload, workload_options=self.workload_options, device=self.device,
-                           memory_budget_bytes=self.memory_budget_bytes, margin=self.margin,
-                           granularity=self.granularity, max_batch=self.max_batch, confirm=self.confirm,
-                           resolution=self.resolution, precision=self.precision, steps=INFERENCE_STEPS,
-                           threads=serve_threads(self.threads), trial_timeout_s=self.trial_timeout_s,
-                           load_timeout_s=self.load_timeout_s, seed=self.seed, mode=INFER,
-                           command_line=self.command_line)
+        from mbtune.settings import build, settings_of
+
+        return build(ProbeConfig, {**settings_of(ProbeConfig, self), "steps": INFERENCE_STEPS,
+                                   "threads": serve_threads(self.threads), "mode": INFER},
+                     command_line=self.command_line)

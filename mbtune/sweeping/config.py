@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
+from mbtune.pipeline.theory import DEFAULT_VIRTUAL_STAGES
 from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
@@ -61,7 +62,7 @@ class SweepConfig:
     recompute_safe_batch: int | None = None  # the probe's with full recompute (bounds those points instead)
     ceiling: int | None = None
     ceiling_peak_memory_bytes: int | None = None
-    virtual_stages: int = 2
+    virtual_stages: int = DEFAULT_VIRTUAL_STAGES
     warmup_steps: int = 1
     measured_steps: int = 3
     # Each point run this many times in fresh processes (None: until known; the default is MBTUNE_REPEATS's).

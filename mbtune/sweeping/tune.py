@@ -52,9 +52,9 @@ def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | 
 
             run_point = session(config.nodes, config.command_line).run_point
         result = check_update(CheckConfig.for_point(
-            point, workload=config.workload, workload_options=config.workload_options, device=config.device,
+            point, workload=config.workload, options=config.workload_options, device=config.device,
             precision=config.precision, optimizer=config.optimizer, lr=config.lr, seed=config.seed,
-            timeout_s=config.point_timeout_s, load_timeout_s=config.load_timeout_s), run_point)
+            timeout=config.point_timeout_s, load_timeout=config.load_timeout_s), run_point)
     except (Interrupted, KeyboardInterrupt):
         return replace(sweep, interrupted=True, check_error="interrupted")
     except MbtuneError as exc:

@@ -112,8 +112,8 @@ def test_plan_pictures_and_trace_from_a_real_profile(fill_drain, tmp_path) -> No
                         command_line="", created_at="")
     profile = Profile(schema_version=1, metadata=metadata, sweep=fill_drain)
     profile = Profile.from_dict(json.loads(json.dumps(profile.to_dict())))  # as saved and loaded
-    report = plan_from_profile(profile, num_ranks=8, micro_batches=(8, 16, 32), schedules=("gpipe", "1f1b", "zbv"),
-                               data_parallel_size=4, link_bandwidth_bytes_per_s=25e9, link_latency_s=5e-6, num_blocks=24)
+    report = plan_from_profile(profile, stages=8, micro_batches=(8, 16, 32), schedules=("gpipe", "1f1b", "zbv"),
+                               data_parallel=4, link_bandwidth="25GB/s", link_latency="5us", blocks=24)
     assert report.num_blocks == 24 and report.validation is not None and len(report.validation.rows) == 6
     assert report.best is not None and len(report.predictions) == 9
     assert report.best.samples_per_s == max(p.samples_per_s for p in report.predictions)

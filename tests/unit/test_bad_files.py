@@ -343,7 +343,7 @@ SPECS = [
     (W.replace('"cpu"', '["cpu"]'), 'device is ["cpu"], expected a string'),
     (W.replace('"cpu"', f'"{HUGE}"'), "device is"),
     (W + "memory_budget = true\n", "memory_budget is true"),
-    (W + "memory_budget = 0\n", "memory_budget 0 must be above zero"),
+    (W + "memory_budget = 0\n", "memory_budget=0 is out of range: expected a size above zero"),
     (W + "tolerance = [0.1]\n", "tolerance is [0.1]"),
     (W + "tolerance = nan\n", "tolerance=nan is out of range"),
     (W + 'repeats = "3"\n', "repeats is \"3\", expected an integer"),

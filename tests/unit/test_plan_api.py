@@ -156,8 +156,8 @@ def test_memory_limit_falls_back_to_the_probe() -> None:
 
 
 def test_the_keyword_call_builds_a_config_and_keeps_the_recommended_timeline() -> None:
-    by_keywords = plan_from_profile(profile(), num_ranks=2, micro_batches=(4,), schedules=("gpipe",),
-                                    validation_method=None)
+    by_keywords = plan_from_profile(profile(), stages=2, micro_batches=(4,), schedules="gpipe",
+                                    validation="none")
     config = PlanConfig(num_ranks=2, micro_batches=(4,), schedules=("gpipe",), validation_method=None)
     plain, kept = plan_from_profile(profile(), config), plan_from_profile(profile(), replace(config, keep_timeline=True))
     assert not plain.recommended_timeline and kept.recommended_timeline == by_keywords.recommended_timeline
@@ -168,11 +168,11 @@ def test_the_keyword_call_builds_a_config_and_keeps_the_recommended_timeline() -
     assert kept.best is not None and kept.best.seed is not None  # the profile's timelines scatter
     # The timeline is the draw the prediction is the median of.
     assert max(a.end_s for a in kept.recommended_timeline) == pytest.approx(kept.best.pipeline_s)
-    with pytest.raises(ConfigError, match="num_ranks=0 is out of range") as info:
-        plan_from_profile(profile(), num_ranks=0)
+    with pytest.raises(ConfigError, match="stages=0 is out of range") as info:
+        plan_from_profile(profile(), stages=0)
     assert info.value.field == "num_ranks"
     with pytest.raises(TypeError, match="not both"):
-        plan_from_profile(profile(), config, num_ranks=2)
+        plan_from_profile(profile(), config, stages=2)
 
 
 def test_a_profile_without_a_timed_sweep_cannot_be_planned_from() -> None:

@@ -39,7 +39,7 @@ BAD = [
     ("micro_batch_size", 0), ("global_batch", 0), ("global_batch", 2**40), ("grad_accum_steps", 0),
     ("num_blocks", 2), ("num_blocks", 1025), ("virtual_stages", 0), ("virtual_stages", 1),
     ("link_bandwidth_bytes_per_s", 0.0), ("link_bandwidth_bytes_per_s", -1e9), ("link_latency_s", -1e-6),
-    ("validation_method", "maybe"), ("validation_method", "none"), ("scatter", "sometimes"),
+    ("validation_method", "maybe"), ("scatter", "sometimes"),
     # bounds: more than the simulation answers in seconds
     ("num_ranks", 100_000), ("num_ranks", MAX_MODEL_STAGES + 1), ("micro_batches", (8, 10_000_000)),
     ("grad_accum_steps", 10**8), ("virtual_stages", 10**6),
