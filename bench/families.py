@@ -35,7 +35,7 @@ def tune(family: str, budget: str) -> tuple[dict, float, str]:
 def load_all(layers: int | None) -> None:
     """Every model type of the installed transformers with a causal-LM or masked-LM model, at its small
     default (with `layers` layers where given): does it split, and do the blocks compute what the whole model
-    computes (one forward, the same weights)? How many were traced by their first layers (workloads/repeats.py),
+    computes (one forward, the same weights)? How many were traced by their first layers (workloads/identical_members.py),
     and the reasons of those that do not split, counted."""
     from collections import Counter
 

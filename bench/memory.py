@@ -1,4 +1,4 @@
-"""Benchmark: every rank's predicted peak memory (pipeline/predict.py, before anything runs) against the peak
+"""Benchmark: every rank's predicted peak memory (pipeline/rank_memory.py, before anything runs) against the peak
 the same point's rank measured in a real pipelined run: on the CPU its live tensor bytes (device/tensor_bytes.py),
 on CUDA the allocator's allocated peak.
 
@@ -22,7 +22,7 @@ import statistics
 import time
 
 from mbtune.pipeline.launch import run_pipeline_point
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.units import parse_options
 from mbtune.worker import run_isolated
 
@@ -32,7 +32,7 @@ MIB = 2**20
 
 def _predict_all(specs: list[PipelineSpec], echoes: bool = True) -> list[tuple[int, ...]]:
     """Every spec's predicted rank peaks, in one process (the workload is loaded once there)."""
-    from mbtune.pipeline.predict import RankPeaks
+    from mbtune.pipeline.rank_memory import RankPeaks
     from mbtune.workloads import load_workload
 
     peaks = RankPeaks(load_workload(specs[0].workload, specs[0].workload_options), echoes=echoes)

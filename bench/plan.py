@@ -4,7 +4,7 @@ against the exhaustive grid.
 1. Runs an exhaustive grid for real (schedules x micro-batches x micro-batch sizes at two stages, one fresh
    process per rank), `--repeats` times (default 2), each pass in its own shuffled order so a neighbour's
    load drifting over time favours no schedule; a point's repeats are merged as `mbtune sweep --repeats`
-   merges them (mbtune.sweeping.grid.merge_repeats: every repeat's steps, one median per repeat).
+   merges them (mbtune.sweeping.measured.merge_repeats: every repeat's steps, one median per repeat).
 2. Prints predicted against measured step time for every point: in-sample (one model fitted to all points)
    and leave-one-out (each point predicted by a model fitted to the others), with scatter measured and
    none, median and worst error, and beside them the noise floor: per point, (max - min) / median of its
@@ -35,14 +35,14 @@ import simulator  # noqa: E402 - bench/simulator.py, beside this file
 
 from mbtune.pipeline.launch import run_pipeline_point
 from mbtune.pipeline.point import SweepPoint
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.theory import stages_per_rank
 from mbtune.planning.api import block_facts, validate_results
 from mbtune.planning.calibrate import usable
 from mbtune.planning.quick import quick_search, simulator_predictor
 from mbtune.planning.records import Validation
 from mbtune.report.plan import noise_floor_text, noise_verdict
-from mbtune.sweeping.grid import merge_repeats, summarize_point
+from mbtune.sweeping.measured import merge_repeats, summarize_point
 from mbtune.sweeping.records import PointResult
 
 WORKLOAD = "mlp"

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from peers import PEERS, PeerRun, missing_reason, run_peer
 
+from mbtune.probing.ceiling_prediction import predict_ceiling
 from mbtune.probing.config import ProbeConfig
-from mbtune.probing.predict import predict_ceiling
 from mbtune.probing.records import TrialOutcome
 from mbtune.probing.search import search_ceiling
 from mbtune.probing.trial import run_classified_trial

@@ -31,9 +31,9 @@ from collections import Counter
 from pathlib import Path
 
 from mbtune.serving.config import ServeConfig
-from mbtune.serving.load import POISSON
 from mbtune.serving.records import ConfigRun, LoadResult, ServeReport
 from mbtune.serving.run import AGAIN_SEED, serve_loads, serve_workload
+from mbtune.serving.traffic import POISSON
 from mbtune.units import parse_duration
 
 # How much slower the machine may serve from one measurement to the next: the saturated loads' throughput

@@ -15,7 +15,7 @@ import time
 
 from mbtune.pipeline.launch import run_pipeline_point
 from mbtune.pipeline.point import SweepPoint
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.theory import theoretical_bubble
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.records import PointResult

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from mbtune.pipeline.launch import run_pipeline_point  # noqa: E402
 from mbtune.pipeline.nodes import Nodes  # noqa: E402
-from mbtune.pipeline.spec import PipelineSpec  # noqa: E402
+from mbtune.pipeline.point_spec import PipelineSpec  # noqa: E402
 from mbtune.pipeline.torchrun import close_session, session  # noqa: E402
 
 SPEC = PipelineSpec(workload="mlp", workload_options=(("layers", 2), ("width", 64)), schedule="1f1b", num_ranks=2,

@@ -1,6 +1,6 @@
 """The 97.5% quantiles of the normal and of Student's t (two-sided 95% intervals), shared by every stopping
 rule and interval: the sweep's repeats (sweeping/stopping.py), qualify's pooled spreads
-(qualifying/spreads.py) and a serve load's p99 over its windows (serving/load.py)."""
+(qualifying/spreads.py) and a serve load's p99 over its windows (serving/traffic.py)."""
 
 from __future__ import annotations
 

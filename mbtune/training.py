@@ -41,7 +41,7 @@ def create_optimizer_state(params: list[torch.nn.Parameter], optimizer: torch.op
 
 def on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """The module on the device; as it is where it is there already. In a memory prediction
-    (probing/predict.py, pipeline/predict.py) its tensors (fake, or meta ones becoming fake) are moved tensor
+    (probing/ceiling_prediction.py, pipeline/rank_memory.py) its tensors (fake, or meta ones becoming fake) are moved tensor
     by tensor, ties kept: `.to` would try to swap fake tensors, which they refuse, and would give each holder
     of a tied meta tensor a parameter of its own."""
     tensors = [*module.parameters(), *module.buffers()]

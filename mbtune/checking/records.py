@@ -52,7 +52,7 @@ class CheckResult(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class BlockValidation(Record):
-    """One block of a validated workload (checking/validate.py)."""
+    """One block of a validated workload (checking/workload.py)."""
 
     block: int
     name: str

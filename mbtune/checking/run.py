@@ -50,7 +50,7 @@ def check_update(config: CheckConfig, run_point: Callable[..., PipelineOutcome] 
     `run_point(spec, timeout_s=...)` runs the pipeline (default: the local launcher's run_pipeline_point;
     a sweep under torchrun passes its session's)."""
     from mbtune.pipeline.launch import run_pipeline_point
-    from mbtune.pipeline.spec import PipelineSpec
+    from mbtune.pipeline.point_spec import PipelineSpec
     from mbtune.worker import run_isolated
     from mbtune.workloads.facts import workload_facts
 

@@ -179,7 +179,7 @@ def check(
 
     fmt = check_format(format, allowed=("table", "json"))
     if all(getattr(ctx.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT" for name in PIPELINE_OPTIONS):
-        from mbtune.checking.validate import validate_workload
+        from mbtune.checking.workload import validate_workload
 
         validated = validate_workload(workload, parse_options(option or []), seed=seed, timeout_s=timeout)
         print_validation(make_console(), validated, fmt)

@@ -186,7 +186,7 @@ def finish(fmt: str, outcome: RunOutcome, *, plot: Path | None = None, trace: Pa
     from mbtune.report import make_console
     from mbtune.report.sweep import write_artifacts
     from mbtune.report.tune import print_results
-    from mbtune.sweeping.grid import nothing_measured
+    from mbtune.sweeping.ranking import nothing_measured
 
     if outcome.followed is not None:  # another node led the run, and printed and saved it
         raise typer.Exit(outcome.followed)

@@ -17,7 +17,7 @@ from typing import Any
 
 from mbtune.pipeline.launch import Message, rank_message
 from mbtune.pipeline.nodes import Nodes, parse_endpoint
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.worker import capture_stderr, die_with_parent
 
 STOP_GRACE_S = 3.0

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.schedules import StageShapes
-from mbtune.pipeline.spec import PipelineSpec
 from mbtune.training import on_device
 from mbtune.workloads import Workload
 from mbtune.workloads.chain import StageModule, batch_rows

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.timeline import PipelineOutcome, StageReport
 from mbtune.records import ERROR, HARNESS_FAULT, KILLED, NONFINITE, OK, OOM, TIMEOUT, WORKLOAD_FAULT
 from mbtune.worker import (

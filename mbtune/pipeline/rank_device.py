@@ -8,7 +8,7 @@ import torch
 
 from mbtune.device.tensor_bytes import TensorBytes
 from mbtune.errors import DeviceError
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 
 
 def own_cores(index: int, count: int, allowed: set[int] | None = None) -> tuple[int, ...]:

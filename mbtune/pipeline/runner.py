@@ -24,6 +24,7 @@ from mbtune.device.tensor_bytes import TensorBytes, paused
 from mbtune.errors import NonFiniteLossError
 from mbtune.pipeline.action_timer import ActionTimer
 from mbtune.pipeline.handover import Audited, StageShapes, stage_module, step_batch
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.rank_device import (
     count_memory,
     device_uuid,
@@ -35,7 +36,6 @@ from mbtune.pipeline.rank_device import (
     timing_event,
 )
 from mbtune.pipeline.schedules import build_schedule, build_stage, on_forward_chunk, run_schedule_step
-from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.split import StageBlocks, split_blocks
 from mbtune.pipeline.theory import stage_to_rank, stages_of_rank
 from mbtune.pipeline.timeline import StageReport
@@ -186,7 +186,7 @@ class RankRun:
         self.parameters = list({id(p): p for m in self.modules for p in m.parameters()}.values())
         self.optimizer = _make_optimizer(spec, self.parameters)
         self.output_dtype = ""
-        self.read_losses = True  # off where the tensors are fake (planning/predict.py): they hold no values
+        self.read_losses = True  # off where the tensors are fake (pipeline/rank_memory.py): they hold no values
 
     def _sum_tied(self) -> None:
         """Each tie held on several ranks: its copies' gradients summed over those ranks (the update is then

@@ -38,7 +38,7 @@ from mbtune.errors import ConfigError, HarnessError
 from mbtune.pipeline.agent import POLL_S, STOP_GRACE_S, StoreQueue, first_line, open_store, start_agent, stop_agent
 from mbtune.pipeline.launch import Ranks, collect, failure_detail, hang_rank_from_env
 from mbtune.pipeline.nodes import Nodes, parse_endpoint
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.timeline import PipelineOutcome
 from mbtune.records import ERROR, HARNESS_FAULT, TIMEOUT
 from mbtune.worker import forward_stderr, read_child_stderr

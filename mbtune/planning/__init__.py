@@ -4,7 +4,7 @@ orders.py     per-rank action orders (torch's own `pipeline_order` where torch r
 simulate.py   dependency-driven event simulation of one step over those orders
 calibrate.py  per-block costs, overheads, transfer and memory fitted to measured timelines
 planner.py    predictions for any stages / micro-batches / schedules / data-parallel size, ranked
-validate.py   predicted against measured for every point a sweep ran, beside the noise floor
+accuracy.py   predicted against measured for every point a sweep ran, beside the noise floor
 quick.py      the quick sweep strategy (simulator-ranked search over the grid)
 config.py     PlanConfig: the plan's options, validated, bounded where the simulation would not answer
 api.py        entry points over saved profiles (the only module that imports torch, lazily)

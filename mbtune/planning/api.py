@@ -14,6 +14,7 @@ from typing import Any
 
 from mbtune.errors import ConfigError, ProfileError
 from mbtune.pipeline.point import SweepPoint
+from mbtune.planning.accuracy import LEAVE_ONE_OUT, validate
 from mbtune.planning.calibrate import calibrate, point_orders
 from mbtune.planning.cluster import count_points, plan_cluster
 from mbtune.planning.config import PlanConfig
@@ -37,7 +38,6 @@ from mbtune.planning.records import (
     QuickResult,
     Validation,
 )
-from mbtune.planning.validate import LEAVE_ONE_OUT, validate
 from mbtune.saving.profiles import Profile
 from mbtune.sweeping.records import PointResult, SweepReport
 

@@ -30,6 +30,7 @@ from mbtune.pipeline.theory import (
     SCHEDULE_NAMES,
     stages_per_rank,
 )
+from mbtune.planning.accuracy import LEAVE_ONE_OUT, METHODS
 from mbtune.planning.cluster import ClusterGrid, count_points
 from mbtune.planning.defaults import (
     DEFAULT_PLAN_MICRO_BATCHES,
@@ -45,7 +46,6 @@ from mbtune.planning.planner import (
     simulated_actions,
 )
 from mbtune.planning.records import SCATTER_MEASURED, SCATTER_MODES
-from mbtune.planning.validate import LEAVE_ONE_OUT, METHODS
 from mbtune.records import RECOMPUTE_MODES
 from mbtune.sweeping.config import DEFAULT_SCHEDULES
 from mbtune.validation import check_types, require, require_unique

@@ -1,7 +1,7 @@
 """`mbtune plan` without a saved profile: every stage's peak memory predicted for configurations beyond this
 machine, and the largest micro-batch size each stage holds in a device's memory.
 
-Per schedule, micro-batch count and recompute mode, every rank's step is traced (pipeline/predict.py: the
+Per schedule, micro-batch count and recompute mode, every rank's step is traced (pipeline/rank_memory.py: the
 rank's own code on fake tensors, counted as a device's allocator counts) at micro-batch sizes 1 and 2, with
 its live bytes after every operator. The same step at two sizes runs the same operators, and every tensor
 that holds the batch grows with it, so each moment's bytes are a line in the micro-batch size: the largest
@@ -24,12 +24,12 @@ import numpy as np
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.theory import check_point, stages_per_rank
 from mbtune.recordio import Record
 
 if TYPE_CHECKING:
-    from mbtune.pipeline.predict import Prepared, RankPeaks, RankTrace
+    from mbtune.pipeline.rank_memory import Prepared, RankPeaks, RankTrace
 
 MAX_STEPS_DOWN = 4  # sizes tried below the lines' answer where a rank's line was optimistic
 NO_LIMIT = 2**30  # a rank's limit where nothing in its step grows with the micro-batch size
@@ -161,7 +161,7 @@ def _plan(config: MemoryPlanConfig) -> MemoryPlan:
     workload = load_workload(config.workload, config.workload_options)
     if config.num_ranks > workload.num_blocks:
         raise ConfigError(f"the workload has {workload.num_blocks} blocks, too few for {config.num_ranks} stages")
-    from mbtune.pipeline.predict import RankPeaks
+    from mbtune.pipeline.rank_memory import RankPeaks
 
     planned = config.specs()
     runnable = {index: spec for index, (*_, spec, _why) in enumerate(planned) if spec is not None}

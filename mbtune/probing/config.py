@@ -84,7 +84,7 @@ class ProbeConfig:
     max_batch: int | None = None
     confirm: int | None = None  # None: 1 on the CPU (a size's outcome is the same every run), 2 on CUDA
     resolution: int | None = None  # None: 1% of the ceiling, at least one granule; 1: the exact answer
-    predict: bool = True  # start the search from the ceiling predicted on fake tensors (probing/predict.py)
+    predict: bool = True  # start the search from the ceiling predicted on fake tensors (probing/ceiling_prediction.py)
     precision: str = "fp32"
     optimizer: str = "adamw"
     steps: int = 2

@@ -123,10 +123,10 @@ class _Trials:
 
 def _predicted(config: ProbeConfig, device: str, recompute: str, budget: int, warnings: list[str],
                progress: TrialProgress | None) -> CeilingPrediction | None:
-    """The ceiling the trial's own steps on fake tensors predict (probing/predict.py), in a child process
+    """The ceiling the trial's own steps on fake tensors predict (probing/ceiling_prediction.py), in a child process
     (the workload is user code) under the load timeout; None, with a warning saying why, where they could
     not run (the search then starts from one granule)."""
-    from mbtune.probing.predict import predict_ceiling
+    from mbtune.probing.ceiling_prediction import predict_ceiling
     from mbtune.worker import run_isolated
 
     if config.mode != TRAIN or not config.predict:

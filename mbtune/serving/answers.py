@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from mbtune.serving import simulate
 from mbtune.serving.config import ServeConfig
-from mbtune.serving.load import POISSON
 from mbtune.serving.records import BatchConfig, ConfigAnswer, ConfigRun, LoadResult
+from mbtune.serving.traffic import POISSON
 
 
 def answer(rule: BatchConfig, runs: Sequence[ConfigRun], rates: Sequence[float], service: simulate.ServiceSampler,

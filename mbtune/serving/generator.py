@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from mbtune.serving import load as gen
+from mbtune.serving import traffic as gen
 from mbtune.serving.infer import NO_MODEL, ModelSpec
 from mbtune.serving.records import BatchConfig
 from mbtune.serving.server import LoadPlan, ServerSpec, run_config

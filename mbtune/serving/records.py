@@ -11,7 +11,7 @@ from typing import Any
 from mbtune.probing.records import ProbeResult
 from mbtune.recordio import Record
 from mbtune.records import DeviceInfo, MachineLoad, frame, pct
-from mbtune.serving.load import LOAD_KINDS, POISSON
+from mbtune.serving.traffic import LOAD_KINDS, POISSON
 from mbtune.validation import require
 
 

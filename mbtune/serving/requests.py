@@ -7,7 +7,7 @@ import math
 import threading
 from dataclasses import dataclass, field
 
-from mbtune.serving import load as gen
+from mbtune.serving import traffic as gen
 from mbtune.serving.records import BatchConfig, LoadResult
 
 

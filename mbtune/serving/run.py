@@ -22,7 +22,6 @@ from mbtune.records import OK
 from mbtune.serving import simulate
 from mbtune.serving.answers import answer, best_answer, measured, tied_with_best, to_confirm
 from mbtune.serving.config import DEFAULT_MAX_BATCH_SIZES, DEFAULT_RATE_SHARES, ServeConfig
-from mbtune.serving.load import CLOSED, POISSON
 from mbtune.serving.records import (
     BatchConfig,
     ConfigRun,
@@ -31,6 +30,7 @@ from mbtune.serving.records import (
     ServiceCurve,
     SimulatorCheck,
 )
+from mbtune.serving.traffic import CLOSED, POISSON
 
 if TYPE_CHECKING:
     from mbtune.journal import Journal
@@ -347,7 +347,7 @@ def _predicted(runs: Sequence[ConfigRun], curve: ServiceCurve, config: ServeConf
 
 
 def _load_warnings(runs: Sequence[ConfigRun], config: ServeConfig) -> list[str]:
-    from mbtune.device.load import busy_warning
+    from mbtune.device.machine_load import busy_warning
 
     found = [f"{run.config.label}: {run.error}" for run in runs if run.error]
     found += [w for run in runs if (w := busy_warning(run.config.label, run.machine))]

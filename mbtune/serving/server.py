@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from mbtune.records import OK
-from mbtune.serving import load as gen
+from mbtune.serving import traffic as gen
 from mbtune.serving.batcher import expired, next_batch
 from mbtune.serving.records import BatchConfig, ConfigRun, LoadResult
 from mbtune.serving.requests import Requests, finite, p99_half, summary, window
@@ -351,7 +351,7 @@ def run_config(spec: ServerSpec, plan: LoadPlan, *, timeout_s: float) -> ConfigR
     """One server process with `spec`'s rules, driven through `plan` by a load-generator process; with how
     busy the machine was with other work meanwhile. A server or generator that failed leaves the loads
     that finished before it and says why."""
-    from mbtune.device.load import LoadMeter
+    from mbtune.device.machine_load import LoadMeter
     from mbtune.records import ERROR, KILLED
     from mbtune.worker import process_context, run_beside
 

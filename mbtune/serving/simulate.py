@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mbtune.serving.batcher import expired, next_batch
-from mbtune.serving.load import percentile, poisson_arrivals
 from mbtune.serving.records import BatchConfig, ServiceCurve
+from mbtune.serving.traffic import percentile, poisson_arrivals
 
 ServiceSampler = Callable[[int, random.Random], float]  # (batch size, draw) -> seconds
 # Simulated requests per prediction: enough that p99 rests on a hundred requests above it.

@@ -163,8 +163,8 @@ class _Points:
 def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[PointResult],
                   skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
                   warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
-    from mbtune.sweeping.grid import rank_results, recompute_pairs, tied_with_best, tradeoff
     from mbtune.sweeping.lr import lr_advice
+    from mbtune.sweeping.ranking import rank_results, recompute_pairs, tied_with_best, tradeoff
 
     fixed = config.global_batches
     ranking, pareto = rank_results(results, config.objective, fixed)
@@ -307,7 +307,7 @@ class _Measuring:
         return f" (so far {sum(rates) / len(rates):,.1f} samples/s{spread})"
 
     def result(self) -> PointResult:
-        from mbtune.sweeping.grid import merge_repeats
+        from mbtune.sweeping.measured import merge_repeats
 
         rounds = tuple(self.rounds) if self.round else ()
         return replace(merge_repeats(self.runs), stopped=self.stopped, busy_reruns=self.reruns, repeat_rounds=rounds)
@@ -330,11 +330,11 @@ def steps_to_fill(step_times_s: Sequence[float], steps: int) -> int:
 
 def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
                peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> PointResult:
-    from mbtune.device.load import LoadMeter, busy_warning
+    from mbtune.device.machine_load import LoadMeter, busy_warning
     from mbtune.device.nvml import NvmlSampler
     from mbtune.pipeline.launch import run_pipeline_point
-    from mbtune.pipeline.spec import PipelineSpec
-    from mbtune.sweeping.grid import summarize_point
+    from mbtune.pipeline.point_spec import PipelineSpec
+    from mbtune.sweeping.measured import summarize_point
 
     spec = PipelineSpec.for_point(
         point, workload=config.workload, workload_options=config.workload_options, device=device,

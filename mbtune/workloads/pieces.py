@@ -255,7 +255,7 @@ def device_from_inputs(gm: nn.Module) -> None:
 def label_pieces(pieces: list[Piece], trunk: Sequence[str]) -> None:
     """Name each piece by the trunk member it runs, or as what runs before or after the trunk."""
     for index, piece in enumerate(pieces):
-        if piece.label:  # a copied member's (repeats.py): it holds the traced member's modules, under its names
+        if piece.label:  # a copied member's (identical_members.py): it holds the traced member's modules, under its names
             continue
         held = [name for name in trunk if holds(piece.module, name)]
         piece.label = (held[0] if len(held) == 1 else f"before {trunk[0]}" if index == 0 else f"after {trunk[-1]}")

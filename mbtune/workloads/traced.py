@@ -6,7 +6,7 @@ frontend, with a split point before each trunk member and after the last: what r
 becomes the first block, each trunk member a block, what runs after it the last block. The batch dimension
 stays symbolic in the trace, so the blocks run at any batch size (pieces.py makes each piece read its sizes
 from its own inputs). Tracing costs about a second or two per process for the models in tests/ and
-examples/; a trunk of alike members is traced by its first three, the third copied for the rest (repeats.py).
+examples/; a trunk of alike members is traced by its first three, the third copied for the rest (identical_members.py).
 
 The traced pipe may hand a value to a stage further down (a rotary table, a mask, the batch itself); the
 blocks carry such values along, so each block takes the previous block's tuple and returns the next's, as
@@ -30,7 +30,7 @@ import torch
 from torch import fx, nn
 
 from mbtune.errors import WorkloadError
-from mbtune.workloads import Workload, repeats
+from mbtune.workloads import Workload, identical_members
 from mbtune.workloads.pieces import (
     CONTRACT_HINT,
     Piece,
@@ -58,7 +58,7 @@ class Traced:
     loss: TracedLoss | None
     aliases: dict[int, str]  # id of each meta tensor of the pieces -> the model's (first) name for it
     trunk: tuple[str, ...]
-    num_copied: int = 0  # trunk members whose pieces are copies of a traced member's (repeats.py)
+    num_copied: int = 0  # trunk members whose pieces are copies of a traced member's (identical_members.py)
 
 
 def trace(build: Callable[[], nn.Module], example: tuple[Any, ...], targets: torch.Tensor | None,
@@ -104,7 +104,7 @@ def trace(build: Callable[[], nn.Module], example: tuple[Any, ...], targets: tor
     aliases = _aliases(model, pieces)
     for piece in pieces:
         _one_tensor_per_name(piece.module, aliases)
-    num_copied = len(trunk) - repeats.TRACED_MEMBERS if shortened else 0
+    num_copied = len(trunk) - identical_members.TRACED_MEMBERS if shortened else 0
     return Traced(pieces=pieces, loss=loss, aliases=aliases, trunk=tuple(trunk), num_copied=num_copied)
 
 
@@ -123,17 +123,17 @@ def _split(model: nn.Module, args: tuple[Any, ...], trunk: Sequence[str], num_in
 def _split_alike(model: nn.Module, args: tuple[Any, ...], trunk: list[str], num_inputs: int,
                  takes_targets: bool) -> Split | None:
     """The pieces from the model traced with its first trunk members only, the last copied for the rest
-    (repeats.py); None where the members may differ or the shortened model does not trace alike."""
-    container = repeats.container_of(model, trunk)
+    (identical_members.py); None where the members may differ or the shortened model does not trace alike."""
+    container = identical_members.container_of(model, trunk)
     if container is None:
         return None
     try:
-        with repeats.shortened(container):
-            pieces, outputs, target_name = _split(model, args, trunk[:repeats.TRACED_MEMBERS], num_inputs,
+        with identical_members.shortened(container):
+            pieces, outputs, target_name = _split(model, args, trunk[:identical_members.TRACED_MEMBERS], num_inputs,
                                                   takes_targets)
     except Exception:  # noqa: BLE001 - the whole model is traced instead (its error, if any, is the one said)
         return None
-    extended = repeats.extend(pieces, outputs, model, trunk, _aliases(model, pieces))
+    extended = identical_members.extend(pieces, outputs, model, trunk, _aliases(model, pieces))
     return None if extended is None else (extended[0], extended[1], target_name)
 
 

@@ -19,7 +19,7 @@ ALLOCATE = ("import sys, torch; kept = [torch.empty(int(sys.argv[1]), dtype=torc
 
 
 def _predicted(config: TrialConfig) -> int:
-    from mbtune.probing.predict import predict_trial_peak
+    from mbtune.probing.ceiling_prediction import predict_trial_peak
 
     return predict_trial_peak(config)
 
@@ -47,8 +47,8 @@ def test_confirm_holds_a_cuda_script_to_the_memory_fraction():
 
 def test_a_cuda_ranks_predicted_peak_is_near_its_allocated_peak():
     from mbtune.pipeline.launch import run_pipeline_point
-    from mbtune.pipeline.predict import predict_rank_peaks
-    from mbtune.pipeline.spec import PipelineSpec
+    from mbtune.pipeline.point_spec import PipelineSpec
+    from mbtune.pipeline.rank_memory import predict_rank_peaks
 
     spec = PipelineSpec(workload="gpt", schedule="1f1b", num_ranks=1, num_microbatches=4, micro_batch_size=8,
                         measured_steps=1, device="cuda", precision="bf16")

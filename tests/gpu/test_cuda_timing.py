@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mbtune.pipeline.launch import run_pipeline_point
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.records import OK
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.run import sweep_workload

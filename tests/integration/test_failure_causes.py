@@ -112,7 +112,7 @@ _NO_GUARD = """
     from mbtune.probing.config import ProbeConfig
     from mbtune.probing.trial import run_classified_trial
     from mbtune.pipeline.launch import run_pipeline_point
-    from mbtune.pipeline.spec import PipelineSpec
+    from mbtune.pipeline.point_spec import PipelineSpec
     c = ProbeConfig(workload="mlp", device="cpu")
     print(json.dumps(run_classified_trial(c.trial(batch_size=4, device="cpu"), 60).to_dict()))
     spec = PipelineSpec(workload="mlp", schedule="gpipe", num_ranks=2, num_microbatches=2, micro_batch_size=2,

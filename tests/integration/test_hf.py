@@ -91,7 +91,7 @@ def test_without_transformers_the_error_says_how_to_install_it(monkeypatch):
 
 def test_a_deep_model_traced_by_its_first_layers_computes_what_the_whole_model_computes():
     # Seven layers: the first three are traced and the third copied for the other four where the layers are
-    # alike (repeats.py); gemma2's alternate sliding and global attention, so all seven are traced. (Every
+    # alike (identical_members.py); gemma2's alternate sliding and global attention, so all seven are traced. (Every
     # family: bench/families.py --load-all --layers 8.)
     from mbtune.workloads.hf import _builder, _kind, hf_config
 
@@ -123,8 +123,8 @@ def test_the_pipelined_update_of_a_deep_model_traced_by_its_first_layers_is_the_
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
 def test_a_transformers_step_predicted_with_echoed_micro_batches_peaks_where_every_one_computed_does(family):
     from mbtune.pipeline.point import SweepPoint
-    from mbtune.pipeline.predict import RankPeaks
-    from mbtune.pipeline.spec import PipelineSpec
+    from mbtune.pipeline.point_spec import PipelineSpec
+    from mbtune.pipeline.rank_memory import RankPeaks
 
     options = tuple({**dict(_options(family)), "num_hidden_layers": 4}.items())
     workload = load_workload(f"hf:{family}", options)

@@ -10,7 +10,7 @@ import pytest
 
 from mbtune.cli import main
 from mbtune.pipeline.launch import run_pipeline_point
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.probing.config import ProbeConfig, TrialConfig
 from mbtune.probing.run import probe_workload
 from mbtune.probing.trial import run_trial
@@ -23,13 +23,13 @@ BUDGET = 128 * 2**20
 
 
 def _predicted_rank_peaks(spec: PipelineSpec) -> tuple[int, ...]:
-    from mbtune.pipeline.predict import predict_rank_peaks
+    from mbtune.pipeline.rank_memory import predict_rank_peaks
 
     return predict_rank_peaks(spec)
 
 
 def _predicted_trial_peak(config: TrialConfig) -> int:
-    from mbtune.probing.predict import predict_trial_peak
+    from mbtune.probing.ceiling_prediction import predict_trial_peak
 
     return predict_trial_peak(config)
 

@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, LOSS
 from mbtune.pipeline.launch import HANG_RANK_ENV, run_pipeline_point
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.runner import step_batch
-from mbtune.pipeline.spec import PipelineSpec
 from mbtune.pipeline.theory import (
     SCHEDULE_NAMES,
     check_point,

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from mbtune.pipeline.launch import run_pipeline_point
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.planning.memory_plan import MemoryPlanConfig, plan_memory
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from mbtune.journal import REPLAYED
 from mbtune.saving.profiles import load_profile
 from mbtune.saving.session import run_serve
 from mbtune.serving.config import ServeConfig
-from mbtune.serving.load import CLOSED, POISSON
+from mbtune.serving.traffic import CLOSED, POISSON
 
 pytestmark = pytest.mark.integration
 

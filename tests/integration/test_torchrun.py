@@ -19,7 +19,7 @@ import torch
 
 from mbtune.pipeline.launch import run_pipeline_point
 from mbtune.pipeline.nodes import Nodes
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.torchrun import close_session, session
 from tests.fixtures.processes import orphans
 from tests.unit.test_cli import ROOT, mbtune

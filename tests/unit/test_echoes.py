@@ -11,8 +11,8 @@ from mbtune.actions import BACKWARD, FORWARD
 from mbtune.device.tensor_bytes import TensorBytes, fake_tensors
 from mbtune.pipeline.echoes import Echoing, real_microbatches
 from mbtune.pipeline.point import SweepPoint
-from mbtune.pipeline.predict import RankPeaks
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
+from mbtune.pipeline.rank_memory import RankPeaks
 from mbtune.workloads import load_workload
 
 GPT = (("layers", 4), ("d_model", 32), ("heads", 2), ("seq_len", 16), ("vocab", 64))

@@ -9,7 +9,8 @@ import pytest
 
 from mbtune.pipeline.point import SweepPoint
 from mbtune.sweeping.config import SweepConfig, default_global_batch
-from mbtune.sweeping.grid import plan_grid, rank_results, recompute_pairs, tied_with_best, tradeoff
+from mbtune.sweeping.grid import plan_grid
+from mbtune.sweeping.ranking import rank_results, recompute_pairs, tied_with_best, tradeoff
 from mbtune.sweeping.records import PointResult
 
 

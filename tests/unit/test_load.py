@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mbtune.device.load import (
+from mbtune.device.machine_load import (
     CpuTicks,
     LoadMeter,
     busy_verdict,

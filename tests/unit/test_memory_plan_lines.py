@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mbtune.pipeline.predict import RankTrace
+from mbtune.pipeline.rank_memory import RankTrace
 from mbtune.planning.memory_plan import _Line
 
 

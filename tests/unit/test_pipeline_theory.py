@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mbtune.errors import ConfigError
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.split import split_blocks
 from mbtune.pipeline.theory import (
     SCHEDULE_NAMES,

@@ -185,8 +185,8 @@ def test_a_profile_without_a_timed_sweep_cannot_be_planned_from() -> None:
 @pytest.mark.parametrize(("schedule", "ranks"), [("gpipe", 2), ("interleaved-1f1b", 2), ("zbv", 2), ("1f1b", 3)])
 def test_the_planner_splits_stages_exactly_as_the_runner(schedule, ranks):
     from mbtune.pipeline.point import SweepPoint
+    from mbtune.pipeline.point_spec import PipelineSpec
     from mbtune.pipeline.runner import stage_blocks
-    from mbtune.pipeline.spec import PipelineSpec
     from mbtune.planning.memory import point_split
     from mbtune.workloads import load_workload
 

@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from mbtune.pipeline.point import SweepPoint
+from mbtune.planning.accuracy import IN_SAMPLE, LEAVE_ONE_OUT, summarize, validate
 from mbtune.planning.calibrate import calibrate
 from mbtune.planning.fit import fit_line, quantiles, trimmed_mean
 from mbtune.planning.memory import point_split
 from mbtune.planning.planner import predict
 from mbtune.planning.records import BlockCost, BlockFacts, CostModel, LinearCost, Spread
-from mbtune.planning.validate import IN_SAMPLE, LEAVE_ONE_OUT, summarize, validate
 from mbtune.records import TimelineAction
 from mbtune.sweeping.records import PointResult
 

@@ -11,9 +11,9 @@ from rich.console import Console
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
+from mbtune.planning.accuracy import IN_SAMPLE, summarize
 from mbtune.planning.planner import PlanGrid, plan
 from mbtune.planning.records import PlanReport
-from mbtune.planning.validate import IN_SAMPLE, summarize
 from mbtune.records import DeviceInfo, TimelineAction
 from mbtune.report.plan import (
     plan_dict,
@@ -24,7 +24,7 @@ from mbtune.report.plan import (
 from mbtune.report.plots import rank_idle_spans, write_plan_plots, write_plots
 from mbtune.report.timeline import timeline_renderable, timeline_rows
 from mbtune.report.trace import trace_events, write_trace
-from mbtune.sweeping.grid import rank_results
+from mbtune.sweeping.ranking import rank_results
 from mbtune.sweeping.records import SweepReport
 from tests.unit.test_plan_calibrate import FACTS, TRUTH, measured
 from tests.unit.test_plan_planner import model
@@ -126,8 +126,8 @@ def test_pictures_without_matplotlib_say_how_to_get_it(tmp_path, monkeypatch) ->
 def test_plan_tables_and_json() -> None:
     results = [measured(SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=m, grad_accum_steps=1,
                                    micro_batch_size=4)) for m in (2, 4)]
+    from mbtune.planning.accuracy import validate
     from mbtune.planning.calibrate import calibrate
-    from mbtune.planning.validate import validate
 
     validation = validate(results, lambda runs: calibrate(runs, FACTS, workload="synthetic"), method=IN_SAMPLE)
     text = render(validation_table(validation), 140)
@@ -152,8 +152,8 @@ def test_plan_tables_and_json() -> None:
 def test_the_validation_shows_the_noise_floor_and_the_verdict() -> None:
     from dataclasses import replace
 
+    from mbtune.planning.accuracy import validate
     from mbtune.planning.calibrate import calibrate
-    from mbtune.planning.validate import validate
 
     results = [replace(measured(SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=m, grad_accum_steps=1,
                                            micro_batch_size=4)), num_repeats=2, repeat_step_time_medians_s=(1.0, 1.1))

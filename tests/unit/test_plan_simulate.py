@@ -204,7 +204,7 @@ def test_torch_refuses_points_that_cannot_run() -> None:
 
 def test_plan_modules_do_not_import_torch() -> None:
     code = ("import sys, mbtune.planning.simulate, mbtune.planning.calibrate, mbtune.planning.planner, mbtune.planning.quick, "
-            "mbtune.planning.validate, mbtune.planning.api, mbtune.report.plan, mbtune.report.trace, mbtune.report.timeline, "
+            "mbtune.planning.accuracy, mbtune.planning.api, mbtune.report.plan, mbtune.report.trace, mbtune.report.timeline, "
             "mbtune.report.plots; assert 'torch' not in sys.modules, 'torch imported'; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

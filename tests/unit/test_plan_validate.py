@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
+from mbtune.planning.accuracy import IN_SAMPLE, LEAVE_ONE_OUT, noise_floor, validate
 from mbtune.planning.calibrate import calibrate
 from mbtune.planning.planner import predict
 from mbtune.planning.records import BETWEEN_RUN, SCATTER_NONE, WITHIN_RUN, Spread
-from mbtune.planning.validate import IN_SAMPLE, LEAVE_ONE_OUT, noise_floor, validate
 from mbtune.sweeping.records import PointResult
 from tests.unit.test_plan_calibrate import FACTS, TRUTH, measured, points
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.probing.predict import MAX_CHECKS, _largest_fitting
+from mbtune.probing.ceiling_prediction import MAX_CHECKS, _largest_fitting
 
 
 def _counted(peak):

@@ -27,7 +27,7 @@ from mbtune.qualifying.specfile import load_spec, read_spec
 from mbtune.records import DeviceInfo
 from mbtune.report.qualify import PER_POINT_TITLE, junit_xml, per_point_table, verdict_table
 from mbtune.saving.profiles import Metadata, Profile
-from mbtune.sweeping.grid import rank_results
+from mbtune.sweeping.ranking import rank_results
 from mbtune.sweeping.records import PointResult, SweepReport
 from tests.unit.test_records import sample_probe
 from tests.unit.test_report import render, sweep_report

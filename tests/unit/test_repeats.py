@@ -1,4 +1,4 @@
-"""A trunk of alike members traced by its first three, the third copied for the rest (workloads/repeats.py):
+"""A trunk of alike members traced by its first three, the third copied for the rest (workloads/identical_members.py):
 taken where the members compute alike, and the blocks then compute the model's loss and gradients exactly;
 the whole model traced where a member differs, reads an earlier member than the one before it, or the
 model does not run shortened."""
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mbtune.workloads import Workload
-from mbtune.workloads.repeats import signature
+from mbtune.workloads.identical_members import signature
 from tests.unit.test_from_module import VOCAB, Layer, TinyGPT, tokens
 
 

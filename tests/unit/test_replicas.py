@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.pipeline.spec import PipelineSpec
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.timeline import ActionRecord, PipelineOutcome, StageReport
-from mbtune.sweeping.grid import step_timeline
+from mbtune.sweeping.measured import step_timeline
 
 
 def _report(rank: int, replica: int, *, peak: int, loss: float | None, allreduce: tuple[float, float]) -> StageReport:

@@ -11,7 +11,7 @@ from mbtune.pipeline.point import SweepPoint
 from mbtune.records import DeviceInfo
 from mbtune.report.probe import summary_panel, trials_table
 from mbtune.report.sweep import best_panel, results_table, skipped_table
-from mbtune.sweeping.grid import rank_results
+from mbtune.sweeping.ranking import rank_results
 from mbtune.sweeping.records import PointResult, SkippedPoint, SweepReport
 from tests.unit.test_records import sample_probe
 

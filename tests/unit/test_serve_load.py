@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from mbtune.serving.load import Window, percentile, poisson_arrivals, spread_of, stable, window_of
+from mbtune.serving.traffic import Window, percentile, poisson_arrivals, spread_of, stable, window_of
 
 
 def test_poisson_arrivals_have_the_rate_as_mean_and_counts_as_dispersed_as_a_poisson_process():
@@ -76,7 +76,7 @@ def _windows(tails: list[int], size: int = 100) -> list[tuple[list[float], int]]
 
 
 def test_a_p99_whose_slow_requests_come_evenly_keeps_the_binomial_interval():
-    from mbtune.serving.load import percentile_half, sectioned_half
+    from mbtune.serving.traffic import percentile_half, sectioned_half
 
     even = _windows([2] * 10)  # 1000 requests, 20 slow, two a window: no more spread than the binomial
     pooled = [v for values, _ in even for v in values]
@@ -85,7 +85,7 @@ def test_a_p99_whose_slow_requests_come_evenly_keeps_the_binomial_interval():
 
 
 def test_a_p99_whose_slow_requests_come_in_one_burst_has_a_wider_interval_than_the_binomial():
-    from mbtune.serving.load import percentile_half, sectioned_half
+    from mbtune.serving.traffic import percentile_half, sectioned_half
 
     even = _windows([2] * 10)
     slow = sorted(v for values, _ in even for v in values if v > 2.0)

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from mbtune.serving.load import poisson_arrivals
 from mbtune.serving.records import BatchConfig, ServiceCurve, ServiceTime
 from mbtune.serving.simulate import curve_sampler, predict, predicted_max_rate, simulate
+from mbtune.serving.traffic import poisson_arrivals
 
 ONE_AT_A_TIME = BatchConfig(max_batch_size=1)
 

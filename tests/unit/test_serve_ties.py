@@ -51,7 +51,7 @@ def test_configurations_whose_brackets_overlap_the_best_ones_are_tied_with_it():
 
 
 def test_the_p99_interval_is_the_order_statistics_a_binomial_count_puts_it_between():
-    from mbtune.serving.load import percentile, quantile_interval, relative_half
+    from mbtune.serving.traffic import percentile, quantile_interval, relative_half
 
     values = [float(v) for v in range(1, 1001)]  # p99 by nearest rank: the 990th
     low, high = quantile_interval(values, 0.99)

@@ -8,7 +8,9 @@ from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.timeline import ActionRecord, PipelineOutcome, StageReport
 from mbtune.sweeping.config import SweepConfig
-from mbtune.sweeping.grid import default_micro_batch_size, median_step, plan_grid, rank_results, summarize_point
+from mbtune.sweeping.grid import default_micro_batch_size, plan_grid
+from mbtune.sweeping.measured import median_step, summarize_point
+from mbtune.sweeping.ranking import rank_results
 from mbtune.sweeping.records import PointResult
 
 
@@ -128,7 +130,7 @@ def test_a_single_run_states_its_spread_over_its_measured_steps():
 
 
 def test_repeats_merge_into_a_median_with_the_range_over_the_repeats():
-    from mbtune.sweeping.grid import merge_repeats
+    from mbtune.sweeping.measured import merge_repeats
 
     runs = [_measured((0.2, 0.2, 0.2), bubble=0.3), _measured((0.1, 0.1, 0.1), bubble=0.1),
             _measured((0.4, 0.4, 0.4), bubble=0.2)]
@@ -147,7 +149,7 @@ def test_repeats_merge_into_a_median_with_the_range_over_the_repeats():
 def test_rows_whose_range_overlaps_the_best_are_tied_with_it():
     from dataclasses import replace
 
-    from mbtune.sweeping.grid import tied_with_best
+    from mbtune.sweeping.ranking import tied_with_best
 
     results = [replace(result(100, 50), samples_per_s_min=90, samples_per_s_max=110),
                replace(result(95, 50), samples_per_s_min=80, samples_per_s_max=92),  # overlaps [90, 110]

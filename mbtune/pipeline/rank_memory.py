@@ -39,8 +39,8 @@ from mbtune.device.cuda import training_workspace_bytes
 from mbtune.device.tensor_bytes import TensorBytes, fake_tensors
 from mbtune.pipeline.echoes import NUM_REAL, echo_stages, real_microbatches
 from mbtune.pipeline.handover import stage_shapes
+from mbtune.pipeline.point_spec import PipelineSpec
 from mbtune.pipeline.schedules import StageShapes, take_shapes_as_given, works_hold_their_tensors
-from mbtune.pipeline.spec import PipelineSpec
 from mbtune.workloads import Workload, load_workload
 from mbtune.workloads.chain import handover_keys
 
