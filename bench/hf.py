@@ -55,7 +55,7 @@ def facts_table() -> None:
               f"{params:<12,} {diff:>17.1e}  {counted / 1e9:>12.4f} / {rule / 1e9:<12.4f} {load_s:>7.1f}")
 
 
-def plain_step(family: str, batch_size: int, budget_bytes: int, use_cache: bool | None = None) -> str:
+def plain_step(family: str, batch_size: int, memory_budget_bytes: int, use_cache: bool | None = None) -> str:
     """In a fresh process: the plain transformers model, capped as a trial is, two AdamW steps; ok or oom.
     `use_cache` None leaves the config's (True for the decoders: the forward keeps every layer's keys and
     values in a cache, which a training step never reads)."""
@@ -68,7 +68,7 @@ def plain_step(family: str, batch_size: int, budget_bytes: int, use_cache: bool 
     config, _ = hf_config(family, {})
     kind = transformers.AutoModelForMaskedLM if family == "bert" else transformers.AutoModelForCausalLM
     kind.from_config(config, attn_implementation="sdpa")  # its code imported before the cap, as a trial does
-    CpuBackend().limit_memory(budget_bytes)
+    CpuBackend().limit_memory(memory_budget_bytes)
     try:
         model = kind.from_config(config, attn_implementation="sdpa")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -85,14 +85,14 @@ def plain_step(family: str, batch_size: int, budget_bytes: int, use_cache: bool 
     return "ok"
 
 
-def plain_ceiling(family: str, budget_bytes: int, upper: int, use_cache: bool | None = None) -> tuple[int, int]:
+def plain_ceiling(family: str, memory_budget_bytes: int, upper: int, use_cache: bool | None = None) -> tuple[int, int]:
     """The largest batch the plain loop trains at (bisection over fresh processes) and the runs it took."""
     runs = 0
 
     def fits(size: int) -> bool:
         nonlocal runs
         runs += 1
-        result = run_isolated(plain_step, family, size, budget_bytes, use_cache, timeout_s=600)
+        result = run_isolated(plain_step, family, size, memory_budget_bytes, use_cache, timeout_s=600)
         return result.status == OK and result.value == "ok"
 
     if not fits(1):
@@ -108,18 +108,18 @@ def plain_ceiling(family: str, budget_bytes: int, upper: int, use_cache: bool | 
 
 def ceiling_table(family: str, budget: str, repeats: int) -> None:
     """Each side measured `repeats` times, alternating, so a drift of the machine falls on both."""
-    budget_bytes = parse_bytes(budget, name="--budget")
+    memory_budget_bytes = parse_bytes(budget, name="--budget")
     sides = {"mbtune probe": [], "plain loop, as configured": [], "plain loop, use_cache=False": []}
     costs: dict[str, list[tuple[int, float]]] = {name: [] for name in sides}
     for _ in range(repeats):
         started = time.monotonic()
-        probe = probe_workload(ProbeConfig(workload=f"hf:{family}", device="cpu", memory_budget_bytes=budget_bytes,
+        probe = probe_workload(ProbeConfig(workload=f"hf:{family}", device="cpu", memory_budget_bytes=memory_budget_bytes,
                                            resolution=1))
         sides["mbtune probe"].append(probe.ceiling)
         costs["mbtune probe"].append((len(probe.trials), time.monotonic() - started))
         for use_cache, name in ((None, "plain loop, as configured"), (False, "plain loop, use_cache=False")):
             started = time.monotonic()
-            plain, runs = plain_ceiling(family, budget_bytes, probe.ceiling, use_cache)
+            plain, runs = plain_ceiling(family, memory_budget_bytes, probe.ceiling, use_cache)
             sides[name].append(plain)
             costs[name].append((runs, time.monotonic() - started))
     print(f"\nhf:{family} under {budget} on CPU, {repeats} run(s) each (ceiling: median [min-max])")

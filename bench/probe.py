@@ -79,7 +79,7 @@ def truth_ceiling(run, start: int, granularity: int) -> int:
 def probe_kwargs(config: ProbeConfig) -> dict:
     """search_ceiling's keywords as this bench has always passed them, plus the config's value of any newer
     keyword the installed search_ceiling accepts."""
-    kwargs = dict(granularity=config.granularity, budget_bytes=config.memory_budget_bytes, margin=config.margin,
+    kwargs = dict(granularity=config.granularity, memory_budget_bytes=config.memory_budget_bytes, margin=config.margin,
                   confirm=config.confirm or 1)  # as the probe resolves it on the CPU
     accepted = inspect.signature(search_ceiling).parameters
     for name in ("resolution",):

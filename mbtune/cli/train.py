@@ -78,6 +78,7 @@ tune = command(_tune, WORKLOAD_OPTIONS, BUDGET_OPTIONS, (option("probe_steps", P
 
 
 def confirm(
+    ctx: typer.Context,
     command: Annotated[list[str], typer.Argument(help="The training command, after --, as you would run it (at the batch size to confirm).", show_default=False)],
     memory_budget: Annotated[str, typer.Option("--memory-budget", help="The budget to hold it to, e.g. 3GiB: the probe's, so the cap is a probe trial's.")],
     runs: Annotated[int, typer.Option("--runs", help="Runs, each in fresh processes.")] = 3,
@@ -89,21 +90,14 @@ def confirm(
     the per-process memory fraction), set before its first line: exit 0 when every run fits, 1 when one ran
     out of memory, 3 when one crashed otherwise."""
     from mbtune.cli.support import check_format
-    from mbtune.device import resolve_device
-    from mbtune.probing.confirm import confirm_command
+    from mbtune.probing.confirm import ConfirmConfig, confirm_command
     from mbtune.report import make_console
     from mbtune.report.confirm import print_confirm, print_confirm_run
-    from mbtune.settings import MAX_BUDGET_BYTES, MAX_COUNT
-    from mbtune.units import parse_bytes
-    from mbtune.validation import require
 
     fmt = check_format(format, allowed=("table", "json"))
-    budget = parse_bytes(memory_budget, name="--memory-budget", at_most=MAX_BUDGET_BYTES)
-    require(1 <= runs <= MAX_COUNT, "runs", runs, f"an integer from 1 to {MAX_COUNT}")
-    require(0 < timeout <= 1e9, "timeout", timeout, "seconds > 0")
+    config = settings_in(ctx.params, ConfirmConfig)
     progress = make_console(stderr=True)
-    result = confirm_command(command, memory_budget_bytes=budget, runs=runs, device=resolve_device(device),
-                             timeout_s=timeout, on_run=None if support.quiet[0] else
+    result = confirm_command(config, on_run=None if support.quiet[0] else
                              lambda index, run: print_confirm_run(progress, index, run))
     print_confirm(make_console(), result, fmt)
     raise typer.Exit(result.exit_code)

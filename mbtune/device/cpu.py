@@ -60,17 +60,17 @@ def address_space_room_bytes() -> int | None:
     return max(0, soft - read_status_bytes("VmSize")["VmSize"])
 
 
-def check_budget_fits_limit(budget_bytes: int | None) -> None:
+def check_budget_fits_limit(memory_budget_bytes: int | None) -> None:
     """Refuse a memory budget that this process's own address-space limit cannot hold: the trials' tensors
     need that much address space on top of what is mapped now, so they would stop at the limit instead of
     at the budget, for no stated reason."""
     room = address_space_room_bytes()
-    if budget_bytes is None or room is None or budget_bytes <= room:
+    if memory_budget_bytes is None or room is None or memory_budget_bytes <= room:
         return
     from mbtune.errors import ConfigError
 
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    raise ConfigError(f"memory_budget_bytes={_gib(budget_bytes)} does not fit this process's address-space limit "
+    raise ConfigError(f"memory_budget_bytes={_gib(memory_budget_bytes)} does not fit this process's address-space limit "
                       f"(ulimit -v / RLIMIT_AS: {_gib(soft)}, {_gib(room)} of it free): trials would stop at the "
                       "limit, not at the budget", field="memory_budget_bytes",
                       hint=f"Raise the limit (ulimit -v unlimited) or give a budget of at most {_gib(room)}.")
@@ -92,12 +92,12 @@ class CpuBackend:
     def torch_device(self) -> str:
         return "cpu"
 
-    def limit_memory(self, budget_bytes: int | None) -> None:
+    def limit_memory(self, memory_budget_bytes: int | None) -> None:
         """Count this thread's live tensor bytes from now on; past the budget an operator raises
         torch.OutOfMemoryError."""
         from mbtune.device.tensor_bytes import TensorBytes
 
-        self._count = TensorBytes(budget_bytes=budget_bytes)
+        self._count = TensorBytes(memory_budget_bytes=memory_budget_bytes)
         self._count.__enter__()
 
     def synchronize(self) -> None:

@@ -32,12 +32,12 @@ class CudaBackend:
     def torch_device(self) -> str:
         return f"cuda:{self.index}"
 
-    def limit_memory(self, budget_bytes: int | None) -> None:
+    def limit_memory(self, memory_budget_bytes: int | None) -> None:
         """Lower the allocator's ceiling to the budget; never RLIMIT_AS (CUDA reserves huge virtual ranges)."""
         cuda = self._torch.cuda
-        if budget_bytes is not None:
+        if memory_budget_bytes is not None:
             total = cuda.get_device_properties(self.index).total_memory
-            cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), self.index)
+            cuda.set_per_process_memory_fraction(min(1.0, memory_budget_bytes / total), self.index)
         cuda.reset_peak_memory_stats(self.index)
 
     def synchronize(self) -> None:

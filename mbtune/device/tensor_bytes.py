@@ -42,15 +42,15 @@ def _mib(size: int) -> str:
 class TensorBytes(TorchDispatchMode):
     """Counts the live tensor storages of one device type (None: every device, fake tensors included).
 
-    `live_bytes` and `peak_bytes` are the counts now and at most; with `budget_bytes`, a storage that would
+    `live_bytes` and `peak_bytes` are the counts now and at most; with `memory_budget_bytes`, a storage that would
     take the count past it raises torch.OutOfMemoryError (`over_budget` keeps the first such message). With
     `timeline`, the live count after every operator is kept in `timeline` (one program counted at two batch
     sizes gives each moment's bytes as a line in the batch size)."""
 
-    def __init__(self, *, budget_bytes: int | None = None, device_type: str | None = "cpu",
+    def __init__(self, *, memory_budget_bytes: int | None = None, device_type: str | None = "cpu",
                  timeline: bool = False) -> None:
         super().__init__()
-        self.budget_bytes, self.device_type = budget_bytes, device_type
+        self.memory_budget_bytes, self.device_type = memory_budget_bytes, device_type
         self.timeline: list[int] | None = [] if timeline else None
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -75,10 +75,10 @@ class TensorBytes(TorchDispatchMode):
             grown = self._track(out)
         else:
             grown = sum(self._track(leaf) for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor))
-        if grown and self.budget_bytes is not None and self.live_bytes > self.budget_bytes:
+        if grown and self.memory_budget_bytes is not None and self.live_bytes > self.memory_budget_bytes:
             # Worded as the CPU allocator's own message, which training tools already recognise.
             self.over_budget = (f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {grown} bytes "
-                                f"({func}) with {_mib(self.live_bytes - grown)} of the {_mib(self.budget_bytes)} "
+                                f"({func}) with {_mib(self.live_bytes - grown)} of the {_mib(self.memory_budget_bytes)} "
                                 "memory budget in live tensors")
             raise torch.OutOfMemoryError(self.over_budget)
         if self.live_bytes > self.peak_bytes:

@@ -56,9 +56,9 @@ def predict_trial_peak(config: TrialConfig, workload: Workload | None = None) ->
     return count.peak_bytes + training_workspace_bytes(config.device)
 
 
-def predict_ceiling(config: TrialConfig, budget_bytes: int, granularity: int,
+def predict_ceiling(config: TrialConfig, memory_budget_bytes: int, granularity: int,
                     max_batch: int | None = None) -> CeilingPrediction | None:
-    """The largest size whose predicted peak fits `budget_bytes` (None: not even one granule fits)."""
+    """The largest size whose predicted peak fits `memory_budget_bytes` (None: not even one granule fits)."""
     peaks: dict[int, int] = {}
     workload = load_workload(config.workload, config.workload_options)
 
@@ -76,14 +76,14 @@ def predict_ceiling(config: TrialConfig, budget_bytes: int, granularity: int,
     if config.device.startswith("cuda"):
         from mbtune.device.cuda import ALLOCATOR_SLACK
 
-        budget_bytes = int(budget_bytes / (1 + ALLOCATOR_SLACK))
+        memory_budget_bytes = int(memory_budget_bytes / (1 + ALLOCATOR_SLACK))
     small, large = (n * granularity for n in LINE_SIZES)
-    if peak(small) > budget_bytes:
+    if peak(small) > memory_budget_bytes:
         return None
     per_sample = max((peak(large) - peak(small)) / (large - small), 1.0)
     fixed = peak(small) - per_sample * small
     top = None if max_batch is None else max(granularity, max_batch // granularity * granularity)
-    size = _largest_fitting(peak, budget_bytes, granularity, small, large, top)
+    size = _largest_fitting(peak, memory_budget_bytes, granularity, small, large, top)
     return CeilingPrediction(ceiling=size, peak_bytes=peak(size), fixed_bytes=fixed, per_sample_bytes=per_sample)
 
 

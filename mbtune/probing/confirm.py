@@ -16,7 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,15 +56,44 @@ class ConfirmResult(Record):
         return 1 if OUT_OF_MEMORY in outcomes else 3 if CRASHED in outcomes else 0
 
 
-def confirm_command(command: Sequence[str], *, memory_budget_bytes: int, runs: int = 3, device: str = "cpu",
-                    timeout_s: float = 3600.0, on_run: Callable[[int, ConfirmRun], None] | None = None) -> ConfirmResult:
-    """Run `command` `runs` times, each in fresh processes under the cap; see the module's text."""
-    if not command:
-        raise ConfigError("no command to confirm", hint="Put it after --: mbtune confirm --memory-budget 8GiB -- "
-                          "python train.py --batch-size 64")
+@dataclass(frozen=True, kw_only=True)
+class ConfirmConfig:
+    """Settings of `mbtune confirm`: the user's command and the cap its runs are held to."""
+
+    command: tuple[str, ...]
+    memory_budget_bytes: int
+    runs: int = 3
+    device: str = "auto"
+    timeout_s: float = 3600.0  # a run that takes longer is stopped (and counts as crashed)
+
+    def __post_init__(self) -> None:
+        from mbtune.settings import MAX_BUDGET_BYTES, MAX_COUNT, as_tuple, check_at_most, check_timeout
+        from mbtune.units import parse_device
+        from mbtune.validation import check_types, require
+
+        if isinstance(self.command, list):
+            object.__setattr__(self, "command", tuple(self.command))
+        as_tuple(self, "command")
+        check_types(self)
+        if not self.command:
+            raise ConfigError("no command to confirm", hint="Put it after --: mbtune confirm --memory-budget 8GiB -- "
+                              "python train.py --batch-size 64")
+        require(self.memory_budget_bytes > 0, "memory_budget_bytes", self.memory_budget_bytes, "a size above zero")
+        check_at_most(self, MAX_BUDGET_BYTES, "memory_budget_bytes")
+        require(1 <= self.runs <= MAX_COUNT, "runs", self.runs, f"an integer from 1 to {MAX_COUNT}")
+        check_timeout(self.timeout_s, "timeout_s")
+        object.__setattr__(self, "device", parse_device(self.device))
+
+
+def confirm_command(config: ConfirmConfig, on_run: Callable[[int, ConfirmRun], None] | None = None) -> ConfirmResult:
+    """Run the command `config.runs` times, each in fresh processes under the cap; see the module's text."""
+    from mbtune.device import resolve_device
+
+    device = resolve_device(config.device)
+    command = list(config.command)
     done = []
-    for index in range(runs):
-        run = _run_once(list(command), memory_budget_bytes, "cpu" if device == "cpu" else "cuda", timeout_s)
+    for index in range(config.runs):
+        run = _run_once(command, config.memory_budget_bytes, "cpu" if device == "cpu" else "cuda", config.timeout_s)
         if run.processes == 0 and run.outcome == FITS:
             raise ConfigError(f"{command[0]!r} ran, but no Python process of it imported torch: there was nothing "
                               "to hold to the budget", hint="Confirm the command that trains: mbtune confirm "
@@ -72,7 +101,7 @@ def confirm_command(command: Sequence[str], *, memory_budget_bytes: int, runs: i
         done.append(run)
         if on_run is not None:
             on_run(index, run)
-    return ConfirmResult(command=tuple(command), device=device, memory_budget_bytes=memory_budget_bytes,
+    return ConfirmResult(command=tuple(command), device=device, memory_budget_bytes=config.memory_budget_bytes,
                          runs=tuple(done))
 
 

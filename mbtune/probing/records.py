@@ -65,11 +65,11 @@ class MemoryModel(Record):
         elif self.per_sample_bytes is None:
             raise ValueError("a resolved memory model needs its per_sample_bytes")
 
-    def batch_for(self, budget_bytes: float) -> float | None:
+    def batch_for(self, memory_budget_bytes: float) -> float | None:
         """The batch size at which the model reaches the budget (None when it does not grow)."""
         if not self.resolved or self.per_sample_bytes is None or self.per_sample_bytes <= 0:
             return None
-        return (budget_bytes - self.fixed_bytes) / self.per_sample_bytes
+        return (memory_budget_bytes - self.fixed_bytes) / self.per_sample_bytes
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,13 +50,15 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
     device = resolve_device(config.device)
     warnings = list(config.warnings())
-    budget = _budget(config, device, warnings)
-    search_budget = budget if budget is not None else describe(device, config.trial_timeout_s).total_memory_bytes
+    memory_budget_bytes = _memory_budget_bytes(config, device, warnings)
+    # What the search fits trials into: the budget, else (on CUDA) the whole device.
+    fits_in_bytes = (memory_budget_bytes if memory_budget_bytes is not None
+                     else describe(device, config.trial_timeout_s).total_memory_bytes)
     confirm = config.confirm if config.confirm is not None else 1 if device == "cpu" else 2
-    config = replace(config, memory_budget_bytes=budget, confirm=confirm)
+    config = replace(config, memory_budget_bytes=memory_budget_bytes, confirm=confirm)
     trials = _Trials(config, device, progress, store, on_trial)
-    predicted = {mode: _predicted(config, device, mode, search_budget, warnings, progress) for mode in config.recompute}
-    found, *others = [trials.search(mode, search_budget, predicted[mode]) for mode in config.recompute]
+    predicted = {mode: _predicted(config, device, mode, fits_in_bytes, warnings, progress) for mode in config.recompute}
+    found, *others = [trials.search(mode, fits_in_bytes, predicted[mode]) for mode in config.recompute]
     for mode, other in zip(config.recompute[1:], others):
         warnings += [f"recompute {mode}: {w}" for w in other.warnings]
     return ProbeResult(
@@ -64,7 +66,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         device=_device_info(found.trials, device, config.trial_timeout_s), trials=found.trials,
         ceiling=found.ceiling, first_failing=found.first_failing, margin=config.margin,
         granularity=config.granularity, safe_batch=found.safe_batch,
-        safe_batch_verified=found.safe_batch_verified, memory_budget_bytes=budget,
+        safe_batch_verified=found.safe_batch_verified, memory_budget_bytes=memory_budget_bytes,
         memory_model=found.memory_model, precision=config.precision, optimizer=config.optimizer,
         num_parameters=workload.num_parameters, flops_per_sample=workload.flops_per_sample,
         max_batch=config.max_batch, confirm=confirm, steps=config.steps, resolution=found.resolution,
@@ -83,13 +85,13 @@ class _Trials:
         self.config, self.device, self.progress, self.store, self.on_trial = config, device, progress, store, on_trial
         self.replay = deque(TrialOutcome.from_dict(r) for r in store.replayed(PROBE_TRIAL)) if store else deque()
 
-    def search(self, recompute: str, budget_bytes: int | None, predicted: CeilingPrediction | None) -> SearchResult:
+    def search(self, recompute: str, memory_budget_bytes: int | None, predicted: CeilingPrediction | None) -> SearchResult:
         """The ceiling search with this recompute mode, from the predicted ceiling where there is one."""
         from mbtune.probing.search import search_ceiling
 
         c = self.config
         return search_ceiling(lambda size: self.run(size, recompute), granularity=c.granularity,
-                              max_batch=c.max_batch, budget_bytes=budget_bytes, margin=c.margin, confirm=c.confirm or 1,
+                              max_batch=c.max_batch, memory_budget_bytes=memory_budget_bytes, margin=c.margin, confirm=c.confirm or 1,
                               resolution=c.resolution, start=predicted.ceiling if predicted else None)
 
     def run(self, batch_size: int, recompute: str) -> TrialOutcome:
@@ -159,13 +161,12 @@ def _peak_at(trials: Sequence[TrialOutcome], batch_size: int) -> int | None:
     return max(peaks) if peaks else None
 
 
-def _budget(config: ProbeConfig, device: str, warnings: list[str]) -> int | None:
-    """The trial budget: as given; on CPU without one, a share of the memory available now."""
-    from mbtune.device.cpu import address_space_room_bytes, available_memory_bytes, check_budget_fits_limit
+def _memory_budget_bytes(config: ProbeConfig, device: str, warnings: list[str]) -> int | None:
+    """The trial budget: as given (its fit under this process's limit checked where every run starts,
+    session.saved_run); on CPU without one, a share of the memory available now."""
+    from mbtune.device.cpu import address_space_room_bytes, available_memory_bytes
 
     if config.memory_budget_bytes is not None or device != "cpu":
-        if device == "cpu":
-            check_budget_fits_limit(config.memory_budget_bytes)
         return config.memory_budget_bytes
     budget = int(available_memory_bytes() * DEFAULT_CPU_BUDGET_FRACTION)
     room = address_space_room_bytes()

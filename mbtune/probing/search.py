@@ -64,7 +64,7 @@ class SearchResult:
 class _State:
     granularity: int
     max_batch: int | None
-    budget_bytes: int | None
+    memory_budget_bytes: int | None
     resolution: int | None
     trials: list[TrialOutcome] = field(default_factory=list)
     passes: dict[int, int] = field(default_factory=dict)
@@ -165,11 +165,11 @@ def _model_ceiling(state: _State) -> float | None:
     """Where the memory model puts the ceiling, anchored at the largest size that ran: that size's own
     peak plus the fitted per-sample cost, so the extrapolation is as short as it can be."""
     model = fit_memory_model(state.trials)
-    if model is None or not state.budget_bytes or model.per_sample_bytes is None:
+    if model is None or not state.memory_budget_bytes or model.per_sample_bytes is None:
         return None
     used = [t.budget_used_bytes for t in state.trials if t.ok and t.batch_size == state.lo and t.budget_used_bytes]
-    guess = (state.lo + (state.budget_bytes - max(used)) / model.per_sample_bytes if used
-             else model.batch_for(state.budget_bytes))
+    guess = (state.lo + (state.memory_budget_bytes - max(used)) / model.per_sample_bytes if used
+             else model.batch_for(state.memory_budget_bytes))
     return guess if guess is not None and math.isfinite(guess) else None
 
 
@@ -210,7 +210,7 @@ def _grow(state: _State, guess: float | None) -> int:
     g, lo, r = state.granularity, state.lo, state.stop_width()
     if guess is None:
         used = max((t.budget_used_bytes or 0 for t in state.trials if t.ok and t.batch_size == lo), default=0)
-        flat = state.budget_bytes is not None and used < FLAT_SHARE * state.budget_bytes
+        flat = state.memory_budget_bytes is not None and used < FLAT_SHARE * state.memory_budget_bytes
         return (16 if flat else 4) * lo
     at = _round_down(guess, g)
     if at > lo + r and not state.strides:
@@ -267,7 +267,7 @@ def _narrow(state: _State, guess: float | None) -> int:
 
 
 def search_ceiling(run_trial: RunTrial, *, granularity: int = 1, max_batch: int | None = None,
-                   budget_bytes: int | None = None, margin: float = 0.15, confirm: int = 2,
+                   memory_budget_bytes: int | None = None, margin: float = 0.15, confirm: int = 2,
                    resolution: int | None = None, start: int | None = None) -> SearchResult:
     """Find the largest batch (a multiple of granularity) that runs, with the next size tried above it
     failing for memory no more than `resolution` above it; confirm it passed `confirm` times; find a safe
@@ -278,7 +278,7 @@ def search_ceiling(run_trial: RunTrial, *, granularity: int = 1, max_batch: int 
     from what those two trials showed."""
     if max_batch is not None:
         max_batch = max(granularity, _round_down(max_batch, granularity))
-    state = _State(granularity=granularity, max_batch=max_batch, budget_bytes=budget_bytes, resolution=resolution)
+    state = _State(granularity=granularity, max_batch=max_batch, memory_budget_bytes=memory_budget_bytes, resolution=resolution)
     size: int | None = granularity
     if start is not None:
         size = max(granularity, _round_down(start, granularity))

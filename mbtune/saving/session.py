@@ -73,16 +73,16 @@ def saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, pr
     facts = workload_facts(workload, first.workload_options, timeout_s=first.load_timeout_s)
     if "sweep" in configs:
         refuse_unrunnable(configs["sweep"], num_blocks=facts.num_blocks)
-    if profiles_dir is None:
-        return RunOutcome(**_sections(body(None)))
     resolved = resolve_device(device)
-    if "probe" in configs:  # settings the resolved device cannot run (fp16 on CPU) fail before any file
-        configs["probe"].trial(batch_size=configs["probe"].granularity, device=resolved)
-    budget = getattr(first, "memory_budget_bytes", None)
-    if resolved == "cpu" and budget is not None:
+    memory_budget_bytes = getattr(first, "memory_budget_bytes", None)
+    if resolved == "cpu" and memory_budget_bytes is not None:  # the one check that the budget fits, before anything
         from mbtune.device.cpu import check_budget_fits_limit
 
-        check_budget_fits_limit(budget)
+        check_budget_fits_limit(memory_budget_bytes)
+    if profiles_dir is None:
+        return RunOutcome(**_sections(body(None)))
+    if "probe" in configs:  # settings the resolved device cannot run (fp16 on CPU) fail before any file
+        configs["probe"].trial(batch_size=configs["probe"].granularity, device=resolved)
     info = describe(resolved)
     with RunStore(profiles_dir, info, workload, kind=kind, config=_comparable(configs), resume=resume) as store:
         sections = _sections(body(store))

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mbtune.probing.config import TrialConfig
-from mbtune.probing.confirm import FITS, OUT_OF_MEMORY, confirm_command
+from mbtune.probing.confirm import FITS, OUT_OF_MEMORY, ConfirmConfig, confirm_command
 from mbtune.probing.trial import run_trial
 from mbtune.worker import run_isolated
 
@@ -37,10 +37,12 @@ def test_a_cuda_trials_predicted_peak_is_near_its_allocated_peak():
 
 def test_confirm_holds_a_cuda_script_to_the_memory_fraction():
     budget = 1 << 30
-    fits = confirm_command([sys.executable, "-c", ALLOCATE, str(64 << 20)], memory_budget_bytes=budget, runs=1,
-                           device="cuda:0")
-    over = confirm_command([sys.executable, "-c", ALLOCATE, str(512 << 20)], memory_budget_bytes=budget, runs=1,
-                           device="cuda:0")
+    fits = confirm_command(ConfirmConfig(
+        command=[sys.executable, "-c", ALLOCATE, str(64 << 20)],
+        memory_budget_bytes=budget, runs=1, device="cuda:0"))
+    over = confirm_command(ConfirmConfig(
+        command=[sys.executable, "-c", ALLOCATE, str(512 << 20)],
+        memory_budget_bytes=budget, runs=1, device="cuda:0"))
     assert fits.runs[0].outcome == FITS and fits.runs[0].peak_bytes >= 4 * (64 << 20), fits
     assert over.runs[0].outcome == OUT_OF_MEMORY and over.exit_code == 1, over
 

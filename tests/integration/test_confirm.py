@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mbtune.cli import main
-from mbtune.probing.confirm import CRASHED, FITS, OUT_OF_MEMORY, confirm_command
+from mbtune.probing.confirm import CRASHED, FITS, OUT_OF_MEMORY, ConfirmConfig, confirm_command
 
 pytestmark = pytest.mark.integration
 
@@ -17,8 +17,12 @@ ALLOCATE = "import sys, torch; kept = [torch.empty(int(sys.argv[1]), dtype=torch
 
 def test_a_command_fits_or_runs_out_of_memory_by_its_live_tensor_bytes():
     budget = 64 * 2**20
-    fits = confirm_command([sys.executable, "-c", ALLOCATE, str(8 * 2**20)], memory_budget_bytes=budget, runs=1)
-    over = confirm_command([sys.executable, "-c", ALLOCATE, str(20 * 2**20)], memory_budget_bytes=budget, runs=1)
+    fits = confirm_command(ConfirmConfig(
+        command=[sys.executable, "-c", ALLOCATE, str(8 * 2**20)],
+        memory_budget_bytes=budget, runs=1))
+    over = confirm_command(ConfirmConfig(
+        command=[sys.executable, "-c", ALLOCATE, str(20 * 2**20)],
+        memory_budget_bytes=budget, runs=1))
     assert fits.runs[0].outcome == FITS and fits.runs[0].peak_bytes == 4 * 8 * 2**20 and fits.exit_code == 0
     assert over.runs[0].outcome == OUT_OF_MEMORY and over.exit_code == 1
     assert over.runs[0].peak_bytes == 3 * 20 * 2**20  # the fourth never held
@@ -31,7 +35,9 @@ def test_every_python_process_of_the_command_is_capped_and_the_environments_site
     (own / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('ran\\n')\n")
     monkeypatch.setenv("PYTHONPATH", str(own))
     child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {ALLOCATE!r}, str(30 * 2**20)], check=True)"
-    result = confirm_command([sys.executable, "-c", child], memory_budget_bytes=64 * 2**20, runs=1)
+    result = confirm_command(ConfirmConfig(
+        command=[sys.executable, "-c", child],
+        memory_budget_bytes=64 * 2**20, runs=1))
     assert result.runs[0].outcome == OUT_OF_MEMORY  # the grandchild held 90 MiB of a 64 MiB budget
     assert result.runs[0].processes == 2 and marker.read_text() == "ran\nran\n"
 

@@ -44,7 +44,7 @@ def sublinear_search(exponent: float, resolution: int) -> tuple[SearchResult, li
         return 1000 + 400 * batch**exponent
 
     run = fake_trials(below(1000), used=used)
-    result = search_ceiling(run, budget_bytes=int(used(1000)) + 1, resolution=resolution)
+    result = search_ceiling(run, memory_budget_bytes=int(used(1000)) + 1, resolution=resolution)
     sizes = run.sizes
     return result, sizes, sizes[: next(i for i, b in enumerate(sizes) if b > 1000) + 1]
 
@@ -52,7 +52,7 @@ def sublinear_search(exponent: float, resolution: int) -> tuple[SearchResult, li
 @pytest.mark.parametrize("limit", [1, 7, 100, 389, 1000])
 def test_finds_exact_ceiling_with_next_size_failing(limit):
     run = fake_trials(below(limit))
-    result = search_ceiling(run, budget_bytes=budget_for(limit), resolution=1)
+    result = search_ceiling(run, memory_budget_bytes=budget_for(limit), resolution=1)
     assert result.ceiling == limit
     assert result.first_failing == limit + 1
     assert result.safe_batch == safe_batch_for(limit, 0.15, 1)
@@ -63,7 +63,7 @@ def test_finds_exact_ceiling_with_next_size_failing(limit):
 
 def test_trial_counts_are_pinned():
     run = fake_trials(below(100))
-    search_ceiling(run, budget_bytes=budget_for(100), resolution=1)
+    search_ceiling(run, memory_budget_bytes=budget_for(100), resolution=1)
     # Growth goes to the model's ceiling, the next size up fails; the ceiling is confirmed and the safe
     # batch passes two fresh runs.
     assert run.sizes == [1, 4, 32, 100, 101, 100, 85, 85]
@@ -71,9 +71,9 @@ def test_trial_counts_are_pinned():
 
 def test_model_needs_fewer_trials_than_doubling_and_bisection():
     guided = fake_trials(below(389))
-    search_ceiling(guided, budget_bytes=budget_for(389), resolution=1)
+    search_ceiling(guided, memory_budget_bytes=budget_for(389), resolution=1)
     plain = fake_trials(below(389))
-    search_ceiling(plain, budget_bytes=None, resolution=1)  # no budget: no model guess, grow and bisect
+    search_ceiling(plain, memory_budget_bytes=None, resolution=1)  # no budget: no model guess, grow and bisect
     assert len(guided.sizes) == 9
     assert len(guided.sizes) < len(plain.sizes)
 
@@ -84,7 +84,7 @@ def test_flaky_boundary_is_confirmed_not_trusted():
         return batch <= 389 or (batch == 391 and attempt == 1)
 
     run = fake_trials(fits)
-    result = search_ceiling(run, budget_bytes=budget_for(391), resolution=1)
+    result = search_ceiling(run, memory_budget_bytes=budget_for(391), resolution=1)
     assert result.ceiling == 389
     assert result.first_failing == 390
     assert run.sizes.count(389) == 2
@@ -93,25 +93,25 @@ def test_flaky_boundary_is_confirmed_not_trusted():
 
 def test_granularity_and_max_batch():
     run = fake_trials(below(100))
-    result = search_ceiling(run, granularity=8, budget_bytes=budget_for(100), resolution=1)
+    result = search_ceiling(run, granularity=8, memory_budget_bytes=budget_for(100), resolution=1)
     assert (result.ceiling, result.first_failing, result.safe_batch) == (96, 104, 80)
     assert all(size % 8 == 0 for size in run.sizes)
 
-    capped = search_ceiling(fake_trials(below(100)), max_batch=50, budget_bytes=budget_for(100))
+    capped = search_ceiling(fake_trials(below(100)), max_batch=50, memory_budget_bytes=budget_for(100))
     assert (capped.ceiling, capped.first_failing) == (50, None)
 
 
 def test_budget_too_small_for_the_first_size():
     with pytest.raises(BudgetTooSmallError, match="batch 1 runs out of memory"):
-        search_ceiling(fake_trials(below(0)), budget_bytes=100)
+        search_ceiling(fake_trials(below(0)), memory_budget_bytes=100)
 
 
 def test_non_memory_failure_is_never_counted_as_oom():
     run = fake_trials(below(10), status_on_fail="error")
     with pytest.raises(TrialFailedError, match="not out of memory"):
-        search_ceiling(run, budget_bytes=budget_for(10))
+        search_ceiling(run, memory_budget_bytes=budget_for(10))
     with pytest.raises(WorkloadBrokenError, match="not for lack of memory"):
-        search_ceiling(fake_trials(below(0), status_on_fail="error"), budget_bytes=100)
+        search_ceiling(fake_trials(below(0), status_on_fail="error"), memory_budget_bytes=100)
 
 
 def test_a_safe_batch_that_fails_verification_steps_down_until_it_passes_every_run():
@@ -120,7 +120,7 @@ def test_a_safe_batch_that_fails_verification_steps_down_until_it_passes_every_r
         return batch <= 100 and batch != 85
 
     run = fake_trials(fits)
-    result = search_ceiling(run, budget_bytes=budget_for(100), resolution=1)
+    result = search_ceiling(run, memory_budget_bytes=budget_for(100), resolution=1)
     assert result.ceiling == 100 and result.safe_batch_verified
     assert (result.safe_batch_first, result.safe_batch) == (85, safe_batch_for(85, 0.15, 1))
     assert run.sizes[-2:] == [result.safe_batch] * 2  # passed --confirm fresh runs
@@ -133,7 +133,7 @@ def test_verification_needs_confirm_passes_not_one():
         return batch <= 100 and (attempt == 1 or batch == 100)
 
     with pytest.raises(UnsafeBatchError, match="no batch size above one granule"):
-        search_ceiling(fake_trials(fits), budget_bytes=budget_for(100), resolution=1)
+        search_ceiling(fake_trials(fits), memory_budget_bytes=budget_for(100), resolution=1)
 
 
 def test_one_granule_left_is_no_safe_batch():
@@ -143,16 +143,16 @@ def test_one_granule_left_is_no_safe_batch():
 
     run = fake_trials(fits)
     with pytest.raises(UnsafeBatchError, match="stepped down through 85, 72,") as raised:
-        search_ceiling(run, budget_bytes=budget_for(100), resolution=1)
+        search_ceiling(run, memory_budget_bytes=budget_for(100), resolution=1)
     assert raised.value.exit_code == 3 and 1 not in run.sizes[run.sizes.index(85):]
 
 
 def test_the_probe_stops_at_the_resolution():
     exact = fake_trials(below(10_000))
-    search_ceiling(exact, budget_bytes=budget_for(10_000), resolution=1)
+    search_ceiling(exact, memory_budget_bytes=budget_for(10_000), resolution=1)
     for resolution in (None, 100):  # None: 1% of the ceiling
         run = fake_trials(lambda batch, attempt: batch <= 10_000)
-        result = search_ceiling(run, budget_bytes=budget_for(10_000) + 60 * PER_SAMPLE, resolution=resolution)
+        result = search_ceiling(run, memory_budget_bytes=budget_for(10_000) + 60 * PER_SAMPLE, resolution=resolution)
         assert result.ceiling <= 10_000 < result.first_failing  # the bracket holds the truth
         assert result.first_failing - result.ceiling <= 100 == result.resolution
         assert run.sizes.count(result.ceiling) >= 2 and result.first_failing in run.sizes
@@ -162,9 +162,9 @@ def test_an_unresolved_memory_model_leaves_the_search_to_bisection():
     # Memory that does not grow with the batch: the fit cannot place a ceiling, so the search must
     # take exactly the steps it takes with no model at all.
     flat = fake_trials(below(389), per_sample=0)
-    result = search_ceiling(flat, budget_bytes=budget_for(389), resolution=1)
+    result = search_ceiling(flat, memory_budget_bytes=budget_for(389), resolution=1)
     plain = fake_trials(below(389))
-    search_ceiling(plain, budget_bytes=None, resolution=1)
+    search_ceiling(plain, memory_budget_bytes=None, resolution=1)
     assert result.memory_model is not None and not result.memory_model.resolved
     assert result.memory_model.batch_for(10**9) is None
     assert flat.sizes == plain.sizes
@@ -229,7 +229,7 @@ def test_within_two_resolutions_one_trial_closes_the_bracket():
     # a bracket 200 wide at resolution 100 must close in one trial, whichever way it goes.
     for limit in (1040, 1160):
         run = fake_trials(below(limit))
-        result = search_ceiling(run, budget_bytes=budget_for(1200), resolution=100)
+        result = search_ceiling(run, memory_budget_bytes=budget_for(1200), resolution=100)
         assert result.first_failing - result.ceiling <= 100
         assert result.ceiling <= limit < result.first_failing
         narrowing = run.sizes[run.sizes.index(1200) + 1:]
@@ -242,7 +242,7 @@ def test_failures_under_a_model_that_overshoots_step_down_from_the_top():
     # steps down from the failing sizes (one resolution, then twice as far) instead of bisecting from
     # the growth phase's last size far below.
     run = fake_trials(below(900))
-    result = search_ceiling(run, budget_bytes=budget_for(1000), resolution=10)
+    result = search_ceiling(run, memory_budget_bytes=budget_for(1000), resolution=10)
     assert result.ceiling <= 900 < result.first_failing <= result.ceiling + 10
     failed = [s for s in run.sizes if s > 900]
     assert failed == sorted(failed, reverse=True)  # each try below the last failure
@@ -255,7 +255,7 @@ def test_a_flip_widens_the_default_resolution_to_the_band():
     # Sizes from 980 up run on their first try and fail on every later one: a band. With the default
     # resolution (1%) the search stops at a bracket of at least two resolutions once it has seen that.
     run = fake_trials(lambda batch, attempt: batch < 980 or (batch <= 1000 and attempt == 1))
-    result = search_ceiling(run, budget_bytes=budget_for(1000))
+    result = search_ceiling(run, memory_budget_bytes=budget_for(1000))
     assert result.ceiling < 980 and result.first_failing <= 1000
     assert result.resolution >= 2 * 10  # twice 1% of the ceiling
     assert run.sizes.count(result.ceiling) >= 2
@@ -275,7 +275,7 @@ def test_after_two_failures_at_the_top_the_step_down_is_two_resolutions_below_th
     # The model puts the ceiling at 1000 and everything above 985 fails: 1000 and 990 fail, then 980
     # (two resolutions below the first failure, not three) runs and closes the bracket [980, 990).
     run = fake_trials(below(985))
-    result = search_ceiling(run, budget_bytes=budget_for(1000), resolution=10)
+    result = search_ceiling(run, memory_budget_bytes=budget_for(1000), resolution=10)
     top = run.sizes[run.sizes.index(1000):]
     assert top[:3] == [1000, 990, 980], run.sizes
     assert (result.ceiling, result.first_failing) == (980, 990)
@@ -290,10 +290,10 @@ def test_peaks_that_scatter_widen_the_default_resolution_before_any_flip():
         return FIXED + PER_SAMPLE * batch + (batch * 2654435761) % 601 - 300  # fixed per size, any sign
 
     run = fake_trials(below(1000), used=used)
-    result = search_ceiling(run, budget_bytes=budget_for(1000))
+    result = search_ceiling(run, memory_budget_bytes=budget_for(1000))
     assert 10 < result.resolution <= 50
     assert result.ceiling <= 1000 < result.first_failing <= result.ceiling + result.resolution
-    exact = search_ceiling(fake_trials(below(1000), used=used), budget_bytes=budget_for(1000), resolution=1)
+    exact = search_ceiling(fake_trials(below(1000), used=used), memory_budget_bytes=budget_for(1000), resolution=1)
     assert (exact.ceiling, exact.first_failing, exact.resolution) == (1000, 1001, 1)
 
 
@@ -305,7 +305,7 @@ def test_a_misfit_at_small_sizes_does_not_widen_the_default_resolution():
         return FIXED + PER_SAMPLE * batch + (500 if batch <= 16 else 0)
 
     run = fake_trials(below(1000), used=used)
-    result = search_ceiling(run, budget_bytes=budget_for(1000))
+    result = search_ceiling(run, memory_budget_bytes=budget_for(1000))
     assert result.resolution == 10
     assert result.ceiling <= 1000 < result.first_failing <= result.ceiling + 10
 
@@ -313,7 +313,7 @@ def test_a_misfit_at_small_sizes_does_not_widen_the_default_resolution():
 @pytest.mark.parametrize("limit", [7, 389, 1000])
 def test_a_prediction_within_the_resolution_is_confirmed_in_three_trials(limit):
     run = fake_trials(below(limit))
-    result = search_ceiling(run, budget_bytes=budget_for(limit), confirm=1, start=limit)
+    result = search_ceiling(run, memory_budget_bytes=budget_for(limit), confirm=1, start=limit)
     assert (result.ceiling, result.first_failing) == (limit, limit + result.resolution)
     assert run.sizes == [limit, limit + result.resolution, result.safe_batch]  # the top, above it, the safe batch
 
@@ -321,18 +321,18 @@ def test_a_prediction_within_the_resolution_is_confirmed_in_three_trials(limit):
 @pytest.mark.parametrize(("limit", "start"), [(389, 300), (389, 500), (389, 2000), (7, 100), (1000, 1)])
 def test_a_wrong_prediction_still_ends_at_the_exact_ceiling(limit, start):
     run = fake_trials(below(limit))
-    result = search_ceiling(run, budget_bytes=budget_for(limit), resolution=1, start=start)
+    result = search_ceiling(run, memory_budget_bytes=budget_for(limit), resolution=1, start=start)
     assert (result.ceiling, result.first_failing) == (limit, limit + 1)
 
 
 def test_a_prediction_past_max_batch_starts_at_max_batch_and_stops_there():
     run = fake_trials(below(1000))
-    result = search_ceiling(run, budget_bytes=budget_for(1000), max_batch=64, confirm=1, start=500)
+    result = search_ceiling(run, memory_budget_bytes=budget_for(1000), max_batch=64, confirm=1, start=500)
     assert result.ceiling == 64 and result.first_failing is None and run.sizes[0] == 64
 
 
 def test_a_first_size_that_fails_is_too_small_a_budget_only_at_one_granule():
     run = fake_trials(below(0))
     with pytest.raises(BudgetTooSmallError):
-        search_ceiling(run, budget_bytes=budget_for(0), start=50)
+        search_ceiling(run, memory_budget_bytes=budget_for(0), start=50)
     assert run.sizes[0] == 50 and run.sizes[-1] == 1

@@ -16,6 +16,7 @@ from mbtune.errors import ConfigError
 from mbtune.planning.config import PlanConfig
 from mbtune.planning.memory_plan import MemoryPlanConfig
 from mbtune.probing.config import ProbeConfig
+from mbtune.probing.confirm import ConfirmConfig
 from mbtune.serving.config import ServeConfig
 from mbtune.settings import build, field_for, flag_for, param_for, setting_names, settings_of
 from mbtune.sweeping.config import SweepConfig
@@ -23,13 +24,13 @@ from mbtune.sweeping.tune import tune_configs
 
 # Each config and the command whose options set it.
 COMMANDS = {ProbeConfig: ("probe",), SweepConfig: ("sweep",), CheckConfig: ("check",), ServeConfig: ("serve",),
-            PlanConfig: ("plan",), MemoryPlanConfig: ("plan",)}
+            PlanConfig: ("plan",), MemoryPlanConfig: ("plan",), ConfirmConfig: ("confirm",)}
 # Fields that no flag sets: what mbtune decides itself (a trial's mode, the limits a saved probe gives, the
 # plan's timeline kept for pictures) or that only the Python API and settings files reach.
 NOT_ON_THE_COMMAND_LINE = {
     ProbeConfig: {"mode"}, SweepConfig: {"safe_batch", "recompute_safe_batch", "ceiling", "ceiling_peak_memory_bytes"},
     ServeConfig: {"granularity", "recheck", "resolution"}, PlanConfig: {"keep_timeline"},
-    MemoryPlanConfig: {"timeout_s", "workers"}, CheckConfig: set()}
+    MemoryPlanConfig: {"timeout_s", "workers"}, CheckConfig: set(), ConfirmConfig: {"command"}}
 
 
 def _flags(command: str) -> set[str]:

@@ -45,17 +45,17 @@ def test_only_the_counted_device_type_counts_and_paused_creates_nothing_counted(
 def test_past_the_budget_an_operator_raises_torchs_out_of_memory_error_forward_or_backward():
     weight = torch.randn(256, 256, requires_grad=True)  # made before counting: not counted
     inputs = torch.randn(64, 256)
-    with TensorBytes(budget_bytes=3 * 64 * 256 * 4) as count:
+    with TensorBytes(memory_budget_bytes=3 * 64 * 256 * 4) as count:
         hidden = (inputs @ weight).relu()  # 2 activations of 64 KiB: within
         loss = hidden.sum()
         with pytest.raises(torch.OutOfMemoryError, match="can't allocate memory") as raised:
             loss.backward()  # the weight's gradient (256 KiB) goes past it
     assert "memory budget" in str(raised.value) and count.over_budget == str(raised.value)
-    assert count.peak_bytes <= count.budget_bytes  # the failed allocation is not a peak it held
+    assert count.peak_bytes <= count.memory_budget_bytes  # the failed allocation is not a peak it held
 
 
 def test_a_budget_of_exactly_what_is_needed_fits():
-    with TensorBytes(budget_bytes=2 * BLOCK_BYTES) as count:
+    with TensorBytes(memory_budget_bytes=2 * BLOCK_BYTES) as count:
         a = torch.empty(128)
         b = torch.empty(128)
     assert count.peak_bytes == 2 * BLOCK_BYTES and a.numel() + b.numel() == 256

@@ -34,14 +34,14 @@ def _load_counter():
 def _cap():
     budget = int(os.environ["MBTUNE_CAP_BUDGET"])
     device = os.environ.get("MBTUNE_CAP_DEVICE", "cpu")
-    report = {"pid": os.getpid(), "argv": list(sys.argv), "device": device, "budget_bytes": budget,
+    report = {"pid": os.getpid(), "argv": list(sys.argv), "device": device, "memory_budget_bytes": budget,
               "peak_bytes": None, "over_budget": "", "exception": ""}
     import torch
 
     count = None
     index = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "cpu":
-        count = _load_counter().TensorBytes(budget_bytes=budget)
+        count = _load_counter().TensorBytes(memory_budget_bytes=budget)
         count.__enter__()
     else:
         def fraction():
