@@ -21,7 +21,7 @@ DEMO = ["tune", "--workload", "gpt", "--device", "auto", "--memory-budget", "512
 
 def label(row: dict) -> str:
     p = row["point"]
-    return (f"{p['schedule']} p={p['num_ranks']} m={p['num_microbatches']} accum={p['grad_accum_steps']} "
+    return (f"{p['schedule']} p={p['num_ranks']} m={p['num_micro_batches']} accum={p['grad_accum_steps']} "
             f"mbs={p['micro_batch_size']}" + (f" dp={p['data_parallel_size']}" if p.get("data_parallel_size", 1) > 1
                                               else "") + (f" {p['recompute']}" if p.get("recompute", "none") != "none"
                                                           else ""))

@@ -96,7 +96,7 @@ def main() -> None:
 
 
 def _label(point: dict) -> str:
-    return (f"{point['schedule']} m={point['num_microbatches']} accum={point['grad_accum_steps']} "
+    return (f"{point['schedule']} m={point['num_micro_batches']} accum={point['grad_accum_steps']} "
             f"mbs={point['micro_batch_size']}")
 
 

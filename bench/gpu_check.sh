@@ -246,7 +246,7 @@ summary = {
               "best": sweep.best.point.label if sweep.best else None,
               "warnings": list(sweep.warnings)} if sweep else None,
     "plan_memory": {"workload": plan.workload, "seconds": plan.seconds, "cpus": len(os.sched_getaffinity(0)),
-                    "rows": [{"label": f"{r.schedule} m{r.num_microbatches} {r.recompute}",
+                    "rows": [{"label": f"{r.schedule} m{r.num_micro_batches} {r.recompute}",
                               "micro_batch_size": r.micro_batch_size, "binding_rank": r.binding_rank,
                               "peak_gib": [round(b / 2**30, 1) for b in r.peak_bytes]} for r in plan.rows]}
     if plan else None,

@@ -43,7 +43,7 @@ def _specs(workload: str, schedules: tuple[str, ...], recomputes: list[str], mic
            micro_batch_size: int, *, device: str, ranks: int, precision: str,
            options: tuple[tuple[str, object], ...]) -> list[PipelineSpec]:
     return [PipelineSpec(workload=workload, workload_options=options, schedule=schedule, num_ranks=ranks,
-                         num_microbatches=m, micro_batch_size=micro_batch_size, recompute=recompute,
+                         num_micro_batches=m, micro_batch_size=micro_batch_size, recompute=recompute,
                          measured_steps=1, device=device, precision=precision)
             for schedule in schedules for recompute in recomputes for m in micro_batches]
 
@@ -71,7 +71,7 @@ def against_computed(workloads: list[str], micro_batches: list[int], recomputes:
                 num_peaks += 1
                 num_equal += a == b
                 if a != b:
-                    print(f"{workload:<10}{spec.schedule:<18}{spec.recompute:<10}{spec.num_microbatches:>3}{rank:>5}"
+                    print(f"{workload:<10}{spec.schedule:<18}{spec.recompute:<10}{spec.num_micro_batches:>3}{rank:>5}"
                           f"  echoed {a / MIB:.2f} MiB, computed {b / MIB:.2f} MiB")
         print(f"{workload}: {len(specs)} points predicted in {echoed_s:.1f} s echoed, {computed_s:.1f} s computed "
               f"(ratio {echoed_s / computed_s:.2f}; one process each, the model loaded once)")
@@ -104,17 +104,17 @@ def run(workloads: list[str], micro_batches: list[int], recomputes: list[str], m
         for spec, peaks in zip(specs, predicted.value):
             outcome = run_pipeline_point(spec, timeout_s=600)
             if not outcome.ok:
-                print(f"{workload:<10}{spec.schedule:<18}{spec.recompute:<10}{spec.num_microbatches:>3}  "
+                print(f"{workload:<10}{spec.schedule:<18}{spec.recompute:<10}{spec.num_micro_batches:>3}  "
                       f"{outcome.status}: {outcome.error}")
                 continue
-            measured.setdefault((spec.schedule, spec.recompute), {})[spec.num_microbatches] = outcome.peak_memory_bytes
+            measured.setdefault((spec.schedule, spec.recompute), {})[spec.num_micro_batches] = outcome.peak_memory_bytes
             for rank, (real, guess) in enumerate(zip(outcome.peak_memory_bytes, peaks)):
                 if real is None:
                     continue
                 errors.append(_pct(guess, real))
-                print(f"{workload:<10}{spec.schedule:<18}{spec.recompute:<10}{spec.num_microbatches:>3}{rank:>5}"
+                print(f"{workload:<10}{spec.schedule:<18}{spec.recompute:<10}{spec.num_micro_batches:>3}{rank:>5}"
                       f"{real / MIB:>10.2f}{guess / MIB:>11.2f}{errors[-1]:>+7.2f}%")
-            measured[(spec.schedule, spec.recompute)][-spec.num_microbatches] = peaks  # predicted, by -m
+            measured[(spec.schedule, spec.recompute)][-spec.num_micro_batches] = peaks  # predicted, by -m
         print(f"{workload}: {len(specs)} points predicted in {predict_s:.1f} s (one process, the model traced once)")
         growth += _growth(workload, measured, micro_batches)
     _summary(errors, growth, micro_batches)

@@ -51,7 +51,7 @@ OPTIONS = (("layers", 4), ("width", 512))
 
 def grid(schedules: list[str], micro_batches: list[int], sizes: list[int]) -> list[SweepPoint]:
     """Every schedule x micro-batches x micro-batch size point at two stages."""
-    return [SweepPoint(schedule=s, num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b,
+    return [SweepPoint(schedule=s, num_ranks=2, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=b,
                        stages_per_rank=stages_per_rank(s)) for s in schedules for m in micro_batches for b in sizes]
 
 

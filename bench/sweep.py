@@ -35,12 +35,12 @@ def bubble_table(micro_batch_size: int, steps: int) -> None:
     for schedule in ("gpipe", "1f1b"):
         for m in (2, 4, 8, 16):
             spec = PipelineSpec(workload=WORKLOAD, workload_options=OPTIONS, schedule=schedule, num_ranks=2,
-                                num_microbatches=m, micro_batch_size=micro_batch_size, measured_steps=steps, threads=1)
+                                num_micro_batches=m, micro_batch_size=micro_batch_size, measured_steps=steps, threads=1)
             outcome = run_pipeline_point(spec, timeout_s=600)
             if not outcome.ok:
                 print(f"{schedule:<8}{m:>4}  {outcome.status}: {outcome.error}")
                 continue
-            theory = theoretical_bubble(schedule, num_ranks=2, num_microbatches=m)
+            theory = theoretical_bubble(schedule, num_ranks=2, num_micro_batches=m)
             measured = outcome.measured_bubble
             rate = spec.global_batch / statistics.median(outcome.step_times_s)
             idle = outcome.idle_shares
@@ -74,7 +74,7 @@ def overhead(batch_size: int, steps: int, repeats: int) -> None:
     ratios = []
     for _ in range(repeats):
         spec = PipelineSpec(workload=WORKLOAD, workload_options=OPTIONS, schedule="gpipe", num_ranks=1,
-                            num_microbatches=1, micro_batch_size=batch_size, measured_steps=steps, threads=1)
+                            num_micro_batches=1, micro_batch_size=batch_size, measured_steps=steps, threads=1)
         outcome = run_pipeline_point(spec, timeout_s=600)
         harness = batch_size / statistics.median(outcome.step_times_s)
         plain = run_isolated(plain_loop, batch_size, steps, timeout_s=600).value
@@ -102,14 +102,14 @@ def global_batch_table(global_batch: int, steps: int, repeats: int) -> None:
     print("bigger micro-batches compute a sample faster; more micro-batches leave a smaller bubble")
     print(f"{'schedule':<8}{'mbs':>5}{'m':>5}{'samples/s':>26}{'bubble':>9}{'theory':>9}{'compute/sample':>16}"
           f"{'peak mem':>11}")
-    points = [SweepPoint(schedule=schedule, num_ranks=2, num_microbatches=global_batch // mbs, grad_accum_steps=1,
+    points = [SweepPoint(schedule=schedule, num_ranks=2, num_micro_batches=global_batch // mbs, grad_accum_steps=1,
                          micro_batch_size=mbs) for schedule in ("gpipe", "1f1b") for mbs in (2, 4, 8, 16)]
     for r in _run_points(points, repeats=repeats, steps=steps):
         p = r.point
         if not r.ok:
-            print(f"{p.schedule:<8}{p.micro_batch_size:>5}{p.num_microbatches:>5}  {r.status}: {r.error[:80]}")
+            print(f"{p.schedule:<8}{p.micro_batch_size:>5}{p.num_micro_batches:>5}  {r.status}: {r.error[:80]}")
             continue
-        print(f"{p.schedule:<8}{p.micro_batch_size:>5}{p.num_microbatches:>5}{_rate(r):>26}"
+        print(f"{p.schedule:<8}{p.micro_batch_size:>5}{p.num_micro_batches:>5}{_rate(r):>26}"
               f"{r.bubble_measured:>9.1%}{r.bubble_theoretical:>9.1%}{r.compute_per_sample_s * 1e3:>13.2f} ms"
               f"{r.max_peak_memory_bytes / 2**20:>8.0f} MiB")
 
@@ -119,7 +119,7 @@ def data_parallel_table(global_batch: int, steps: int, repeats: int) -> None:
     print(f"\ndata parallel, gpt demo, 2 stages, global batch {global_batch}, 1f1b m=4, {repeats} repeats x {steps} "
           "steps (dp 2 is 4 processes on this machine's cores: oversubscribed where there are fewer)")
     print(f"{'dp':>3}{'mbs':>5}{'samples/s':>26}{'step':>10}{'all-reduce':>12}{'share':>8}{'bubble':>9}")
-    points = [SweepPoint(schedule="1f1b", num_ranks=2, num_microbatches=4, grad_accum_steps=1,
+    points = [SweepPoint(schedule="1f1b", num_ranks=2, num_micro_batches=4, grad_accum_steps=1,
                          micro_batch_size=global_batch // (4 * dp), data_parallel_size=dp) for dp in (1, 2)]
     for r in _run_points(points, repeats=repeats, steps=steps):
         p = r.point
@@ -136,7 +136,7 @@ def recompute_table(steps: int, repeats: int) -> None:
     print(f"\nrecompute, gpt demo, 2 stages, 1f1b m=4, {repeats} repeats x {steps} steps (peak: the busiest rank's "
           "VmHWM, which holds the runtime's ~250 MiB too)")
     print(f"{'mbs':>5}{'recompute':>11}{'samples/s':>26}{'peak mem':>11}{'throughput':>12}{'peak':>8}")
-    points = [SweepPoint(schedule="1f1b", num_ranks=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=mbs,
+    points = [SweepPoint(schedule="1f1b", num_ranks=2, num_micro_batches=4, grad_accum_steps=1, micro_batch_size=mbs,
                          recompute=mode) for mbs in (8, 32) for mode in ("none", "full")]
     results = _run_points(points, repeats=repeats, steps=steps)
     for plain, full in zip(results[::2], results[1::2]):

@@ -32,7 +32,7 @@ from mbtune.pipeline.point_spec import PipelineSpec  # noqa: E402
 from mbtune.pipeline.torchrun import close_session, session  # noqa: E402
 
 SPEC = PipelineSpec(workload="mlp", workload_options=(("layers", 2), ("width", 64)), schedule="1f1b", num_ranks=2,
-                    num_microbatches=4, micro_batch_size=2, warmup_steps=1, measured_steps=1)
+                    num_micro_batches=4, micro_batch_size=2, warmup_steps=1, measured_steps=1)
 
 
 def overhead(outcome, wall_s: float) -> float:

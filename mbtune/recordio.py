@@ -47,6 +47,8 @@ class Record:
         return pandas.json_normalize([item.to_dict() if isinstance(item, Record) else item for item in items])
 
     FRAME_ROWS: typing.ClassVar[str] = ""  # the field whose items are the frame's rows
+    # A field's former name -> its name: what an older mbtune wrote (a profile, a journal) still loads.
+    FORMER_NAMES: typing.ClassVar[dict[str, str]] = {}
 
     @classmethod
     def field_choices(cls, name: str) -> tuple[str, ...] | None:
@@ -121,6 +123,9 @@ def _load_record(cls: Any, data: Any, path: str, depth: int) -> Any:
         return data
     if not isinstance(data, dict):
         raise _refused(path, data, "an object")
+    for former, name in cls.FORMER_NAMES.items():
+        if former in data and name not in data:
+            data = {**{k: v for k, v in data.items() if k != former}, name: data[former]}
     hints, kwargs = _hints(cls), {}
     for f in dataclasses.fields(cls):
         where = _join(path, f.name)

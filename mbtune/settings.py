@@ -58,7 +58,7 @@ USUAL_MARGIN_RANGE = (0.10, 0.20)
 # memory_budget_bytes -> --memory-budget, num_gpus -> --gpus. A setting has that one spelling: its flag's,
 # with underscores in the Python API and in settings files.
 SHORT_FLAGS = {"grad_accum_steps": "accum", "measured_steps": "steps", "warmup_steps": "warmup", "num_ranks": "stages",
-               "num_microbatches": "micro-batches", "workload_options": "option", "data_parallel_size": "data-parallel",
+               "workload_options": "option", "data_parallel_size": "data-parallel",
                "validation_method": "validation", "p99_budget_s": "p99"}
 _UNITS = ("_bytes_per_s", "_bytes", "_s")
 # The workload's options are one table (a dict in Python, [options] in a file), not the repeatable -O flag.

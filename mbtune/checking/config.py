@@ -37,7 +37,7 @@ class CheckConfig:
     device: str = "auto"
     schedule: str = "1f1b"
     num_ranks: int = 2  # pipeline ranks
-    num_microbatches: int = 4
+    num_micro_batches: int = 4
     grad_accum_steps: int = 1
     data_parallel_size: int = 1  # replicas of the pipeline, gradients all-reduced
     recompute: str = "none"  # the pipeline's; the plain model it is held to never recomputes
@@ -57,7 +57,7 @@ class CheckConfig:
         check_types(self)
         object.__setattr__(self, "device", parse_device(self.device))
         _require(self.schedule in SCHEDULE_NAMES, "schedule", self.schedule, " | ".join(SCHEDULE_NAMES))
-        for name in ("num_ranks", "num_microbatches", "grad_accum_steps", "data_parallel_size"):
+        for name in ("num_ranks", "num_micro_batches", "grad_accum_steps", "data_parallel_size"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
         check_recompute_modes((self.recompute,))
         if self.micro_batch_size is not None and self.global_batch is not None:
@@ -74,11 +74,11 @@ class CheckConfig:
         check_timeout(self.load_timeout_s, "load_timeout_s")
         bound_load_timeout(self, self.timeout_s)
         check_at_most(self, MAX_SAMPLES, "micro_batch_size", "global_batch")
-        check_at_most(self, MAX_COUNT, "num_microbatches", "grad_accum_steps")
+        check_at_most(self, MAX_COUNT, "num_micro_batches", "grad_accum_steps")
         check_at_most(self, MAX_PROCESSES, "num_ranks", "data_parallel_size", "virtual_stages")
         check_seed(self.seed)
         if self.global_batch is not None:
-            _, reason = micro_batch_size_for(self.global_batch, num_microbatches=self.num_microbatches,
+            _, reason = micro_batch_size_for(self.global_batch, num_micro_batches=self.num_micro_batches,
                                              grad_accum_steps=self.grad_accum_steps,
                                              data_parallel_size=self.data_parallel_size)
             if reason:
@@ -102,10 +102,10 @@ class CheckConfig:
 
         size = self.micro_batch_size or 2
         if self.global_batch is not None:
-            size, _ = micro_batch_size_for(self.global_batch, num_microbatches=self.num_microbatches,
+            size, _ = micro_batch_size_for(self.global_batch, num_micro_batches=self.num_micro_batches,
                                            grad_accum_steps=self.grad_accum_steps,
                                            data_parallel_size=self.data_parallel_size)
-        return SweepPoint(schedule=self.schedule, num_ranks=self.num_ranks, num_microbatches=self.num_microbatches,
+        return SweepPoint(schedule=self.schedule, num_ranks=self.num_ranks, num_micro_batches=self.num_micro_batches,
                           grad_accum_steps=self.grad_accum_steps, micro_batch_size=size,
                           stages_per_rank=stages_per_rank(self.schedule, self.virtual_stages),
                           data_parallel_size=self.data_parallel_size, recompute=self.recompute)

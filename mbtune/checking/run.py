@@ -182,7 +182,7 @@ def plain_gradients(spec: Any) -> dict[str, Any]:
     loss.backward()
     whole = _numpy_grads(model)
     model.zero_grad(set_to_none=True)
-    chunks = spec.num_microbatches * spec.data_parallel_size  # each replica's micro-batches, replica after replica
+    chunks = spec.num_micro_batches * spec.data_parallel_size  # each replica's micro-batches, replica after replica
     parts = chunks * spec.grad_accum_steps
     for batch_inputs, batch_targets in batches:
         for x, y in zip(batch_chunk(batch_to(batch_inputs, device), chunks), batch_targets.to(device).chunk(chunks)):

@@ -149,7 +149,7 @@ def check(
     device: Device = C.device,
     stages: Stages = C.num_ranks,
     schedule: Annotated[str, typer.Option("--schedule", help=f"One schedule: {', '.join(SCHEDULE_NAMES[:-1])} or {SCHEDULE_NAMES[-1]}.")] = C.schedule,
-    micro_batches: Annotated[int, typer.Option("--micro-batches", "-m", help="Micro-batches per pipeline step.")] = C.num_microbatches,
+    micro_batches: Annotated[int, typer.Option("--micro-batches", "-m", help="Micro-batches per pipeline step.")] = C.num_micro_batches,
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = C.grad_accum_steps,
     data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline (gradients all-reduced).")] = C.data_parallel_size,
     recompute: Annotated[str, typer.Option("--recompute", help="none or full: activation recompute in the pipeline (the plain model never recomputes).")] = C.recompute,

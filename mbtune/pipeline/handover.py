@@ -64,7 +64,7 @@ def stage_shapes(spec: PipelineSpec, workload: Workload, blocks: Sequence[Sequen
     # size one can have other strides (a size-1 dimension's stride is free).
     inputs, _ = step_batch(workload, spec.replicas_batch_size, seed=spec.seed, step_index=0, accum_index=0)
     rows = batch_rows(inputs, slice(0, spec.pipeline_batch_size))
-    args = tuple(torch.tensor_split(t.to(device), spec.num_microbatches, 0)[0]
+    args = tuple(torch.tensor_split(t.to(device), spec.num_micro_batches, 0)[0]
                  for t in (rows if isinstance(rows, tuple) else (rows,)))
     shapes: dict[int, StageShapes] = {}
     for stage, held in enumerate(blocks):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from mbtune.recordio import (
     Record,
@@ -13,9 +14,11 @@ from mbtune.recordio import (
 class SweepPoint(Record):
     """One configuration of the sweep grid."""
 
+    FORMER_NAMES: ClassVar[dict[str, str]] = {"num_microbatches": "num_micro_batches"}  # before schema 4
+
     schedule: str
     num_ranks: int  # pipeline ranks (one process each; one GPU each on CUDA)
-    num_microbatches: int
+    num_micro_batches: int
     grad_accum_steps: int
     micro_batch_size: int
     stages_per_rank: int = 1  # model stages each rank holds (looped and V schedules hold several)
@@ -24,13 +27,13 @@ class SweepPoint(Record):
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch_size * self.num_microbatches * self.grad_accum_steps * self.data_parallel_size
+        return self.micro_batch_size * self.num_micro_batches * self.grad_accum_steps * self.data_parallel_size
 
     @property
     def label(self) -> str:
         replicas = f" dp={self.data_parallel_size}" if self.data_parallel_size > 1 else ""
         recompute = f" recompute={self.recompute}" if self.recompute != "none" else ""
-        return (f"{self.schedule} p={self.num_ranks} m={self.num_microbatches} "
+        return (f"{self.schedule} p={self.num_ranks} m={self.num_micro_batches} "
                 f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}{replicas}{recompute}")
 
     @property
@@ -39,14 +42,14 @@ class SweepPoint(Record):
         return self.num_ranks * self.data_parallel_size
 
 
-def micro_batch_size_for(global_batch: int, *, num_microbatches: int, grad_accum_steps: int,
+def micro_batch_size_for(global_batch: int, *, num_micro_batches: int, grad_accum_steps: int,
                          data_parallel_size: int = 1) -> tuple[int, str | None]:
     """The micro-batch size that makes `global_batch` (see SweepPoint.global_batch) and None; where the
     batch does not divide evenly, the size just below it (at least 1) and why the point cannot run."""
-    per_step = num_microbatches * grad_accum_steps * data_parallel_size
+    per_step = num_micro_batches * grad_accum_steps * data_parallel_size
     if global_batch % per_step:
         replicas = f" x {data_parallel_size} data-parallel replicas" if data_parallel_size != 1 else ""
         return max(1, global_batch // per_step), (
-            f"global batch {global_batch} does not divide into {num_microbatches} micro-batches x "
+            f"global batch {global_batch} does not divide into {num_micro_batches} micro-batches x "
             f"{grad_accum_steps} accumulation steps{replicas}")
     return global_batch // per_step, None

@@ -21,7 +21,7 @@ class PipelineSpec:
     """One pipelined point: workload, schedule, batch shape, how many steps to time, and where to run.
 
     Each optimizer step runs, on each of `data_parallel_size` replicas, `grad_accum_steps` pipeline steps of
-    `num_microbatches` micro-batches of `micro_batch_size` samples; the replicas' gradients are all-reduced,
+    `num_micro_batches` micro-batches of `micro_batch_size` samples; the replicas' gradients are all-reduced,
     and add up to those of one batch of `global_batch` samples. Process r is pipeline rank
     r % num_ranks of replica r // num_ranks.
     """
@@ -32,7 +32,7 @@ class PipelineSpec:
     num_ranks: int = 2  # pipeline ranks of one replica
     data_parallel_size: int = 1  # replicas of the pipeline; world = num_ranks x data_parallel_size processes
     virtual_stages: int | None = None  # stages per rank for the looped schedules (default 2)
-    num_microbatches: int = 4
+    num_micro_batches: int = 4
     micro_batch_size: int = 1
     grad_accum_steps: int = 1
     warmup_steps: int = 1
@@ -57,7 +57,7 @@ class PipelineSpec:
     def __post_init__(self) -> None:
         _require(self.num_ranks >= 1, "num_ranks", self.num_ranks, "an integer >= 1")
         _require(self.data_parallel_size >= 1, "data_parallel_size", self.data_parallel_size, "an integer >= 1")
-        _require(self.num_microbatches >= 1, "num_microbatches", self.num_microbatches, "an integer >= 1")
+        _require(self.num_micro_batches >= 1, "num_micro_batches", self.num_micro_batches, "an integer >= 1")
         _require(self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size, "an integer >= 1")
         _require(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "an integer >= 1")
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
@@ -79,7 +79,7 @@ class PipelineSpec:
             per_rank = stages_per_rank(self.schedule, self.virtual_stages)
         except ValueError as exc:
             raise ConfigError(str(exc), hint="Fix --schedule.") from None
-        reason = check_point(self.schedule, per_rank * self.num_ranks, self.num_ranks, self.num_microbatches)
+        reason = check_point(self.schedule, per_rank * self.num_ranks, self.num_ranks, self.num_micro_batches)
         if reason:
             raise ConfigError(f"this pipeline point cannot run: {reason}",
                               hint="Change --schedule, --stages or --micro-batches.")
@@ -93,7 +93,7 @@ class PipelineSpec:
         return cls(workload=workload, workload_options=workload_options, schedule=point.schedule,
                    num_ranks=point.num_ranks, data_parallel_size=point.data_parallel_size, recompute=point.recompute,
                    virtual_stages=point.stages_per_rank if point.stages_per_rank > 1 else None,
-                   num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size,
+                   num_micro_batches=point.num_micro_batches, micro_batch_size=point.micro_batch_size,
                    grad_accum_steps=point.grad_accum_steps, device="cuda" if device.startswith("cuda") else "cpu",
                    **run)
 
@@ -110,7 +110,7 @@ class PipelineSpec:
     @property
     def pipeline_batch_size(self) -> int:
         """Samples one pipeline step (one schedule.step call) pushes through."""
-        return self.micro_batch_size * self.num_microbatches
+        return self.micro_batch_size * self.num_micro_batches
 
     @property
     def replicas_batch_size(self) -> int:

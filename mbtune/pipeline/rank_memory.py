@@ -133,11 +133,11 @@ def _real(spec: PipelineSpec, rank: int) -> dict[int, frozenset[int]] | None:
     from mbtune.pipeline.schedules import schedule_action_orders
     from mbtune.pipeline.theory import schedule_info
 
-    if schedule_info(spec.schedule).splits_backward or spec.num_microbatches <= NUM_REAL:
+    if schedule_info(spec.schedule).splits_backward or spec.num_micro_batches <= NUM_REAL:
         return None
     try:
         orders = schedule_action_orders(spec.schedule, num_ranks=spec.num_ranks,
-                                        num_microbatches=spec.num_microbatches, stages_per_rank=spec.stages_per_rank)
+                                        num_micro_batches=spec.num_micro_batches, stages_per_rank=spec.stages_per_rank)
     except ValueError:
         return None
     return real_microbatches(orders[rank])

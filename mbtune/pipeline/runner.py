@@ -181,7 +181,7 @@ class RankRun:
             if audit is not None:
                 on_forward_chunk(stage, audit.arm)
         self.stages = stages
-        self.schedule = build_schedule(spec.schedule, stages, num_microbatches=spec.num_microbatches,
+        self.schedule = build_schedule(spec.schedule, stages, num_micro_batches=spec.num_micro_batches,
                                        loss_fn=self.timer.wrap_loss(self._scaled_loss))
         self.parameters = list({id(p): p for m in self.modules for p in m.parameters()}.values())
         self.optimizer = _make_optimizer(spec, self.parameters)
@@ -201,7 +201,7 @@ class RankRun:
         first = tensors_of(output)[0]  # a model may return a tuple, its own loss beside the logits
         self.output_dtype = str(first.dtype).removeprefix("torch.")
         spec = self.spec
-        return self.workload.loss(output, target) / (spec.num_microbatches * spec.grad_accum_steps * spec.data_parallel_size)
+        return self.workload.loss(output, target) / (spec.num_micro_batches * spec.grad_accum_steps * spec.data_parallel_size)
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":

@@ -137,7 +137,7 @@ def at_backward_end(callback: Callable[[], None]) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
-def build_schedule(schedule: str, stages: Sequence[PipelineStage], *, num_microbatches: int, loss_fn: LossFn) -> Any:
+def build_schedule(schedule: str, stages: Sequence[PipelineStage], *, num_micro_batches: int, loss_fn: LossFn) -> Any:
     """Build the torch schedule over this rank's stages (in increasing stage order).
 
     Gradients are never rescaled by torch (scale_grads=False): torch divides every .grad by the number of
@@ -148,8 +148,8 @@ def build_schedule(schedule: str, stages: Sequence[PipelineStage], *, num_microb
     if not schedule_info(schedule).stage_list:
         if len(stages) != 1:
             raise ValueError(f"{schedule} takes one stage per rank, got {len(stages)}")
-        return cls(stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
-    return cls(list(stages), num_microbatches, loss_fn=loss_fn, scale_grads=False)
+        return cls(stages[0], num_micro_batches, loss_fn=loss_fn, scale_grads=False)
+    return cls(list(stages), num_micro_batches, loss_fn=loss_fn, scale_grads=False)
 
 
 def run_schedule_step(schedule: Any, args: tuple[torch.Tensor, ...], *, target: torch.Tensor | None,
@@ -218,7 +218,7 @@ def _order_only_class(cls: type) -> type:
     return type(f"OrderOnly{cls.__name__}", (cls,), {"_prepare_schedule_with_comms": validate_only})
 
 
-def schedule_action_orders(schedule: str, *, num_ranks: int, num_microbatches: int,
+def schedule_action_orders(schedule: str, *, num_ranks: int, num_micro_batches: int,
                            stages_per_rank: int = 1) -> tuple[tuple[tuple[int, str, int], ...], ...]:
     """Per rank, the compute actions torch's schedule runs in one pipeline step, in order, as
     (stage, kind, micro-batch) with kind forward | backward | backward_input | backward_weight.
@@ -238,11 +238,11 @@ def schedule_action_orders(schedule: str, *, num_ranks: int, num_microbatches: i
     loss_fn = _no_loss
     try:
         if not schedule_info(schedule).stage_list:
-            built = cls(stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
+            built = cls(stages[0], num_micro_batches, loss_fn=loss_fn, scale_grads=False)
         else:
-            built = cls(stages, num_microbatches, loss_fn=loss_fn, scale_grads=False)
+            built = cls(stages, num_micro_batches, loss_fn=loss_fn, scale_grads=False)
     except (AssertionError, RuntimeError) as exc:
-        raise ValueError(f"torch refuses {schedule} with {num_ranks} ranks and {num_microbatches} micro-batches: "
+        raise ValueError(f"torch refuses {schedule} with {num_ranks} ranks and {num_micro_batches} micro-batches: "
                          f"{exc}") from exc
     order = built.pipeline_order
     if order is None:

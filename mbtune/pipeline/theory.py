@@ -73,7 +73,7 @@ def stages_per_rank(schedule: str, virtual_stages: int | None = None) -> int:
 
 
 def check_point(
-    schedule: str, num_model_stages: int, num_ranks: int, num_microbatches: int, *, num_blocks: int | None = None
+    schedule: str, num_model_stages: int, num_ranks: int, num_micro_batches: int, *, num_blocks: int | None = None
 ) -> str | None:
     """Why this (schedule, stages, ranks, micro-batches) point cannot run, or None when it can.
 
@@ -82,7 +82,7 @@ def check_point(
     """
     if schedule not in SCHEDULES:
         return f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULE_NAMES)}"
-    for label, value in (("stages", num_model_stages), ("ranks", num_ranks), ("micro-batches", num_microbatches)):
+    for label, value in (("stages", num_model_stages), ("ranks", num_ranks), ("micro-batches", num_micro_batches)):
         if value < 1:
             return f"{label} must be at least 1, got {value}"
     if num_blocks is not None and num_model_stages > num_blocks:
@@ -90,7 +90,7 @@ def check_point(
     if num_model_stages % num_ranks:
         return f"{num_model_stages} stages do not spread evenly over {num_ranks} ranks"
     per_rank = num_model_stages // num_ranks
-    return _layout_reason(schedule, per_rank) or _microbatch_reason(schedule, num_ranks, num_microbatches)
+    return _layout_reason(schedule, per_rank) or _microbatch_reason(schedule, num_ranks, num_micro_batches)
 
 
 def _layout_reason(schedule: str, per_rank: int) -> str | None:
@@ -104,29 +104,29 @@ def _layout_reason(schedule: str, per_rank: int) -> str | None:
     return None
 
 
-def _microbatch_reason(schedule: str, num_ranks: int, num_microbatches: int) -> str | None:
-    if schedule == "1f1b" and num_microbatches < num_ranks:
-        return f"1f1b needs at least as many micro-batches as stages ({num_ranks}), got {num_microbatches}"
-    if schedule == "dualpipev" and num_microbatches < 2 * num_ranks:
-        return f"dualpipev needs at least as many micro-batches as stages ({2 * num_ranks}), got {num_microbatches}"
+def _microbatch_reason(schedule: str, num_ranks: int, num_micro_batches: int) -> str | None:
+    if schedule == "1f1b" and num_micro_batches < num_ranks:
+        return f"1f1b needs at least as many micro-batches as stages ({num_ranks}), got {num_micro_batches}"
+    if schedule == "dualpipev" and num_micro_batches < 2 * num_ranks:
+        return f"dualpipev needs at least as many micro-batches as stages ({2 * num_ranks}), got {num_micro_batches}"
     if schedule in ("interleaved-1f1b", "zero-bubble", "zb-h1"):
         # torch runs max(1, m // p) rounds and needs the micro-batches to split evenly into them.
-        rounds = max(1, num_microbatches // num_ranks)
-        if num_microbatches % rounds:
-            below, above = _nearest_valid_rounds(num_ranks, num_microbatches)
-            return (f"{schedule} groups {num_microbatches} micro-batches into {rounds} rounds "
+        rounds = max(1, num_micro_batches // num_ranks)
+        if num_micro_batches % rounds:
+            below, above = _nearest_valid_rounds(num_ranks, num_micro_batches)
+            return (f"{schedule} groups {num_micro_batches} micro-batches into {rounds} rounds "
                     f"(micro-batches // ranks) and needs them to divide evenly; try {below} or {above}")
     return None
 
 
-def interleaved_counts_ok(num_ranks: int, num_microbatches: int) -> bool:
+def interleaved_counts_ok(num_ranks: int, num_micro_batches: int) -> bool:
     """torch's interleaved constraint: m divisible by max(1, m // p)."""
-    return num_microbatches % max(1, num_microbatches // num_ranks) == 0
+    return num_micro_batches % max(1, num_micro_batches // num_ranks) == 0
 
 
-def _nearest_valid_rounds(num_ranks: int, num_microbatches: int) -> tuple[int, int]:
-    below = next(m for m in range(num_microbatches, 0, -1) if interleaved_counts_ok(num_ranks, m))
-    above = next(m for m in range(num_microbatches, 2 * num_microbatches + 2) if interleaved_counts_ok(num_ranks, m))
+def _nearest_valid_rounds(num_ranks: int, num_micro_batches: int) -> tuple[int, int]:
+    below = next(m for m in range(num_micro_batches, 0, -1) if interleaved_counts_ok(num_ranks, m))
+    above = next(m for m in range(num_micro_batches, 2 * num_micro_batches + 2) if interleaved_counts_ok(num_ranks, m))
     return below, above
 
 
@@ -147,7 +147,7 @@ def stages_of_rank(schedule: str, num_ranks: int, num_model_stages: int, rank: i
 
 
 def theoretical_bubble(
-    schedule: str, *, num_ranks: int, num_microbatches: int, virtual_stages: int | None = None
+    schedule: str, *, num_ranks: int, num_micro_batches: int, virtual_stages: int | None = None
 ) -> float:
     """Idle fraction of rank-time inside one pipeline step, from the textbook models.
 
@@ -168,7 +168,7 @@ def theoretical_bubble(
       DualPipeV (DeepSeek-V3's DualPipe cut to one V) runs the same V with a forward and a backward
       overlapped; in sequence, as here, its bubble is ZB-V's (torch needs m >= 2p for it).
     """
-    p, m = num_ranks, num_microbatches
+    p, m = num_ranks, num_micro_batches
     if p < 1 or m < 1:
         raise ValueError(f"ranks and micro-batches must be at least 1, got {p} and {m}")
     v = stages_per_rank(schedule, virtual_stages)

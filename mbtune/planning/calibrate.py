@@ -81,7 +81,7 @@ from mbtune.sweeping.records import PointResult
 
 def point_orders(point: SweepPoint) -> RankOrders:
     """The per-rank action orders of a point's schedule."""
-    return schedule_orders(point.schedule, num_ranks=point.num_ranks, num_microbatches=point.num_microbatches,
+    return schedule_orders(point.schedule, num_ranks=point.num_ranks, num_micro_batches=point.num_micro_batches,
                            stages_per_rank=point.stages_per_rank)
 
 

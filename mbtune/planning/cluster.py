@@ -70,7 +70,7 @@ def _splits(grid: ClusterGrid, num_blocks: int) -> Iterator[tuple[SweepPoint, bo
             for schedule in grid.schedules:
                 for v in _stages_per_rank(schedule, grid.virtual_stages):
                     runs = p * v <= num_blocks and not check_point(schedule, p * v, p, m)
-                    yield SweepPoint(schedule=schedule, num_ranks=p, num_microbatches=m, grad_accum_steps=a,
+                    yield SweepPoint(schedule=schedule, num_ranks=p, num_micro_batches=m, grad_accum_steps=a,
                                      micro_batch_size=b, stages_per_rank=v, data_parallel_size=d), runs
 
 
@@ -154,9 +154,9 @@ def estimate(table: CostTable, point: SweepPoint, link: Link | None) -> Estimate
         loss = model.loss.at(size) if stage == len(split) - 1 else 0.0
         busy[owners[stage]] += forward + backward + loss
         params[owners[stage]] += table.stage_parameters(first, end)
-    bubble = theoretical_bubble(point.schedule, num_ranks=point.num_ranks, num_microbatches=point.num_microbatches,
+    bubble = theoretical_bubble(point.schedule, num_ranks=point.num_ranks, num_micro_batches=point.num_micro_batches,
                                 virtual_stages=point.stages_per_rank)
-    pipeline = point.num_microbatches * max(busy) / max(1e-9, 1 - bubble)
+    pipeline = point.num_micro_batches * max(busy) / max(1e-9, 1 - bubble)
     update = model.update_fixed_s + model.update_per_parameter_s * max(params)
     reduce = allreduce_s(max(params), point.data_parallel_size, link, model, num_ranks=point.num_ranks)
     step = point.grad_accum_steps * pipeline + reduce + update
@@ -171,8 +171,8 @@ def _held_at_least(point: SweepPoint, stage: int, rank: int) -> int:
     """The micro-batches a stage holds at once, at least: all of them (fill-drain, breadth first), or as
     many as the ranks after it (the 1F1B family), never more than there are."""
     if point.schedule in ("gpipe", "looped-bfs"):
-        return point.num_microbatches
-    return min(point.num_microbatches, point.num_ranks - rank)
+        return point.num_micro_batches
+    return min(point.num_micro_batches, point.num_ranks - rank)
 
 
 def plan_cluster(model: CostModel, grid: ClusterGrid, *, link: Link | None, memory_limit_bytes: float | None,

@@ -190,7 +190,7 @@ class PlanConfig:
             raise ConfigError(
                 f"the grid needs ~{_count(work.simulated_actions)} simulated actions (limit "
                 f"{_count(MAX_SIMULATED_ACTIONS)}; {largest.schedule} p={largest.num_ranks} "
-                f"m={largest.num_microbatches} alone {_count(simulated_actions(largest, self.scatter))})",
+                f"m={largest.num_micro_batches} alone {_count(simulated_actions(largest, self.scatter))})",
                 hint="Plan fewer stages, micro-batches, accumulation steps or schedules.")
 
     def _check_cluster(self) -> None:

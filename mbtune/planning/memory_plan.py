@@ -74,7 +74,7 @@ class MemoryPlanConfig:
                 for recompute in self.recompute:
                     per_rank = stages_per_rank(schedule, self.virtual_stages)
                     why = check_point(schedule, self.num_ranks * per_rank, self.num_ranks, m)
-                    point = SweepPoint(schedule=schedule, num_ranks=self.num_ranks, num_microbatches=m,
+                    point = SweepPoint(schedule=schedule, num_ranks=self.num_ranks, num_micro_batches=m,
                                        grad_accum_steps=self.grad_accum_steps, micro_batch_size=1,
                                        stages_per_rank=per_rank, data_parallel_size=self.data_parallel_size,
                                        recompute=recompute)
@@ -88,7 +88,7 @@ class MemoryPlanConfig:
 @dataclass(frozen=True, kw_only=True)
 class MemoryPlanRow(Record):
     schedule: str
-    num_microbatches: int
+    num_micro_batches: int
     recompute: str
     micro_batch_size: int  # the largest every rank holds (0: not even one sample)
     global_batch: int
@@ -185,7 +185,7 @@ def _plan(config: MemoryPlanConfig) -> MemoryPlan:
 def _row(schedule: str, m: int, recompute: str, spec: PipelineSpec | None, why: str, config: MemoryPlanConfig,
          traces: _Traces, lines: list[_Line] | None, size: int) -> MemoryPlanRow:
     if spec is None or lines is None:
-        return MemoryPlanRow(schedule=schedule, num_microbatches=m, recompute=recompute, micro_batch_size=0,
+        return MemoryPlanRow(schedule=schedule, num_micro_batches=m, recompute=recompute, micro_batch_size=0,
                              global_batch=0, binding_rank=None, skipped=why)
     memory = config.device_memory_bytes
     at = traces.peaks(spec, max(size, 1))
@@ -200,8 +200,8 @@ def _row(schedule: str, m: int, recompute: str, spec: PipelineSpec | None, why: 
         size = 0
     limits = tuple(line.largest(memory) for line in lines)
     binding = min(range(len(limits)), key=lambda r: (limits[r], -at[r]))
-    return MemoryPlanRow(schedule=spec.schedule, num_microbatches=spec.num_microbatches, recompute=spec.recompute,
-                         micro_batch_size=size, global_batch=size * spec.num_microbatches * spec.grad_accum_steps
+    return MemoryPlanRow(schedule=spec.schedule, num_micro_batches=spec.num_micro_batches, recompute=spec.recompute,
+                         micro_batch_size=size, global_batch=size * spec.num_micro_batches * spec.grad_accum_steps
                          * spec.data_parallel_size, binding_rank=binding, peak_bytes=at, limits=limits,
                          seconds=traces.seconds(spec))
 

@@ -190,7 +190,7 @@ def point_actions(point: SweepPoint) -> int:
     and a weight part by the zero-bubble schedules) per stage and micro-batch, every accumulation step (at
     most, for dualpipev, which splits some of its backwards)."""
     kinds = 3 if schedule_info(point.schedule).splits_backward else 2
-    return kinds * point.num_ranks * point.stages_per_rank * point.num_microbatches * point.grad_accum_steps
+    return kinds * point.num_ranks * point.stages_per_rank * point.num_micro_batches * point.grad_accum_steps
 
 
 def simulated_actions(point: SweepPoint, scatter: str = SCATTER_MEASURED) -> int:
@@ -223,7 +223,7 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
         allreduce_s=allreduce, update_s=update, samples_per_s=rate,
         tokens_per_s=rate * tokens_per_sample if tokens_per_sample else None, bubble=sim.bubble,
         bubble_theoretical=theoretical_bubble(point.schedule, num_ranks=point.num_ranks,
-                                              num_microbatches=point.num_microbatches,
+                                              num_micro_batches=point.num_micro_batches,
                                               virtual_stages=point.stages_per_rank),
         peak_in_flight=sim.peak_in_flight, stage_memory_bytes=per_stage, memory_bytes=tuple(memory),
         memory_limit_bytes=memory_limit_bytes,
@@ -252,7 +252,7 @@ def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint
         for m in grid.micro_batches:
             size, bad_split = _micro_batch_size(grid, m)
             for recompute in grid.recompute:
-                point = SweepPoint(schedule=schedule, num_ranks=grid.num_ranks, num_microbatches=m,
+                point = SweepPoint(schedule=schedule, num_ranks=grid.num_ranks, num_micro_batches=m,
                                    grad_accum_steps=grid.grad_accum_steps, micro_batch_size=size, stages_per_rank=v,
                                    data_parallel_size=grid.data_parallel_size, recompute=recompute)
                 reason = bad_split or check_point(schedule, v * grid.num_ranks, grid.num_ranks, m,
@@ -266,7 +266,7 @@ def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint
 def _micro_batch_size(grid: PlanGrid, m: int) -> tuple[int, str | None]:
     if grid.global_batch is None:
         return grid.micro_batch_size or 1, None
-    return micro_batch_size_for(grid.global_batch, num_microbatches=m, grad_accum_steps=grid.grad_accum_steps,
+    return micro_batch_size_for(grid.global_batch, num_micro_batches=m, grad_accum_steps=grid.grad_accum_steps,
                                 data_parallel_size=grid.data_parallel_size)
 
 

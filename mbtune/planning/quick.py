@@ -149,7 +149,7 @@ def calibration_points(points: Sequence[SweepPoint], count: int) -> list[SweepPo
     split = [s for s in schedules if s in SPLIT_BACKWARD]
     if split and not any(s in SPLIT_BACKWARD for s in schedules[:count]):
         schedules = schedules[:count - 1] + split[:1]
-    dims = ("micro_batch_size", "num_microbatches", "grad_accum_steps", "data_parallel_size")
+    dims = ("micro_batch_size", "num_micro_batches", "grad_accum_steps", "data_parallel_size")
     values = {d: sorted({getattr(p, d) for p in points}) for d in dims}
     chosen: list[SweepPoint] = []
     for j in range(count):
@@ -173,7 +173,7 @@ def _spread(values: list[int], j: int, count: int) -> int:
 def neighbours(point: SweepPoint, candidates: Sequence[SweepPoint]) -> list[SweepPoint]:
     """Candidates of the same schedule, replicas and recompute one step away in exactly one of micro-batches,
     micro-batch size or accumulation steps (steps taken over the values the candidates and the point use)."""
-    dims = ("num_microbatches", "micro_batch_size", "grad_accum_steps")
+    dims = ("num_micro_batches", "micro_batch_size", "grad_accum_steps")
     pool = [p for p in candidates if p != point and (p.schedule, p.data_parallel_size, p.recompute)
             == (point.schedule, point.data_parallel_size, point.recompute)]
     found = []

@@ -294,7 +294,7 @@ class PlanReport(Record):
         """A pandas DataFrame of the predictions, ranked, shaped for analysis."""
         return frame({
             "rank": i + 1, "schedule": p.point.schedule, "num_blocks": p.num_blocks, "num_ranks": p.point.num_ranks,
-            "stages_per_rank": p.point.stages_per_rank, "num_microbatches": p.point.num_microbatches,
+            "stages_per_rank": p.point.stages_per_rank, "num_micro_batches": p.point.num_micro_batches,
             "micro_batch_size": p.point.micro_batch_size, "data_parallel_size": p.point.data_parallel_size,
             "global_batch": p.point.global_batch, "samples_per_s": p.samples_per_s, "step_time_s": p.step_time_s,
             "bubble_pct": pct(p.bubble), "bubble_theoretical_pct": pct(p.bubble_theoretical),

@@ -83,7 +83,7 @@ def _prediction_row(position: int, p: Prediction) -> list[str]:
     point = p.point
     fits = {True: "yes", False: "[red]no[/]", None: "unchecked"}[p.fits]
     return [str(position), point.schedule, str(point.num_ranks), str(point.stages_per_rank),
-            str(point.num_microbatches), str(point.micro_batch_size), str(point.data_parallel_size),
+            str(point.num_micro_batches), str(point.micro_batch_size), str(point.data_parallel_size),
             str(point.global_batch), fmt_rate(p.samples_per_s), fmt_seconds(p.step_time_s),
             f"{_pct(p.bubble)} / {_pct(p.bubble_theoretical)}", fmt_bytes(p.max_memory_bytes), fits]
 
@@ -145,7 +145,7 @@ def recommendation_panel(report: PlanReport) -> Panel:
     grid.add_row("schedule", point.schedule)
     grid.add_row("stages", f"{point.num_ranks * point.stages_per_rank} ({point.num_ranks} rank(s) x "
                  f"{point.stages_per_rank} stage(s) per rank; blocks per stage {_range(best.blocks_per_stage)})")
-    grid.add_row("micro-batches", f"{point.num_microbatches} of {point.micro_batch_size} samples, "
+    grid.add_row("micro-batches", f"{point.num_micro_batches} of {point.micro_batch_size} samples, "
                  f"{point.grad_accum_steps} accumulation step(s), {point.data_parallel_size} data-parallel")
     grid.add_row("global batch", str(point.global_batch))
     grid.add_row("throughput", f"{fmt_rate(best.samples_per_s)} samples/s"
@@ -236,10 +236,10 @@ def print_memory_plan(console: Console, plan: MemoryPlan, fmt: str) -> None:
         import csv
 
         writer = csv.writer(document_stream())
-        writer.writerow(["schedule", "num_microbatches", "recompute", "micro_batch_size", "global_batch",
+        writer.writerow(["schedule", "num_micro_batches", "recompute", "micro_batch_size", "global_batch",
                          "binding_rank", "peak_bytes", "limits", "skipped"])
         for row in plan.rows:
-            writer.writerow([row.schedule, row.num_microbatches, row.recompute, row.micro_batch_size,
+            writer.writerow([row.schedule, row.num_micro_batches, row.recompute, row.micro_batch_size,
                              row.global_batch, row.binding_rank, " ".join(map(str, row.peak_bytes)),
                              " ".join(map(str, row.limits)), row.skipped])
         return
@@ -254,12 +254,12 @@ def print_memory_plan(console: Console, plan: MemoryPlan, fmt: str) -> None:
         table.add_column(name, justify="left" if name in ("schedule", "recompute", *wide) else "right")
     for row in plan.rows:
         if row.skipped:
-            table.add_row(row.schedule, str(row.num_microbatches), row.recompute, "", "", "", f"[dim]{row.skipped}[/]",
+            table.add_row(row.schedule, str(row.num_micro_batches), row.recompute, "", "", "", f"[dim]{row.skipped}[/]",
                           "", "")
             continue
         binding = "" if row.binding_rank is None else f"rank {row.binding_rank}"
         size = str(row.micro_batch_size) if row.micro_batch_size else "[red]none fits[/]"
-        table.add_row(row.schedule, str(row.num_microbatches), row.recompute, size, str(row.global_batch), binding,
+        table.add_row(row.schedule, str(row.num_micro_batches), row.recompute, size, str(row.global_batch), binding,
                       " ".join(fmt_bytes(p) for p in row.peak_bytes), " ".join(map(_limit, row.limits)),
                       f"{row.seconds:.1f}")
     table.caption = ("each rank's own code run on fake tensors at the size shown, its live tensor bytes counted as a "

@@ -120,7 +120,7 @@ def _throughput_plot(items: Sequence[Any], path: Path, *, title: str, predicted:
     ax = figure.subplots()
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for item in items:
-        series[_series_key(item.point)].append((item.point.num_microbatches, item.samples_per_s))
+        series[_series_key(item.point)].append((item.point.num_micro_batches, item.samples_per_s))
     for key, values in sorted(series.items()):
         values.sort()
         ax.plot([m for m, _ in values], [r for _, r in values], marker="o", label=key)
@@ -134,7 +134,7 @@ def _throughput_plot(items: Sequence[Any], path: Path, *, title: str, predicted:
 
 
 def _bubble_plot(results: Sequence[Any], path: Path) -> Path:
-    rows = [(_series_key(r.point), r.point.num_microbatches, r.bubble_measured, r.bubble_theoretical)
+    rows = [(_series_key(r.point), r.point.num_micro_batches, r.bubble_measured, r.bubble_theoretical)
             for r in results if r.bubble_measured is not None and r.bubble_theoretical is not None]
     return _bubble_lines(rows, path, kind="measured", ylabel="bubble (% of stage-time idle)",
                          title="Bubble: measured (solid) against theoretical (dashed)")
@@ -219,7 +219,7 @@ def _depth_plot(report: PlanReport, path: Path) -> Path:
     ax = figure.subplots()
     ax.plot(depths, [best[d].samples_per_s for d in depths], marker="o")
     for d in depths:
-        ax.annotate(f"{best[d].point.schedule}\nm={best[d].point.num_microbatches} dp={best[d].point.data_parallel_size}",
+        ax.annotate(f"{best[d].point.schedule}\nm={best[d].point.num_micro_batches} dp={best[d].point.data_parallel_size}",
                     (d, best[d].samples_per_s), fontsize="x-small", textcoords="offset points", xytext=(4, 4))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("pipeline depth (ranks); replicas = GPUs / depth")
@@ -230,7 +230,7 @@ def _depth_plot(report: PlanReport, path: Path) -> Path:
 
 
 def _plan_bubble_plot(predictions: Sequence[Any], path: Path) -> Path:
-    rows = [(_series_key(p.point), p.point.num_microbatches, p.bubble, p.bubble_theoretical) for p in predictions]
+    rows = [(_series_key(p.point), p.point.num_micro_batches, p.bubble, p.bubble_theoretical) for p in predictions]
     return _bubble_lines(rows, path, kind="simulated", ylabel="bubble (%)",
                          title="Bubble: simulated with calibrated costs (solid) against theoretical (dashed)")
 

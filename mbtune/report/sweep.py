@@ -166,7 +166,7 @@ def _lr_caption(report: SweepReport) -> list[str]:
 def _row(position: int, result: PointResult, marks: str, lr: str = "") -> dict[str, str]:
     point = result.point
     row = {"#": f"{position}{marks}", "schedule": point.schedule, "p": str(point.num_ranks),
-           "m": str(point.num_microbatches), "acc": str(point.grad_accum_steps),
+           "m": str(point.num_micro_batches), "acc": str(point.grad_accum_steps),
            "dp": str(point.data_parallel_size), "rc": point.recompute, "mbs": str(point.micro_batch_size),
            "global": str(point.global_batch), "lr": lr, "status": "ok"}
     if not result.ok:
@@ -218,9 +218,9 @@ def best_panel(report: SweepReport) -> Panel:
     grid.add_row("stages", f"{point.num_ranks * point.stages_per_rank} ({point.num_ranks} rank(s) x "
                  f"{point.stages_per_rank} stage(s) per rank; ran as {best.ran_as})")
     grid.add_row("micro-batch size", str(point.micro_batch_size))
-    grid.add_row("micro-batches", str(point.num_microbatches))
+    grid.add_row("micro-batches", str(point.num_micro_batches))
     grid.add_row("accumulation steps", str(point.grad_accum_steps))
-    grid.add_row("global batch", f"{point.global_batch} (= {point.micro_batch_size} x {point.num_microbatches} x "
+    grid.add_row("global batch", f"{point.global_batch} (= {point.micro_batch_size} x {point.num_micro_batches} x "
                  f"{point.grad_accum_steps} x {point.data_parallel_size} data-parallel)")
     interval = (f" ±{best.ci_half_pct:.1f}% (95% interval over {best.ci_basis})" if best.ci_half_pct is not None
                 else _range(best.samples_per_s_min, best.samples_per_s_max, fmt_rate))
@@ -263,15 +263,15 @@ def tradeoff_table(report: SweepReport) -> Table:
         table.add_column(header, justify="left" if header == "" else "right", no_wrap=True)
     for index in rows:
         r = report.results[index]
-        split = f"{r.point.num_microbatches} x {r.point.grad_accum_steps}"
+        split = f"{r.point.num_micro_batches} x {r.point.grad_accum_steps}"
         table.add_row(str(r.point.micro_batch_size), split + (f" x {r.point.data_parallel_size}" if replicas else ""),
                       fmt_rate(r.samples_per_s), _pct(r.bubble_measured), _per_sample(r.compute_per_sample_s),
                       fmt_bytes(r.max_peak_memory_bytes), "best" if index == report.ranking[0] else "",
                       style="bold green" if index == report.ranking[0] else "")
     if report.padding:
         won, lost = (report.results[i] for i in report.padding)
-        table.caption = (f"m={won.point.num_microbatches} x accum={won.point.grad_accum_steps} beats "
-                         f"m={lost.point.num_microbatches} x accum={lost.point.grad_accum_steps} at the same "
+        table.caption = (f"m={won.point.num_micro_batches} x accum={won.point.grad_accum_steps} beats "
+                         f"m={lost.point.num_micro_batches} x accum={lost.point.grad_accum_steps} at the same "
                          f"micro-batch size: one pipeline step of more micro-batches fills the drain that the next "
                          f"accumulation step's would leave idle (bubble {_pct(won.bubble_measured)} against "
                          f"{_pct(lost.bubble_measured)}, {fmt_rate(won.samples_per_s)} against "

@@ -34,6 +34,9 @@ OLDEST_READABLE_SCHEMA = 1
 MIGRATIONS: dict[int, Callable[[dict], dict]] = {
     1: lambda data: {**data, "schema_version": 2, "serve": None},  # 2 adds `serve`: version 1 had none
     2: lambda data: _to_3(data),
+    # 4: a point's micro-batch count is `num_micro_batches` (was `num_microbatches`), read by its former name
+    # too (SweepPoint.FORMER_NAMES), in profiles and journals alike.
+    3: lambda data: {**data, "schema_version": 4},
 }
 # 3: a point's ranks are `num_ranks` (was `num_stages`) and its model stages per rank `stages_per_rank` (was
 # `virtual_stages`); a sweep records the precision, optimizer and learning rate it trained with.
@@ -205,7 +208,8 @@ def command_line() -> str:
 # 2: a profile may hold `serve` (mbtune serve's report); version 1 files read as having none.
 # 3: points name ranks `num_ranks` and model stages per rank `stages_per_rank`; a sweep records its precision,
 # optimizer and learning rate (see MIGRATIONS).
-SCHEMA_VERSION = 3
+# 4: a point's micro-batch count is `num_micro_batches`, named as its flag is (--micro-batches).
+SCHEMA_VERSION = 4
 
 
 @dataclass(frozen=True, kw_only=True)

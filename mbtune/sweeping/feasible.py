@@ -28,7 +28,7 @@ def refuse_unrunnable(config: SweepConfig, *, num_blocks: int, grid: Grid | None
                           f"blocks ({num_blocks})", field="num_ranks",
                           hint=f"Each stage holds one block at least: give {num_blocks} stages or fewer.")
     if config.global_batch is not None and all(reason.startswith("global batch") for reason in reasons):
-        splits = sorted({p.num_microbatches * p.grad_accum_steps * p.data_parallel_size for p in
+        splits = sorted({p.num_micro_batches * p.grad_accum_steps * p.data_parallel_size for p in
                          (skipped.point for skipped in grid.skipped)})
         given = ",".join(map(str, config.global_batch))
         near = math.ceil(config.global_batch[0] / splits[0]) * splits[0]

@@ -39,7 +39,7 @@ def plan_grid(config: SweepConfig, *, num_blocks: int, num_ranks: int | None = N
     points, skipped = [], []
     for point, reason in _candidates(config, num_ranks or config.num_ranks):
         reason = reason or check_point(point.schedule, point.stages_per_rank * point.num_ranks, point.num_ranks,
-                                       point.num_microbatches, num_blocks=num_blocks)
+                                       point.num_micro_batches, num_blocks=num_blocks)
         if reason is None and point.num_processes % nnodes:
             reason = f"{point.num_processes} process(es) do not split evenly over {nnodes} nodes"
         if reason is None and max_processes is not None and point.num_processes > max_processes:
@@ -69,7 +69,7 @@ def _candidates(config: SweepConfig, p: int) -> list[tuple[SweepPoint, str | Non
                         for mbs, reason in _micro_batch_sizes(config, global_batch, m, accum, dp):
                             for recompute in config.recompute:
                                 candidates.append((SweepPoint(
-                                    schedule=schedule, num_ranks=p, num_microbatches=m, grad_accum_steps=accum,
+                                    schedule=schedule, num_ranks=p, num_micro_batches=m, grad_accum_steps=accum,
                                     micro_batch_size=mbs, stages_per_rank=v, data_parallel_size=dp,
                                     recompute=recompute), reason))
     return candidates
@@ -79,4 +79,4 @@ def _micro_batch_sizes(config: SweepConfig, global_batch: int | None, m: int, ac
                        dp: int) -> list[tuple[int, str | None]]:
     if global_batch is None:
         return [(size, None) for size in config.micro_batch_size or (default_micro_batch_size(config),)]
-    return [micro_batch_size_for(global_batch, num_microbatches=m, grad_accum_steps=accum, data_parallel_size=dp)]
+    return [micro_batch_size_for(global_batch, num_micro_batches=m, grad_accum_steps=accum, data_parallel_size=dp)]

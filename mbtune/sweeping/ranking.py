@@ -152,6 +152,6 @@ def tradeoff(results: Sequence[PointResult], ranking: Sequence[int]) -> tuple[tu
     rows = tuple(sorted({ranking[0], *(i for i in (nearest_smaller, nearest_larger) if i is not None)},
                         key=lambda i: results[i].point.micro_batch_size))
     padded = [i for i in kin if results[i].point.micro_batch_size == best.micro_batch_size
-              and results[i].point.num_microbatches < best.num_microbatches
+              and results[i].point.num_micro_batches < best.num_micro_batches
               and results[i].point.grad_accum_steps > best.grad_accum_steps]
     return rows, ((ranking[0], padded[0]) if padded else None)

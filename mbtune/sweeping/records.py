@@ -153,7 +153,7 @@ class SweepReport(Record):
             rows.append({
                 "rank": self.ranking.index(index) + 1 if index in self.ranking else None,
                 "schedule": p.schedule, "num_ranks": p.num_ranks, "stages_per_rank": p.stages_per_rank,
-                "num_microbatches": p.num_microbatches, "grad_accum_steps": p.grad_accum_steps,
+                "num_micro_batches": p.num_micro_batches, "grad_accum_steps": p.grad_accum_steps,
                 "data_parallel_size": p.data_parallel_size, "recompute": p.recompute,
                 "micro_batch_size": p.micro_batch_size, "global_batch": p.global_batch,
                 "lr_scale": advice.scale if advice else None, "lr": advice.lr if advice else None,

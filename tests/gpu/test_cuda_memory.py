@@ -52,7 +52,7 @@ def test_a_cuda_ranks_predicted_peak_is_near_its_allocated_peak():
     from mbtune.pipeline.point_spec import PipelineSpec
     from mbtune.pipeline.rank_memory import predict_rank_peaks
 
-    spec = PipelineSpec(workload="gpt", schedule="1f1b", num_ranks=1, num_microbatches=4, micro_batch_size=8,
+    spec = PipelineSpec(workload="gpt", schedule="1f1b", num_ranks=1, num_micro_batches=4, micro_batch_size=8,
                         measured_steps=1, device="cuda", precision="bf16")
     predicted = run_isolated(predict_rank_peaks, spec, timeout_s=300)
     measured = run_pipeline_point(spec, timeout_s=300)

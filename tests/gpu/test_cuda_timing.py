@@ -19,7 +19,7 @@ EVENT_RESOLUTION_S = 1e-5  # CUDA events resolve about half a microsecond; perf_
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zbv"])  # one stage per rank; two stages on the one rank
 def test_event_timed_actions_do_not_overlap_and_stay_inside_their_step(schedule: str) -> None:
-    spec = PipelineSpec(workload="gpt", workload_options=GPT, schedule=schedule, num_ranks=1, num_microbatches=4,
+    spec = PipelineSpec(workload="gpt", workload_options=GPT, schedule=schedule, num_ranks=1, num_micro_batches=4,
                         micro_batch_size=4, grad_accum_steps=2, warmup_steps=1, measured_steps=3, device="cuda",
                         precision="bf16")
     outcome = run_pipeline_point(spec, timeout_s=300)
@@ -32,9 +32,9 @@ def test_event_timed_actions_do_not_overlap_and_stay_inside_their_step(schedule:
     assert report.cpu_time_s and report.cpu_time_s > 0
     start_unix_s, end_unix_s = report.measured_window_unix_s
     assert end_unix_s - start_unix_s >= sum(report.step_times_s) - 0.01
-    per_pipeline_step = 2 * spec.num_microbatches * spec.stages_per_rank + spec.num_microbatches  # fwd, bwd, loss
+    per_pipeline_step = 2 * spec.num_micro_batches * spec.stages_per_rank + spec.num_micro_batches  # fwd, bwd, loss
     if schedule == "zbv":
-        per_pipeline_step += spec.num_microbatches * spec.stages_per_rank  # backward split into input and weight
+        per_pipeline_step += spec.num_micro_batches * spec.stages_per_rank  # backward split into input and weight
     assert len(report.actions) == per_pipeline_step * spec.grad_accum_steps * spec.measured_steps
     for step in range(spec.measured_steps):
         actions = sorted((a for a in report.actions if a.step == step), key=lambda a: a.start_s)

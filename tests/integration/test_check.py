@@ -21,7 +21,7 @@ GPT = (("layers", 2), ("d_model", 32), ("heads", 2), ("seq_len", 8), ("vocab", 6
 @pytest.mark.parametrize(("workload", "options", "num_blocks"), [("mlp", MLP, 4), ("gpt", GPT, 4)])
 def test_check_passes_where_the_pipeline_is_right(workload, options, num_blocks, schedule):
     result = check_update(CheckConfig(workload=workload, workload_options=options, device="cpu", schedule=schedule,
-                                      num_ranks=2, num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
+                                      num_ranks=2, num_micro_batches=4, grad_accum_steps=2, micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)
     assert len(result.blocks) == num_blocks and all(b.ok for b in result.blocks) and not result.cause
 
@@ -29,7 +29,7 @@ def test_check_passes_where_the_pipeline_is_right(workload, options, num_blocks,
 def test_data_parallel_replicas_all_reduce_to_the_plain_models_gradients():
     # Each replica sees half of every step's samples: only the all-reduce makes the gradients whole.
     result = check_update(CheckConfig(workload="gpt", workload_options=GPT, device="cpu", schedule="1f1b",
-                                      num_ranks=2, num_microbatches=2, grad_accum_steps=2, data_parallel_size=2,
+                                      num_ranks=2, num_micro_batches=2, grad_accum_steps=2, data_parallel_size=2,
                                       global_batch=16))
     assert result.point.micro_batch_size == 2 and result.point.data_parallel_size == 2
     assert result.status == PASS, (result.cause, result.blocks)
@@ -38,7 +38,7 @@ def test_data_parallel_replicas_all_reduce_to_the_plain_models_gradients():
 
 def test_check_passes_on_gpt_with_accumulation():
     result = check_update(CheckConfig(workload="gpt", workload_options=GPT, device="cpu", schedule="1f1b",
-                                      num_ranks=2, num_microbatches=2, grad_accum_steps=2, global_batch=8))
+                                      num_ranks=2, num_micro_batches=2, grad_accum_steps=2, global_batch=8))
     assert result.status == PASS and result.point.micro_batch_size == 2, (result.cause, result.blocks)
 
 

@@ -115,7 +115,7 @@ _NO_GUARD = """
     from mbtune.pipeline.point_spec import PipelineSpec
     c = ProbeConfig(workload="mlp", device="cpu")
     print(json.dumps(run_classified_trial(c.trial(batch_size=4, device="cpu"), 60).to_dict()))
-    spec = PipelineSpec(workload="mlp", schedule="gpipe", num_ranks=2, num_microbatches=2, micro_batch_size=2,
+    spec = PipelineSpec(workload="mlp", schedule="gpipe", num_ranks=2, num_micro_batches=2, micro_batch_size=2,
                         measured_steps=1, device="cpu")
     outcome = run_pipeline_point(spec, timeout_s=60)
     print(json.dumps({"status": outcome.status, "error": outcome.error, "error_kind": outcome.error_kind}))

@@ -21,7 +21,7 @@ RESNET = (("image", 16), ("width", 8))
 ])
 def test_the_pipelined_update_of_a_model_as_written_is_the_plain_models(workload, options, schedule):
     result = check_update(CheckConfig(workload=workload, workload_options=options, device="cpu", schedule=schedule,
-                                      num_ranks=2, num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
+                                      num_ranks=2, num_micro_batches=4, grad_accum_steps=2, micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)
 
 
@@ -29,6 +29,6 @@ def test_batch_norm_is_named_as_the_cause_not_the_loss():
     # The same ResNet with BatchNorm: each micro-batch has its own statistics, by design of micro-batching.
     result = check_update(CheckConfig(workload="examples.resnet.workload:resnet", device="cpu", schedule="gpipe",
                                       workload_options=(*RESNET, ("norm", "batch")), num_ranks=2,
-                                      num_microbatches=2, micro_batch_size=2))
+                                      num_micro_batches=2, micro_batch_size=2))
     assert result.status == FAIL and result.hint == BATCH_STATISTICS_FIX
     assert "batch statistics: 0.bn1, 1.layer1.0.bn1" in result.cause, result.cause

@@ -61,7 +61,7 @@ def test_every_family_splits_into_blocks_that_compute_what_the_whole_model_compu
 ])
 def test_the_pipelined_update_is_the_plain_models(family, schedule):
     result = check_update(CheckConfig(workload=f"hf:{family}", workload_options=_options(family), device="cpu",
-                                      schedule=schedule, num_ranks=2, num_microbatches=4, grad_accum_steps=2,
+                                      schedule=schedule, num_ranks=2, num_micro_batches=4, grad_accum_steps=2,
                                       micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)
 
@@ -116,7 +116,7 @@ def test_the_pipelined_update_of_a_deep_model_traced_by_its_first_layers_is_the_
     options = tuple({**dict(_options("llama")), "num_hidden_layers": 7}.items())
     assert load_workload("hf:llama", options).traced.num_copied == 4
     result = check_update(CheckConfig(workload="hf:llama", workload_options=options, device="cpu", schedule="1f1b",
-                                      num_ranks=2, num_microbatches=4, grad_accum_steps=2, micro_batch_size=2))
+                                      num_ranks=2, num_micro_batches=4, grad_accum_steps=2, micro_batch_size=2))
     assert result.status == PASS, (result.cause, result.blocks)
 
 
@@ -130,7 +130,7 @@ def test_a_transformers_step_predicted_with_echoed_micro_batches_peaks_where_eve
     workload = load_workload(f"hf:{family}", options)
     echoes, computed = RankPeaks(workload, echoes=True), RankPeaks(workload, echoes=False)
     for schedule in ("1f1b", "gpipe"):
-        point = SweepPoint(schedule=schedule, num_ranks=2, num_microbatches=5, grad_accum_steps=1,
+        point = SweepPoint(schedule=schedule, num_ranks=2, num_micro_batches=5, grad_accum_steps=1,
                            micro_batch_size=2)
         spec = PipelineSpec.for_point(point, workload=f"hf:{family}", workload_options=options, device="cpu",
                                       measured_steps=1)

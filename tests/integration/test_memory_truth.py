@@ -36,7 +36,7 @@ def _predicted_trial_peak(config: TrialConfig) -> int:
 
 @pytest.mark.parametrize("schedule", ["gpipe", "interleaved-1f1b", "zbv"])
 def test_every_ranks_predicted_peak_is_the_peak_it_measures(schedule):
-    spec = PipelineSpec(workload="gpt", schedule=schedule, num_ranks=2, num_microbatches=4, micro_batch_size=2,
+    spec = PipelineSpec(workload="gpt", schedule=schedule, num_ranks=2, num_micro_batches=4, micro_batch_size=2,
                         measured_steps=1)
     predicted = run_isolated(_predicted_rank_peaks, spec, timeout_s=300)
     measured = run_pipeline_point(spec, timeout_s=300)

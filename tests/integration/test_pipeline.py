@@ -37,7 +37,7 @@ TIMEOUT_S = 60.0
 
 def _spec(schedule: str, **overrides: object) -> PipelineSpec:
     settings: dict[str, object] = dict(workload="mlp", workload_options=MLP, schedule=schedule, num_ranks=2,
-                                       num_microbatches=4, micro_batch_size=3, warmup_steps=0, measured_steps=1,
+                                       num_micro_batches=4, micro_batch_size=3, warmup_steps=0, measured_steps=1,
                                        capture_grads=True, threads=1)
     settings.update(overrides)
     return PipelineSpec(**settings)  # type: ignore[arg-type]
@@ -85,19 +85,19 @@ def test_pipelined_step_matches_the_unpipelined_model(schedule: str) -> None:
 @pytest.mark.parametrize("schedule", SCHEDULE_NAMES)
 def test_accumulation_matches_one_batch_k_times_the_size(schedule: str) -> None:
     m = 4 if schedule == "dualpipev" else 2  # dualpipev needs a micro-batch for each of its 4 stages
-    _assert_matches_reference(_spec(schedule, num_microbatches=m, grad_accum_steps=3))
+    _assert_matches_reference(_spec(schedule, num_micro_batches=m, grad_accum_steps=3))
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zbv"])  # one full-backward, one split-backward schedule
 def test_timed_run_records_every_action_and_a_bubble(schedule: str) -> None:
-    spec = _spec(schedule, num_microbatches=4, grad_accum_steps=2, warmup_steps=1, measured_steps=2,
+    spec = _spec(schedule, num_micro_batches=4, grad_accum_steps=2, warmup_steps=1, measured_steps=2,
                  capture_grads=False)
     outcome = _run(spec)
     assert len(outcome.step_times_s) == 2 and all(t > 0 for t in outcome.step_times_s)
     assert outcome.loss is not None and math.isfinite(outcome.loss)
     bubble = outcome.measured_bubble
     assert bubble is not None and 0.0 <= bubble < 1.0
-    assert 0.0 <= theoretical_bubble(schedule, num_ranks=2, num_microbatches=4) < 1.0
+    assert 0.0 <= theoretical_bubble(schedule, num_ranks=2, num_micro_batches=4) < 1.0
     for report in outcome.reports:
         assert report.peak_memory_bytes and report.peak_memory_bytes > 0
         assert len(report.warmup_step_times_s) == 1
@@ -116,7 +116,7 @@ def _assert_complete_timeline(spec: PipelineSpec, report: StageReport) -> None:
         for accum in range(spec.grad_accum_steps):
             for stage in report.stage_indices:
                 loss = [LOSS] if stage == spec.num_model_stages - 1 else []
-                for microbatch in range(spec.num_microbatches):
+                for microbatch in range(spec.num_micro_batches):
                     found = sorted(kinds.pop((step, accum, stage, microbatch)))
                     assert found == sorted([FORWARD, *backward, *loss])
     assert not kinds, f"unexpected actions: {kinds}"
@@ -215,7 +215,7 @@ def _torch_accepts(schedule: str, ranks: int, per_rank: int, microbatches: int) 
         stages = [build_stage(torch.nn.Linear(2, 2), stage_index=s, num_model_stages=num_model_stages,
                               device=torch.device("cpu"))
                   for s in mine]
-        built = build_schedule(schedule, stages, num_microbatches=microbatches, loss_fn=lambda out, _: out.sum())
+        built = build_schedule(schedule, stages, num_micro_batches=microbatches, loss_fn=lambda out, _: out.sum())
     except ValueError:
         return False
     order = getattr(built, "pipeline_order_with_comms", None)

@@ -92,7 +92,7 @@ def test_a_cluster_plan_splits_the_gpus_every_way_for_the_global_batch(swept, tm
     for p in plan["predictions"]:
         point = p["point"]
         assert point["num_ranks"] * point["data_parallel_size"] == 8
-        assert point["micro_batch_size"] * point["num_microbatches"] * point["grad_accum_steps"] * point["data_parallel_size"] == 64
+        assert point["micro_batch_size"] * point["num_micro_batches"] * point["grad_accum_steps"] * point["data_parallel_size"] == 64
         assert p["memory_limit_bytes"] == 2**30
     assert plan["recommended"] == 0 and plan["predictions"][0]["lost_because"] == ""
     assert all(p["lost_because"] for p in plan["predictions"][1:])

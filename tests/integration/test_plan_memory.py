@@ -21,7 +21,7 @@ def test_the_largest_micro_batch_fits_every_rank_and_one_more_does_not_fit_the_b
                                         schedules=("1f1b",), micro_batches=(4,)))
     [row] = plan.rows
     assert row.micro_batch_size >= 2 and row.binding_rank is not None
-    spec = PipelineSpec(workload="gpt", schedule="1f1b", num_ranks=2, num_microbatches=4,
+    spec = PipelineSpec(workload="gpt", schedule="1f1b", num_ranks=2, num_micro_batches=4,
                         micro_batch_size=row.micro_batch_size, measured_steps=1)
     fits, over = (run_pipeline_point(replace(spec, micro_batch_size=size), timeout_s=300)
                   for size in (row.micro_batch_size, row.micro_batch_size + 1))

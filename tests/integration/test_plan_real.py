@@ -92,7 +92,7 @@ def test_with_average_costs_more_micro_batches_take_longer_and_idle_less(fill_dr
                          SCATTER_NONE)
     for schedule in ("gpipe", "1f1b"):
         few, many = (predict(model, next(r.point for r in fill_drain.results if r.point.schedule == schedule
-                                         and r.point.num_microbatches == m)) for m in (2, 8))
+                                         and r.point.num_micro_batches == m)) for m in (2, 8))
         assert few.bubble_theoretical > 2 * many.bubble_theoretical
         assert many.step_time_s > few.step_time_s and many.bubble < few.bubble, schedule
 
@@ -117,7 +117,7 @@ def test_plan_pictures_and_trace_from_a_real_profile(fill_drain, tmp_path) -> No
     assert report.num_blocks == 24 and report.validation is not None and len(report.validation.rows) == 6
     assert report.best is not None and len(report.predictions) == 9
     assert report.best.samples_per_s == max(p.samples_per_s for p in report.predictions)
-    assert report.best.point.global_batch == 32 * report.best.point.num_microbatches * 4
+    assert report.best.point.global_batch == 32 * report.best.point.num_micro_batches * 4
     assert json.loads(json.dumps(report.to_dict()))["num_blocks"] == 24
     facts = block_facts("mlp", OPTIONS)
     assert facts.weight_source == "flops" and facts.output_bytes_per_sample[1] == 512 * 4

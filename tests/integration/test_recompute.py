@@ -37,7 +37,7 @@ def test_recompute_lowers_the_peak_memory_of_the_same_training_step():
 @pytest.mark.parametrize("schedule", ["1f1b", "zbv"])  # a full backward, and one split in input and weight parts
 def test_recompute_leaves_the_pipelined_update_the_plain_models(schedule):
     result = check_update(CheckConfig(workload="gpt", workload_options=GPT, device="cpu", schedule=schedule,
-                                      num_ranks=2, num_microbatches=4, grad_accum_steps=2, micro_batch_size=2,
+                                      num_ranks=2, num_micro_batches=4, grad_accum_steps=2, micro_batch_size=2,
                                       recompute="full"))
     assert result.point.recompute == "full"
     assert result.status == PASS, (result.cause, result.blocks)

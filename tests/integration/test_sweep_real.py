@@ -24,13 +24,13 @@ def test_small_sweep_json_parses_and_skips_with_reasons():
     report = json.loads(result.stdout)
     statuses = [r["status"] for r in report["results"]]
     assert statuses == ["ok"] * 10
-    assert [s["point"]["num_microbatches"] for s in report["skipped"]] == [1, 1]
+    assert [s["point"]["num_micro_batches"] for s in report["skipped"]] == [1, 1]
     assert "1f1b needs at least as many micro-batches" in report["skipped"][0]["reason"]
     best = report["results"][report["ranking"][0]]
     assert best["samples_per_s"] == max(r["samples_per_s"] for r in report["results"])
     for r in report["results"]:
         p = r["point"]
-        assert r["bubble_theoretical"] == pytest.approx(1 / (p["num_microbatches"] + 1))
+        assert r["bubble_theoretical"] == pytest.approx(1 / (p["num_micro_batches"] + 1))
         assert 0 <= r["bubble_measured"] < 1 and len(r["peak_memory_bytes"]) == 2
         idle = r["idle"]
         assert min(idle.values()) >= 0 and sum(idle.values()) == pytest.approx(r["bubble_measured"], abs=1e-6)
@@ -65,7 +65,7 @@ def test_gpipe_bubble_falls_as_micro_batches_rise_when_compute_dominates():
                          num_ranks=2, schedules=("gpipe",), micro_batches=(2, 8), grad_accum_steps=(1,),
                          micro_batch_size=64, measured_steps=3, threads=1)
     report = sweep_workload(config)
-    by_m = {r.point.num_microbatches: r for r in report.results}
+    by_m = {r.point.num_micro_batches: r for r in report.results}
     assert all(r.ok for r in by_m.values()), [r.error for r in by_m.values()]
     assert not any("states no spread" in w for w in report.warnings)  # three steps state one
     assert by_m[8].bubble_measured < by_m[2].bubble_measured

@@ -55,7 +55,7 @@ def two_nodes(tmp_path: Path, args: list[str]) -> tuple[str, subprocess.Popen, s
 
 def test_torchrun_ranks_give_the_local_launchers_losses_and_gradients():
     spec = PipelineSpec(workload="mlp", workload_options=(("layers", 2), ("width", 32)), schedule="1f1b",
-                        num_ranks=2, num_microbatches=4, micro_batch_size=2, grad_accum_steps=2,
+                        num_ranks=2, num_micro_batches=4, micro_batch_size=2, grad_accum_steps=2,
                         measured_steps=2, capture_grads=True)
     local = run_pipeline_point(spec, timeout_s=120)
     nodes = Nodes()
@@ -89,7 +89,7 @@ def test_a_sweep_through_torchrun_has_the_local_sweeps_rows():
 @pytest.mark.slow
 def test_a_rank_killed_like_the_oom_killer_is_named_as_killed(tmp_path):
     spec = PipelineSpec(workload="tests.fixtures.workloads:killed_once",
-                        workload_options=(("marker", str(tmp_path / "killed")),), num_ranks=2, num_microbatches=2,
+                        workload_options=(("marker", str(tmp_path / "killed")),), num_ranks=2, num_micro_batches=2,
                         micro_batch_size=4, measured_steps=1)
     nodes = Nodes()
     try:
@@ -107,7 +107,7 @@ def test_a_hung_rank_ends_the_point_at_its_deadline(monkeypatch):
 
     monkeypatch.setenv(HANG_RANK_ENV, "1")
     spec = PipelineSpec(workload="mlp", workload_options=(("layers", 2), ("width", 16)), num_ranks=2,
-                        num_microbatches=2, measured_steps=1)
+                        num_micro_batches=2, measured_steps=1)
     nodes = Nodes()
     started = time.monotonic()
     try:

@@ -7,7 +7,7 @@ import numpy as np
 from mbtune.checking.config import CheckConfig
 from mbtune.checking.run import FAIL, PASS, VARYING_MEAN, compare
 
-CONFIG = CheckConfig(workload="mlp", device="cpu", schedule="gpipe", num_ranks=2, num_microbatches=2)
+CONFIG = CheckConfig(workload="mlp", device="cpu", schedule="gpipe", num_ranks=2, num_micro_batches=2)
 GRADS = {"0.weight": np.array([[1.0, -2.0]]), "0.bias": np.array([0.5]), "1.weight": np.array([[3.0]])}
 
 

@@ -32,7 +32,7 @@ def _spec(schedule: str, m: int, *, recompute: str = "none", dp: int = 1, precis
           accum: int = 1) -> PipelineSpec:
     from mbtune.pipeline.theory import stages_per_rank
 
-    point = SweepPoint(schedule=schedule, num_ranks=2, num_microbatches=m, grad_accum_steps=accum,
+    point = SweepPoint(schedule=schedule, num_ranks=2, num_micro_batches=m, grad_accum_steps=accum,
                        micro_batch_size=2, stages_per_rank=stages_per_rank(schedule, None), data_parallel_size=dp,
                        recompute=recompute)
     return PipelineSpec.for_point(point, workload="gpt", workload_options=GPT, device="cpu", precision=precision,

@@ -93,7 +93,7 @@ def test_block_ranges_name_runs():
 
 
 def test_old_records_without_the_cause_fields_still_load():
-    point = {"schedule": "gpipe", "num_ranks": 2, "num_microbatches": 2, "grad_accum_steps": 1, "micro_batch_size": 2}
+    point = {"schedule": "gpipe", "num_ranks": 2, "num_micro_batches": 2, "grad_accum_steps": 1, "micro_batch_size": 2}
     result = PointResult.from_dict({"point": point, "status": "error", "error": "rank 1: boom"})
     assert (result.failed_rank, result.failed_blocks, result.error_kind, result.error_tail) == (None, (), "", "")
     trial = TrialOutcome.from_dict({"status": "oom", "batch_size": 8})

@@ -19,7 +19,7 @@ def test_every_point_multiplies_to_its_global_batch_and_the_rest_say_why(sizes):
     config = SweepConfig(workload="mlp", num_ranks=2, schedules=("gpipe", "1f1b"), micro_batches=(2, 3, 4),
                          grad_accum_steps=(1, 2, 3), global_batch=sizes, safe_batch=16)
     grid = plan_grid(config, num_blocks=6)
-    made = [p.micro_batch_size * p.num_microbatches * p.grad_accum_steps * p.data_parallel_size for p in grid.points]
+    made = [p.micro_batch_size * p.num_micro_batches * p.grad_accum_steps * p.data_parallel_size for p in grid.points]
     assert made == [p.global_batch for p in grid.points] and set(made) <= set(sizes)
     assert all(p.micro_batch_size <= 16 for p in grid.points)
     for skipped in grid.skipped:
@@ -46,7 +46,7 @@ def test_a_probed_sweep_holds_the_default_global_batch_and_a_fixed_micro_batch_s
 
 
 def _result(m, accum, mbs, rate, *, schedule="1f1b", bubble=0.2, memory=100):
-    point = SweepPoint(schedule=schedule, num_ranks=2, num_microbatches=m, grad_accum_steps=accum,
+    point = SweepPoint(schedule=schedule, num_ranks=2, num_micro_batches=m, grad_accum_steps=accum,
                        micro_batch_size=mbs)
     return PointResult(point=point, status="ok", samples_per_s=rate, samples_per_s_min=rate, samples_per_s_max=rate,
                        bubble_measured=bubble, peak_memory_bytes=(memory,), step_time_median_s=point.global_batch / rate)
@@ -83,7 +83,7 @@ def test_data_parallel_points_multiply_to_the_global_batch_and_need_a_rank_each(
                          data_parallel_size=(1, 2, 3), global_batch=(48,))
     grid = plan_grid(config, num_blocks=6, max_processes=4)
     assert {p.data_parallel_size for p in grid.points} == {1, 2}
-    assert all(p.micro_batch_size * p.num_microbatches * p.grad_accum_steps * p.data_parallel_size == 48
+    assert all(p.micro_batch_size * p.num_micro_batches * p.grad_accum_steps * p.data_parallel_size == 48
                for p in grid.points)
     too_many = [s for s in grid.skipped if s.point.data_parallel_size == 3]
     assert too_many and all("need 6 GPUs, 4 visible" in s.reason for s in too_many)

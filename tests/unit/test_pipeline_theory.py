@@ -150,28 +150,28 @@ def test_looped_layout_is_round_robin_and_zbv_is_a_v() -> None:
 # --- bubble --------------------------------------------------------------------------------------------------
 
 def test_theoretical_bubble_values() -> None:
-    assert theoretical_bubble("gpipe", num_ranks=4, num_microbatches=4) == pytest.approx(3 / 7)
-    assert theoretical_bubble("1f1b", num_ranks=4, num_microbatches=12) == pytest.approx(3 / 15)
-    assert theoretical_bubble("interleaved-1f1b", num_ranks=4, num_microbatches=8) == pytest.approx(3 / 19)
-    assert theoretical_bubble("looped-bfs", num_ranks=4, num_microbatches=8, virtual_stages=4) == pytest.approx(3 / 35)
+    assert theoretical_bubble("gpipe", num_ranks=4, num_micro_batches=4) == pytest.approx(3 / 7)
+    assert theoretical_bubble("1f1b", num_ranks=4, num_micro_batches=12) == pytest.approx(3 / 15)
+    assert theoretical_bubble("interleaved-1f1b", num_ranks=4, num_micro_batches=8) == pytest.approx(3 / 19)
+    assert theoretical_bubble("looped-bfs", num_ranks=4, num_micro_batches=8, virtual_stages=4) == pytest.approx(3 / 35)
     # m < p: each of the v-1 loop-backs waits p - m more slots.
-    assert theoretical_bubble("interleaved-1f1b", num_ranks=4, num_microbatches=2) == pytest.approx(5 / 9)
-    assert theoretical_bubble("zero-bubble", num_ranks=4, num_microbatches=8) == pytest.approx(3 / 51)
-    assert theoretical_bubble("zbv", num_ranks=4, num_microbatches=7) == pytest.approx(3 / 45)
-    assert theoretical_bubble("zbv", num_ranks=2, num_microbatches=1) == pytest.approx(2 / 3)
+    assert theoretical_bubble("interleaved-1f1b", num_ranks=4, num_micro_batches=2) == pytest.approx(5 / 9)
+    assert theoretical_bubble("zero-bubble", num_ranks=4, num_micro_batches=8) == pytest.approx(3 / 51)
+    assert theoretical_bubble("zbv", num_ranks=4, num_micro_batches=7) == pytest.approx(3 / 45)
+    assert theoretical_bubble("zbv", num_ranks=2, num_micro_batches=1) == pytest.approx(2 / 3)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULE_NAMES)
 def test_one_rank_has_no_bubble_and_more_microbatches_shrink_it(schedule: str) -> None:
-    assert theoretical_bubble(schedule, num_ranks=1, num_microbatches=3) == 0.0
-    values = [theoretical_bubble(schedule, num_ranks=4, num_microbatches=m) for m in (4, 8, 16, 64)]
+    assert theoretical_bubble(schedule, num_ranks=1, num_micro_batches=3) == 0.0
+    values = [theoretical_bubble(schedule, num_ranks=4, num_micro_batches=m) for m in (4, 8, 16, 64)]
     assert values == sorted(values, reverse=True)
     assert all(0.0 <= v < 1.0 for v in values)
 
 
 def test_interleaving_with_one_stage_per_rank_reduces_to_1f1b() -> None:
-    assert theoretical_bubble("interleaved-1f1b", num_ranks=4, num_microbatches=6, virtual_stages=1) == (
-        theoretical_bubble("1f1b", num_ranks=4, num_microbatches=6)
+    assert theoretical_bubble("interleaved-1f1b", num_ranks=4, num_micro_batches=6, virtual_stages=1) == (
+        theoretical_bubble("1f1b", num_ranks=4, num_micro_batches=6)
     )
 
 
@@ -199,13 +199,13 @@ def test_bubble_from_reports_uses_the_pipeline_part_of_each_step() -> None:
 
 def test_spec_derives_batch_sizes_and_stage_counts() -> None:
     spec = PipelineSpec(workload="mlp", schedule="interleaved-1f1b", num_ranks=2, virtual_stages=3,
-                        num_microbatches=4, micro_batch_size=8, grad_accum_steps=2)
+                        num_micro_batches=4, micro_batch_size=8, grad_accum_steps=2)
     assert (spec.num_model_stages, spec.pipeline_batch_size, spec.global_batch) == (6, 32, 64)
 
 
 def test_spec_refuses_points_that_cannot_run() -> None:
     with pytest.raises(ConfigError, match="1f1b needs at least as many micro-batches"):
-        PipelineSpec(workload="mlp", schedule="1f1b", num_ranks=4, num_microbatches=2)
+        PipelineSpec(workload="mlp", schedule="1f1b", num_ranks=4, num_micro_batches=2)
     with pytest.raises(ConfigError, match="device='tpu'"):
         PipelineSpec(workload="mlp", device="tpu")
     with pytest.raises(ConfigError, match="unknown schedule"):

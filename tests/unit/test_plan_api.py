@@ -65,7 +65,7 @@ def test_blocks_the_meta_device_cannot_run_fall_back_to_parameters() -> None:
 def profile(with_probe: bool = True) -> Profile:
     facts = block_facts("mlp", OPTIONS)
     model = replace(TRUTH, facts=facts, blocks=(TRUTH.blocks[0],) * facts.num_blocks)
-    points = [SweepPoint(schedule=s, num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+    points = [SweepPoint(schedule=s, num_ranks=2, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=4)
               for s in ("gpipe", "1f1b") for m in (2, 4)]
     results = tuple(measured(p, model) for p in points)
     sweep = SweepReport(workload="mlp", workload_options=OPTIONS, device=DeviceInfo(backend="cpu", name="Test CPU"),
@@ -190,8 +190,8 @@ def test_the_planner_splits_stages_exactly_as_the_runner(schedule, ranks):
     from mbtune.planning.memory import point_split
     from mbtune.workloads import load_workload
 
-    spec = PipelineSpec(workload="gpt", schedule=schedule, num_ranks=ranks, num_microbatches=6)
-    point = SweepPoint(schedule=schedule, num_ranks=ranks, num_microbatches=6, grad_accum_steps=1,
+    spec = PipelineSpec(workload="gpt", schedule=schedule, num_ranks=ranks, num_micro_batches=6)
+    point = SweepPoint(schedule=schedule, num_ranks=ranks, num_micro_batches=6, grad_accum_steps=1,
                        micro_batch_size=1, stages_per_rank=spec.stages_per_rank)
     facts = block_facts("gpt")
     assert facts.split_weights[0] == 0  # the embedding lookup carries no weight

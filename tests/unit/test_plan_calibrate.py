@@ -48,7 +48,7 @@ def measured(point: SweepPoint, model: CostModel = TRUTH) -> PointResult:
 
 
 def points(schedules=("gpipe", "1f1b"), sizes=(4, 8), ms=(2, 4)) -> list[SweepPoint]:
-    return [SweepPoint(schedule=s, num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b,
+    return [SweepPoint(schedule=s, num_ranks=2, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=b,
                        stages_per_rank=2 if s in ("zero-bubble", "zbv", "interleaved-1f1b") else 1)
             for s in schedules for m in ms for b in sizes]
 
@@ -208,7 +208,7 @@ def test_hand_overs_across_nodes_are_calibrated_apart_and_planned_where_the_node
     truth = replace(TRUTH, inter_node_transfer=LinearCost(fixed_s=3e-3, per_sample_s=1e-4))
     across = Link(ranks_per_node=2)  # ranks 0-1 on one node, 2-3 on the other: boundary 1 -> 2 crosses
     nodes = ("node 0 (a)", "node 0 (a)", "node 1 (b)", "node 1 (b)")
-    four = [SweepPoint(schedule=s, num_ranks=4, num_microbatches=m, grad_accum_steps=1, micro_batch_size=b)
+    four = [SweepPoint(schedule=s, num_ranks=4, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=b)
             for s in ("gpipe", "1f1b") for m in (4, 8) for b in (2, 4)]
     results = []
     for point in four:

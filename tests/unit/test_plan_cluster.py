@@ -38,7 +38,7 @@ def test_every_split_of_the_gpus_and_the_batch_is_enumerated_once() -> None:
         assert point.num_ranks * point.data_parallel_size == 8 and point.global_batch == 32
         assert point.num_ranks * point.stages_per_rank <= 16
         assert check_point(point.schedule, point.num_ranks * point.stages_per_rank, point.num_ranks,
-                           point.num_microbatches) is None
+                           point.num_micro_batches) is None
     # Counted by brute force: every (p, b, m, a) with p x d = 8, b x m x a x d = 32, per schedule and v.
     expected = 0
     for p in (1, 2, 4, 8):

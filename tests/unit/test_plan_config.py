@@ -113,7 +113,7 @@ def test_the_work_counts_what_the_planner_simulates() -> None:
 @pytest.mark.parametrize("schedule", SCHEDULE_NAMES)
 @pytest.mark.parametrize("virtual", [2, 3])
 def test_point_actions_are_the_actions_of_the_schedule_orders(schedule, virtual) -> None:
-    point = SweepPoint(schedule=schedule, num_ranks=4, num_microbatches=8, grad_accum_steps=2, micro_batch_size=1,
+    point = SweepPoint(schedule=schedule, num_ranks=4, num_micro_batches=8, grad_accum_steps=2, micro_batch_size=1,
                        stages_per_rank=stages_per_rank(schedule, virtual))
     ordered = 2 * sum(len(order) for order in point_orders(point))
     if schedule == "dualpipev":  # it splits some backwards, not all: the count bounds it from above

@@ -34,7 +34,7 @@ def model(num_blocks: int = 8, **changes) -> CostModel:
 
 
 def point(schedule: str = "gpipe", p: int = 4, m: int = 8, mbs: int = 2, v: int = 1, dp: int = 1) -> SweepPoint:
-    return SweepPoint(schedule=schedule, num_ranks=p, num_microbatches=m, grad_accum_steps=1, micro_batch_size=mbs,
+    return SweepPoint(schedule=schedule, num_ranks=p, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=mbs,
                       stages_per_rank=v, data_parallel_size=dp)
 
 
@@ -94,7 +94,7 @@ def test_plan_ranks_fitting_points_first_and_recommends_the_fastest_that_fits() 
     best = limited.best
     assert best is not None and best.fits and best.max_memory_bytes <= limit
     assert all(p.samples_per_s <= best.samples_per_s for p in limited.predictions if p.fits)
-    assert {(p.point.schedule, p.point.num_microbatches) for p in limited.predictions if not p.fits} == {("gpipe", 16)}
+    assert {(p.point.schedule, p.point.num_micro_batches) for p in limited.predictions if not p.fits} == {("gpipe", 16)}
     assert limited.memory_limit_source == "test ceiling"
 
 

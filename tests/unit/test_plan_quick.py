@@ -11,7 +11,7 @@ from mbtune.planning.quick import calibration_points, neighbours, quick_search
 from mbtune.sweeping.records import PointResult
 
 SCHEDULES = {"gpipe": 0.80, "1f1b": 0.85, "interleaved-1f1b": 1.0, "zero-bubble": 0.95}
-GRID = [SweepPoint(schedule=s, num_ranks=4, num_microbatches=m, grad_accum_steps=a, micro_batch_size=b,
+GRID = [SweepPoint(schedule=s, num_ranks=4, num_micro_batches=m, grad_accum_steps=a, micro_batch_size=b,
                    stages_per_rank=1 if s in ("gpipe", "1f1b") else 2)
         for s in SCHEDULES for m in (4, 8, 16, 32, 64) for b in (4, 8, 16, 32) for a in (1, 2)]
 MEMORY_LIMIT = 16 * 32  # samples in flight: above it the point runs out of memory
@@ -19,13 +19,13 @@ MEMORY_LIMIT = 16 * 32  # samples in flight: above it the point runs out of memo
 
 def true_rate(point: SweepPoint) -> float:
     """Bubble shrinks with m, efficiency grows with size, accumulation costs a little."""
-    pipe = point.num_microbatches / (point.num_microbatches + 3 / point.stages_per_rank)
+    pipe = point.num_micro_batches / (point.num_micro_batches + 3 / point.stages_per_rank)
     size = point.micro_batch_size / (point.micro_batch_size + 6)
     return 1000 * SCHEDULES[point.schedule] * pipe * size * (1 - 0.03 * (point.grad_accum_steps - 1))
 
 
 def run_point(point: SweepPoint) -> PointResult:
-    if point.num_microbatches * point.micro_batch_size > MEMORY_LIMIT:
+    if point.num_micro_batches * point.micro_batch_size > MEMORY_LIMIT:
         return PointResult(point=point, status="oom")
     rate = true_rate(point)
     return PointResult(point=point, status="ok", samples_per_s=rate, step_time_median_s=point.global_batch / rate)
@@ -37,7 +37,7 @@ def best_possible() -> float:
 
 def wobble(point: SweepPoint) -> float:
     """A fixed pseudo-random number in [-1, 1] per point."""
-    return math.sin(7.3 * point.num_microbatches + 1.7 * point.micro_batch_size + 3.1 * point.grad_accum_steps
+    return math.sin(7.3 * point.num_micro_batches + 1.7 * point.micro_batch_size + 3.1 * point.grad_accum_steps
                     + len(point.schedule))
 
 
@@ -109,12 +109,12 @@ def test_failed_points_are_kept_and_never_best() -> None:
 def test_calibration_points_spread_over_sizes_depths_and_schedules() -> None:
     chosen = calibration_points(GRID, 3)
     assert len(set(chosen)) == 3
-    assert len({p.micro_batch_size for p in chosen}) == 3 and len({p.num_microbatches for p in chosen}) == 3
+    assert len({p.micro_batch_size for p in chosen}) == 3 and len({p.num_micro_batches for p in chosen}) == 3
     assert any(p.schedule == "zero-bubble" for p in chosen)
     assert calibration_points(GRID, 0) == [] and calibration_points([], 3) == []
 
 
 def test_neighbours_are_one_step_away_in_one_dimension() -> None:
-    centre = SweepPoint(schedule="1f1b", num_ranks=4, num_microbatches=16, grad_accum_steps=1, micro_batch_size=8)
-    found = {(p.num_microbatches, p.micro_batch_size, p.grad_accum_steps) for p in neighbours(centre, GRID)}
+    centre = SweepPoint(schedule="1f1b", num_ranks=4, num_micro_batches=16, grad_accum_steps=1, micro_batch_size=8)
+    found = {(p.num_micro_batches, p.micro_batch_size, p.grad_accum_steps) for p in neighbours(centre, GRID)}
     assert found == {(8, 8, 1), (32, 8, 1), (16, 4, 1), (16, 16, 1), (16, 8, 2)}

@@ -49,10 +49,10 @@ TINY = (action(0, 0, "forward", 0, 0.0, 2.0), action(1, 1, "forward", 0, 2.0, 4.
 
 
 def sweep_report() -> SweepReport:
-    points = [SweepPoint(schedule=s, num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+    points = [SweepPoint(schedule=s, num_ranks=2, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=4)
               for s in ("gpipe", "1f1b") for m in (2, 4)]
     results = tuple(measured(p) for p in points)
-    results = tuple(r.__class__(**{**r.__dict__, "bubble_theoretical": 1 / (r.point.num_microbatches + 1)})
+    results = tuple(r.__class__(**{**r.__dict__, "bubble_theoretical": 1 / (r.point.num_micro_batches + 1)})
                     for r in results)
     ranking, pareto = rank_results(results, "throughput")
     return SweepReport(workload="synthetic", device=DeviceInfo(backend="cpu", name="Test CPU"), objective="throughput",
@@ -86,7 +86,7 @@ def test_trace_has_one_track_per_stage_and_microsecond_events(tmp_path) -> None:
 
 
 def test_trace_of_a_trial_result(tmp_path) -> None:
-    result = measured(SweepPoint(schedule="1f1b", num_ranks=2, num_microbatches=4, grad_accum_steps=1,
+    result = measured(SweepPoint(schedule="1f1b", num_ranks=2, num_micro_batches=4, grad_accum_steps=1,
                                  micro_batch_size=4))
     document = json.loads(write_trace(result, tmp_path / "t.json").read_text())
     assert document["otherData"]["label"] == result.point.label
@@ -124,7 +124,7 @@ def test_pictures_without_matplotlib_say_how_to_get_it(tmp_path, monkeypatch) ->
 
 
 def test_plan_tables_and_json() -> None:
-    results = [measured(SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=m, grad_accum_steps=1,
+    results = [measured(SweepPoint(schedule="gpipe", num_ranks=2, num_micro_batches=m, grad_accum_steps=1,
                                    micro_batch_size=4)) for m in (2, 4)]
     from mbtune.planning.accuracy import validate
     from mbtune.planning.calibrate import calibrate
@@ -155,7 +155,7 @@ def test_the_validation_shows_the_noise_floor_and_the_verdict() -> None:
     from mbtune.planning.accuracy import validate
     from mbtune.planning.calibrate import calibrate
 
-    results = [replace(measured(SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=m, grad_accum_steps=1,
+    results = [replace(measured(SweepPoint(schedule="gpipe", num_ranks=2, num_micro_batches=m, grad_accum_steps=1,
                                            micro_batch_size=4)), num_repeats=2, repeat_step_time_medians_s=(1.0, 1.1))
                for m in (2, 4)]
     validation = validate(results, lambda runs: calibrate(runs, FACTS, workload="synthetic"), method=IN_SAMPLE,
@@ -210,9 +210,9 @@ def test_the_memory_plan_prints_every_stages_peak_and_largest_micro_batch(capsys
     from mbtune.planning.memory_plan import NO_LIMIT, MemoryPlan, MemoryPlanRow
     from mbtune.report.plan import print_memory_plan
 
-    rows = (MemoryPlanRow(schedule="1f1b", num_microbatches=8, recompute="none", micro_batch_size=2, global_batch=16,
+    rows = (MemoryPlanRow(schedule="1f1b", num_micro_batches=8, recompute="none", micro_batch_size=2, global_batch=16,
                           binding_rank=0, peak_bytes=(2**30, 2**29, 2**28), limits=(2, 5, NO_LIMIT), seconds=1.5),
-            MemoryPlanRow(schedule="zbv", num_microbatches=8, recompute="none", micro_batch_size=0, global_batch=0,
+            MemoryPlanRow(schedule="zbv", num_micro_batches=8, recompute="none", micro_batch_size=0, global_batch=0,
                           binding_rank=None, skipped="zbv takes two stages per rank"))
     plan = MemoryPlan(workload="gpt", workload_options={}, device_memory_bytes=2**31, num_ranks=3,
                       data_parallel_size=1, grad_accum_steps=1, precision="fp32", optimizer="adamw", rows=rows,

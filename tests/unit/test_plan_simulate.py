@@ -17,7 +17,7 @@ F, B = 1.0, 2.0  # forward and full-backward seconds per stage; the formulas bel
 
 
 def run(schedule: str, p: int, m: int, v: int = 1, *, costs=None, overheads=None, accum: int = 1, jitter=None):
-    orders = schedule_orders(schedule, num_ranks=p, num_microbatches=m, stages_per_rank=v)
+    orders = schedule_orders(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v)
     costs = costs or uniform_costs(p * v, forward_s=F / v, backward_s=B / v)
     return simulate(orders, stage_to_rank=stage_to_rank(schedule, p, p * v), stage_costs=costs,
                     overheads=overheads, num_accum=accum, jitter=jitter)
@@ -29,7 +29,7 @@ def test_uniform_costs_reproduce_the_fill_drain_bubble_exactly(schedule: str, p:
     sim = run(schedule, p, m)
     assert sim.pipeline_s == pytest.approx((m + p - 1) * (F + B))
     assert sim.bubble == pytest.approx((p - 1) / (m + p - 1))
-    assert sim.bubble == pytest.approx(theoretical_bubble(schedule, num_ranks=p, num_microbatches=m))
+    assert sim.bubble == pytest.approx(theoretical_bubble(schedule, num_ranks=p, num_micro_batches=m))
     assert sim.busy_s == pytest.approx((m * (F + B),) * p)
 
 
@@ -41,7 +41,7 @@ def test_uniform_costs_reproduce_the_fill_drain_bubble_exactly(schedule: str, p:
 def test_interleaved_orders_give_their_unit_time_bubble(schedule: str, p: int, m: int, v: int) -> None:
     # v virtual stages per rank, each costing 1/v of a stage: the rank waits p-1 virtual slots.
     assert run(schedule, p, m, v).bubble == pytest.approx(
-        theoretical_bubble(schedule, num_ranks=p, num_microbatches=m, virtual_stages=v))
+        theoretical_bubble(schedule, num_ranks=p, num_micro_batches=m, virtual_stages=v))
     if m >= p:
         assert run(schedule, p, m, v).bubble == pytest.approx((p - 1) / (v * m + p - 1))
 
@@ -56,7 +56,7 @@ def split_costs(num_model_stages: int, v: int) -> tuple[StageCost, ...]:
 def test_zero_bubble_order_has_a_third_of_the_interleaved_bubble(p: int, m: int) -> None:
     sim = run("zero-bubble", p, m, 2, costs=split_costs(2 * p, 2))
     assert sim.bubble == pytest.approx((p - 1) / (3 * 2 * m + p - 1))
-    assert sim.bubble == pytest.approx(theoretical_bubble("zero-bubble", num_ranks=p, num_microbatches=m))
+    assert sim.bubble == pytest.approx(theoretical_bubble("zero-bubble", num_ranks=p, num_micro_batches=m))
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 3), (2, 8), (4, 7), (4, 8), (4, 16)])
@@ -68,7 +68,7 @@ def test_zbv_idles_only_while_the_first_micro_batch_travels_down_the_v(p: int, m
     slot = 0.5
     assert sim.pipeline_s == pytest.approx((6 * m + p - 1) * slot)
     assert sim.bubble == pytest.approx((p - 1) / (6 * m + p - 1))
-    assert sim.bubble == pytest.approx(theoretical_bubble("zbv", num_ranks=p, num_microbatches=m))
+    assert sim.bubble == pytest.approx(theoretical_bubble("zbv", num_ranks=p, num_micro_batches=m))
 
 
 def test_transfer_adds_one_hand_over_per_boundary_each_way() -> None:
@@ -166,7 +166,7 @@ def torch_orders(schedule: str, p: int, m: int, v: int = 1):
     pytest.importorskip("torch.distributed.pipelining")
     from mbtune.pipeline.schedules import schedule_action_orders
 
-    return schedule_action_orders(schedule, num_ranks=p, num_microbatches=m, stages_per_rank=v)
+    return schedule_action_orders(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v)
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 2), (3, 5), (4, 8)])
@@ -194,7 +194,7 @@ def test_torch_orders_run_every_action_once_on_the_rank_that_holds_the_stage(sch
     for rank, actions in enumerate(orders):
         mine = [s for s in range(p * v) if owners[s] == rank]
         assert sorted(actions) == sorted((s, k, i) for s in mine for k in kinds for i in range(m))
-    assert schedule_orders(schedule, num_ranks=p, num_microbatches=m, stages_per_rank=v)[0][0].stage == orders[0][0][0]
+    assert schedule_orders(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v)[0][0].stage == orders[0][0][0]
 
 
 def test_torch_refuses_points_that_cannot_run() -> None:

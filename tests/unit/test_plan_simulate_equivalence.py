@@ -25,7 +25,7 @@ EXISTING = [
 
 def _both(schedule: str, p: int, m: int, v: int, costs, overheads: Overheads | None, accum: int, *,
           scale: tuple[float, float, float] = (1.0, 1.0, 1.0)):
-    orders = schedule_orders(schedule, num_ranks=p, num_microbatches=m, stages_per_rank=v)
+    orders = schedule_orders(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v)
     owners = stage_to_rank(schedule, p, p * v)
     compute, transfer, gap = scale
     jitter = Jitter(Spread(compute=(compute,), transfer=(transfer,), gap=(gap,)), seed=3) if scale != (1, 1, 1) else None
@@ -77,7 +77,7 @@ def _random_case(rng: random.Random):
 
 def _runs(schedule: str, p: int, m: int, v: int) -> bool:
     try:
-        schedule_orders(schedule, num_ranks=p, num_microbatches=m, stages_per_rank=v)
+        schedule_orders(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v)
     except ValueError:
         return False
     return True

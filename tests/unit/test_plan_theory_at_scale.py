@@ -21,9 +21,9 @@ from mbtune.planning.simulate import simulate, uniform_costs
 ])
 def test_every_schedules_bubble_is_its_closed_form_at_scale(schedule: str, p: int, m: int) -> None:
     v = stages_per_rank(schedule)
-    orders = schedule_orders(schedule, num_ranks=p, num_microbatches=m, stages_per_rank=v)
+    orders = schedule_orders(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v)
     costs = uniform_costs(p * v, forward_s=1 / v, backward_s=2 / v)
     sim = simulate(orders, stage_to_rank=stage_to_rank(schedule, p, p * v), stage_costs=costs, keep_timeline=False)
-    expected = theoretical_bubble(schedule, num_ranks=p, num_microbatches=m, virtual_stages=v)
+    expected = theoretical_bubble(schedule, num_ranks=p, num_micro_batches=m, virtual_stages=v)
     assert sim.bubble == pytest.approx(expected, rel=1e-3)
     schedule_orders.cache_clear()  # the largest orders hold a few hundred MB

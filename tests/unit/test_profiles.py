@@ -89,6 +89,7 @@ def test_a_version_2_profile_is_migrated_to_ranks_stages_per_rank_and_the_probes
     for row in data["sweep"]["results"]:
         point = row["point"]
         point["num_stages"], point["virtual_stages"] = point.pop("num_ranks"), point.pop("stages_per_rank")
+        point["num_microbatches"] = point.pop("num_micro_batches")
     for name in ("precision", "optimizer", "lr"):
         del data["sweep"][name]
     (tmp_path / "v2.json").write_text(json.dumps(data))
@@ -96,3 +97,28 @@ def test_a_version_2_profile_is_migrated_to_ranks_stages_per_rank_and_the_probes
     assert loaded.schema_version == SCHEMA_VERSION
     assert [r.point for r in loaded.sweep.results] == [r.point for r in now.sweep.results]
     assert (loaded.sweep.optimizer, loaded.sweep.precision, loaded.sweep.lr) == ("sgd", "fp32", None)
+
+
+def test_a_version_3_profile_and_journal_read_the_micro_batch_count_by_its_former_name(tmp_path):
+    import json
+
+    from mbtune.pipeline.point import SweepPoint
+    from mbtune.sweeping.records import PointResult
+    from tests.unit.test_plan_api import profile as planned_profile
+
+    now = planned_profile()
+    assert now.sweep is not None and now.sweep.results
+    data = now.to_dict()
+    data["schema_version"] = 3
+    for row in data["sweep"]["results"]:
+        row["point"]["num_microbatches"] = row["point"].pop("num_micro_batches")
+    assert "num_micro_batches" not in json.dumps(data)
+    (tmp_path / "v3.json").write_text(json.dumps(data))
+    loaded = load_profile(tmp_path / "v3.json")
+    assert loaded.schema_version == SCHEMA_VERSION == 4
+    assert [r.point for r in loaded.sweep.results] == [r.point for r in now.sweep.results]
+    # A journal's line (a PointResult as an older mbtune wrote it) loads through the same record.
+    line = data["sweep"]["results"][0]
+    assert PointResult.from_dict(line).point == now.sweep.results[0].point
+    both = {**line["point"], "num_micro_batches": 99}  # where both are given, the current name wins
+    assert SweepPoint.from_dict(both).num_micro_batches == 99

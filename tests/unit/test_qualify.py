@@ -41,7 +41,7 @@ def grid(rates, *, spread=0.0, repeats=3) -> SweepReport:
     """A sweep of one point per rate (gpipe, m = 1, 2, ...), each with samples/s min-max of +-spread/2."""
     results = []
     for m, rate in enumerate(rates, start=1):
-        point = SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+        point = SweepPoint(schedule="gpipe", num_ranks=2, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=4)
         results.append(PointResult(point=point, status="ok", samples_per_s=rate, num_repeats=repeats,
                                    samples_per_s_min=rate * (1 - spread / 2), samples_per_s_max=rate * (1 + spread / 2)))
     ranking, pareto = rank_results(results, "throughput")

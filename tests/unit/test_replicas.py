@@ -43,7 +43,7 @@ def test_the_timeline_shows_each_ranks_all_reduce_after_its_pipeline():
 
 
 def test_a_spec_places_each_process_and_counts_the_world():
-    spec = PipelineSpec(workload="mlp", num_ranks=2, data_parallel_size=3, num_microbatches=2, micro_batch_size=4,
+    spec = PipelineSpec(workload="mlp", num_ranks=2, data_parallel_size=3, num_micro_batches=2, micro_batch_size=4,
                         grad_accum_steps=2)
     assert spec.world_size == 6 and [spec.place(r) for r in range(6)] == [(0, 0), (1, 0), (0, 1), (1, 1),
                                                                            (0, 2), (1, 2)]

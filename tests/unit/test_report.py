@@ -24,7 +24,7 @@ def render(renderable, width: int) -> str:
 
 def sweep_report() -> SweepReport:
     def result(schedule, m, rate, memory, status="ok"):
-        point = SweepPoint(schedule=schedule, num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+        point = SweepPoint(schedule=schedule, num_ranks=2, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=4)
         if status != "ok":
             return PointResult(point=point, status=status, error="rank 1: still running after 8 s")
         return PointResult(point=point, status="ok", samples_per_s=rate, tokens_per_s=rate * 64,
@@ -33,7 +33,7 @@ def sweep_report() -> SweepReport:
     results = (result("gpipe", 2, 100.0, 300 * 2**20), result("1f1b", 4, 150.0, 250 * 2**20),
                result("gpipe", 8, 0, 0, status="timeout"))
     ranking, pareto = rank_results(results, "throughput")
-    skipped = (SkippedPoint(point=SweepPoint(schedule="1f1b", num_ranks=2, num_microbatches=1, grad_accum_steps=1,
+    skipped = (SkippedPoint(point=SweepPoint(schedule="1f1b", num_ranks=2, num_micro_batches=1, grad_accum_steps=1,
                                              micro_batch_size=4), reason="1f1b needs at least as many micro-batches"),)
     return SweepReport(workload="gpt", device=DeviceInfo(backend="cpu", name="Test CPU"), objective="throughput",
                        results=results, skipped=skipped, ranking=ranking, pareto=pareto, ceiling=40, safe_batch=34,

@@ -14,7 +14,7 @@ from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.records import Balance, PointResult
 from mbtune.sweeping.stopping import FIXED, INTERRUPTED, KNOWN, TIME_CAP
 
-POINTS = [SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=m, grad_accum_steps=1, micro_batch_size=4)
+POINTS = [SweepPoint(schedule="gpipe", num_ranks=2, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=4)
           for m in (2, 4, 8)]
 
 

@@ -96,7 +96,7 @@ def test_the_profile_keeps_serve_beside_probe_and_sweep(tmp_path):
     save_results(tmp_path, device, "mlp", "mbtune serve", serve=report())
     loaded = load_profile(path)
     assert loaded.probe == sample_probe() and loaded.serve == report()
-    assert loaded.schema_version == SCHEMA_VERSION == 3
+    assert loaded.schema_version == SCHEMA_VERSION == 4
 
 
 def test_a_version_1_profile_is_migrated_with_no_serve_section(tmp_path):

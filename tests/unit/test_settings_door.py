@@ -101,7 +101,7 @@ def test_a_config_rebuilt_from_its_own_settings_is_the_same() -> None:
     for config in (ProbeConfig(granularity=4, memory_budget_bytes=2**30, recompute=("none", "full")),
                    SweepConfig(grad_accum_steps=(1, 4), schedules=("1f1b",), point_timeout_s=30.0),
                    ServeConfig(p99_budget_s=0.05, queue_delays_s=(0.0, 0.01)), PlanConfig(num_ranks=4),
-                   CheckConfig(num_ranks=2, num_microbatches=4)):
+                   CheckConfig(num_ranks=2, num_micro_batches=4)):
         assert build(type(config), settings_of(type(config), config)) == config
 
 

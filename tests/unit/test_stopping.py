@@ -25,7 +25,7 @@ from mbtune.sweeping.stopping import (
     t975,
 )
 
-POINT = SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=2, grad_accum_steps=1, micro_batch_size=4)
+POINT = SweepPoint(schedule="gpipe", num_ranks=2, num_micro_batches=2, grad_accum_steps=1, micro_batch_size=4)
 
 
 def test_t_quantiles_match_the_table_and_approach_the_normal():

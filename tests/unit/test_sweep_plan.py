@@ -22,12 +22,12 @@ def test_grid_keeps_runnable_points_and_explains_the_rest():
     config = SweepConfig(workload="mlp", num_ranks=4, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zbv"),
                          micro_batches=(2, 4, 9), grad_accum_steps=(1,), micro_batch_size=8)
     grid = plan_grid(config, num_blocks=16)
-    ran = {(p.schedule, p.num_microbatches) for p in grid.points}
+    ran = {(p.schedule, p.num_micro_batches) for p in grid.points}
     assert ("gpipe", 2) in ran and ("1f1b", 4) in ran and ("zbv", 2) in ran
     why = reasons(grid)
     assert "1f1b needs at least as many micro-batches as stages (4), got 2" in why["1f1b p=4 m=2 accum=1 mbs=8"]
     assert "divide" in why["interleaved-1f1b p=4 m=9 accum=1 mbs=8"]
-    assert all(p.global_batch == 8 * p.num_microbatches for p in grid.points)
+    assert all(p.global_batch == 8 * p.num_micro_batches for p in grid.points)
 
 
 def test_more_stages_than_blocks_is_skipped():
@@ -49,7 +49,7 @@ def test_global_batch_sets_micro_batch_size_or_skips():
     config = SweepConfig(workload="mlp", num_ranks=2, schedules=("gpipe",), micro_batches=(2, 3, 4),
                          grad_accum_steps=(1, 2), global_batch=16)
     grid = plan_grid(config, num_blocks=6)
-    assert {(p.num_microbatches, p.grad_accum_steps, p.micro_batch_size) for p in grid.points} == {
+    assert {(p.num_micro_batches, p.grad_accum_steps, p.micro_batch_size) for p in grid.points} == {
         (2, 1, 8), (2, 2, 4), (4, 1, 4), (4, 2, 2)}
     assert all(p.global_batch == 16 for p in grid.points)
     assert "global batch 16 does not divide into 3 micro-batches x 1 accumulation steps" in reasons(grid).values()
@@ -75,7 +75,7 @@ def test_sweep_config_validation(kwargs, message):
 
 
 def result(rate, memory, bubble=0.2, status="ok") -> PointResult:
-    point = SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=1)
+    point = SweepPoint(schedule="gpipe", num_ranks=2, num_micro_batches=4, grad_accum_steps=1, micro_batch_size=1)
     return PointResult(point=point, status=status, samples_per_s=rate if status == "ok" else None,
                        peak_memory_bytes=(memory, memory // 2), bubble_measured=bubble)
 
@@ -99,7 +99,7 @@ def test_the_timeline_kept_is_the_median_measured_step():
         return StageReport(rank=rank, num_ranks=2, device="cpu", stage_indices=(rank,), block_indices=((rank,),),
                            num_parameters=1, step_times_s=steps, pipeline_times_s=steps, actions=actions)
 
-    point = SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=1, grad_accum_steps=1, micro_batch_size=4)
+    point = SweepPoint(schedule="gpipe", num_ranks=2, num_micro_batches=1, grad_accum_steps=1, micro_batch_size=4)
     outcome = PipelineOutcome(status="ok", reports=(report(0), report(1)))
     result = summarize_point(point, outcome, tokens_per_sample=None, flops_per_sample=None, peak_flops_total=None)
     assert result.timeline_step == 2 and result.step_time_median_s == pytest.approx(0.20)
@@ -108,7 +108,7 @@ def test_the_timeline_kept_is_the_median_measured_step():
 
 
 def _measured(steps: tuple[float, ...], *, bubble: float = 0.25) -> PointResult:
-    point = SweepPoint(schedule="gpipe", num_ranks=2, num_microbatches=4, grad_accum_steps=1, micro_batch_size=2)
+    point = SweepPoint(schedule="gpipe", num_ranks=2, num_micro_batches=4, grad_accum_steps=1, micro_batch_size=2)
     median = sorted(steps)[len(steps) // 2]
     return PointResult(point=point, status="ok", step_times_s=steps, step_time_median_s=median,
                        samples_per_s=point.global_batch / median, bubble_measured=bubble, bubble_theoretical=0.2,
@@ -117,7 +117,7 @@ def _measured(steps: tuple[float, ...], *, bubble: float = 0.25) -> PointResult:
 
 def test_a_single_run_states_its_spread_over_its_measured_steps():
     steps = (0.30, 0.10, 0.20)
-    point = SweepPoint(schedule="gpipe", num_ranks=1, num_microbatches=1, grad_accum_steps=1, micro_batch_size=4)
+    point = SweepPoint(schedule="gpipe", num_ranks=1, num_micro_batches=1, grad_accum_steps=1, micro_batch_size=4)
     report = StageReport(rank=0, num_ranks=1, device="cpu", stage_indices=(0,), block_indices=((0,),),
                          num_parameters=1, step_times_s=steps, pipeline_times_s=steps,
                          actions=tuple(ActionRecord(step=s, accum=0, stage=0, kind="forward", microbatch=0,
