@@ -36,7 +36,7 @@ import simulator  # noqa: E402 - bench/simulator.py, beside this file
 from mbtune.pipeline.launch import run_pipeline_point
 from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.point_spec import PipelineSpec
-from mbtune.pipeline.theory import stages_per_rank
+from mbtune.pipeline.theory import stages_per_rank_of
 from mbtune.planning.api import block_facts, validate_results
 from mbtune.planning.calibrate import usable
 from mbtune.planning.quick import quick_search, simulator_predictor
@@ -52,7 +52,7 @@ OPTIONS = (("layers", 4), ("width", 512))
 def grid(schedules: list[str], micro_batches: list[int], sizes: list[int]) -> list[SweepPoint]:
     """Every schedule x micro-batches x micro-batch size point at two stages."""
     return [SweepPoint(schedule=s, num_ranks=2, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=b,
-                       stages_per_rank=stages_per_rank(s)) for s in schedules for m in micro_batches for b in sizes]
+                       stages_per_rank=stages_per_rank_of(s)) for s in schedules for m in micro_batches for b in sizes]
 
 
 def run(point: SweepPoint, steps: int) -> PointResult:

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from mbtune.pipeline.theory import stage_to_rank, stages_per_rank, theoretical_bubble
+from mbtune.pipeline.theory import stage_to_rank, stages_per_rank_of, theoretical_bubble
 from mbtune.planning.orders import schedule_orders
 from mbtune.planning.records import Spread
 from mbtune.planning.simulate import Jitter, Overheads, simulate_draws, step_graph, uniform_costs
@@ -38,7 +38,7 @@ THEORY = [
 
 
 def _point(schedule: str, p: int, m: int):
-    v = stages_per_rank(schedule, 2)
+    v = stages_per_rank_of(schedule, 2)
     orders = schedule_orders(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v)
     costs = uniform_costs(p * v, forward_s=1 / v, backward_s=2 / v)  # split parts F = B_input = B_weight
     return orders, stage_to_rank(schedule, p, p * v), costs, v
@@ -108,7 +108,7 @@ def theory() -> None:
         started = time.perf_counter()
         orders, owners, costs, v = _point(schedule, p, m)
         simulated = simulate_draws(orders, stage_to_rank=owners, stage_costs=costs)[0].bubble
-        expected = theoretical_bubble(schedule, num_ranks=p, num_micro_batches=m, virtual_stages=v)
+        expected = theoretical_bubble(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v)
         error = abs(simulated - expected) / expected
         worst = max(worst, error)
         print(f"{schedule:18s} {p:4d} {m:5d} {sum(map(len, orders)):9d} {simulated:10.6f} {expected:11.6f} "

@@ -63,6 +63,8 @@ SHORT_FLAGS = {"grad_accum_steps": "accum", "measured_steps": "steps", "warmup_s
 _UNITS = ("_bytes_per_s", "_bytes", "_s")
 # The workload's options are one table (a dict in Python, [options] in a file), not the repeatable -O flag.
 _TABLES = {"workload_options": "options"}
+# Settings renamed, by their former name: still taken, with a note, for a release.
+FORMER_NAMES = {"virtual_stages": "stages_per_rank"}
 # Config fields that no setting names: mbtune fills them in itself.
 NOT_SETTINGS = frozenset({"command_line", "extra_warnings", "points"})
 
@@ -151,13 +153,8 @@ def setting_names(kind: type) -> dict[str, str]:
     return {**{flag_for(f)[2:].replace("-", "_"): f for f in fields}, **{param_for(f): f for f in fields}}
 
 
-def spelled_as_flag(field_name: str) -> str:
-    """How the command line names a setting: its flag (`--memory-budget`)."""
-    return flag_for(field_name)
-
-
 def build(kind: type[C], given: Mapping[str, Any], *, spelled: Callable[[str], str] = param_for, what: str = "",
-          **filled: Any) -> C:
+          said: Callable[[str], None] | None = None, **filled: Any) -> C:
     """The one door to a config, for the command line, the Python API, settings files and re-runs alike.
 
     `given`: settings by name (the flag's, with underscores or dashes); None is a setting not given (the
@@ -165,8 +162,11 @@ def build(kind: type[C], given: Mapping[str, Any], *, spelled: Callable[[str], s
     ("50ms") for an `_s` one, a rate ("50GB/s") for a `_bytes_per_s` one, a comma list ("2,4") or a list for
     a tuple, KEY=VALUE items or a mapping for the workload's options. The config then checks its own
     bounds. `spelled` names a field in the caller's words (the flag on the command line, the setting's name
-    elsewhere): every error names the setting so. `filled`: fields mbtune fills in itself (command_line)."""
+    elsewhere): every error names the setting so. A setting given by its former name (FORMER_NAMES) is
+    taken, and `said` (default: a FutureWarning) tells the caller its new name. `filled`: fields mbtune fills
+    in itself (command_line)."""
     names = setting_names(kind)
+    given = _current_names(given, spelled, said)
     hints = typing.get_type_hints(kind)
     fields: dict[str, Any] = {}
     for key, value in given.items():
@@ -182,6 +182,28 @@ def build(kind: type[C], given: Mapping[str, Any], *, spelled: Callable[[str], s
         return kind(**fields, **filled)
     except ConfigError as exc:
         raise _in_words(exc, spelled) if exc.field in names.values() else exc from None
+
+
+def _current_names(given: Mapping[str, Any], spelled: Callable[[str], str],
+                   said: Callable[[str], None] | None) -> dict[str, Any]:
+    """The settings with each former name (FORMER_NAMES) given replaced by its current one."""
+    current = dict(given)
+    for key, value in given.items():
+        name = FORMER_NAMES.get(key.replace("-", "_"))
+        if name is None:
+            continue
+        del current[key]
+        if value is None:
+            continue
+        current[name] = value
+        line = f"{spelled(key.replace('-', '_'))} is now {spelled(name)}; the former name goes in a later release"
+        if said is not None:
+            said(line)
+        else:
+            import warnings
+
+            warnings.warn(line, FutureWarning, stacklevel=4)
+    return current
 
 
 def _coerced(name: str, hint: Any, value: Any, label: str) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint, micro_batch_size_for
-from mbtune.pipeline.theory import DEFAULT_VIRTUAL_STAGES
+from mbtune.pipeline.theory import DEFAULT_STAGES_PER_RANK
 from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
@@ -43,7 +43,7 @@ class CheckConfig:
     recompute: str = "none"  # the pipeline's; the plain model it is held to never recomputes
     micro_batch_size: int | None = None  # None: from global_batch, else 2
     global_batch: int | None = None
-    virtual_stages: int = DEFAULT_VIRTUAL_STAGES
+    stages_per_rank: int = DEFAULT_STAGES_PER_RANK
     precision: str = "fp32"
     optimizer: str = "adamw"
     lr: float | None = None
@@ -66,7 +66,7 @@ class CheckConfig:
         for name in ("micro_batch_size", "global_batch"):
             _require(getattr(self, name) is None or getattr(self, name) >= 1, name, getattr(self, name),
                      "an integer >= 1")
-        _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
+        _require(self.stages_per_rank >= 2, "stages_per_rank", self.stages_per_rank, "an integer >= 2")
         _require(self.precision in ("fp32", "bf16"), "precision", self.precision, "fp32 | bf16")
         _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
         check_lr(self.lr)
@@ -75,7 +75,7 @@ class CheckConfig:
         bound_load_timeout(self, self.timeout_s)
         check_at_most(self, MAX_SAMPLES, "micro_batch_size", "global_batch")
         check_at_most(self, MAX_COUNT, "num_micro_batches", "grad_accum_steps")
-        check_at_most(self, MAX_PROCESSES, "num_ranks", "data_parallel_size", "virtual_stages")
+        check_at_most(self, MAX_PROCESSES, "num_ranks", "data_parallel_size", "stages_per_rank")
         check_seed(self.seed)
         if self.global_batch is not None:
             _, reason = micro_batch_size_for(self.global_batch, num_micro_batches=self.num_micro_batches,
@@ -93,12 +93,12 @@ class CheckConfig:
         from mbtune.settings import build, settings_of
 
         return build(cls, {**settings_of(cls, point),
-                           "virtual_stages": max(DEFAULT_VIRTUAL_STAGES, point.stages_per_rank), **settings})
+                           "stages_per_rank": max(DEFAULT_STAGES_PER_RANK, point.stages_per_rank), **settings})
 
     @property
     def point(self) -> SweepPoint:
         """The configuration as a sweep point."""
-        from mbtune.pipeline.theory import stages_per_rank
+        from mbtune.pipeline.theory import stages_per_rank_of
 
         size = self.micro_batch_size or 2
         if self.global_batch is not None:
@@ -107,5 +107,5 @@ class CheckConfig:
                                            data_parallel_size=self.data_parallel_size)
         return SweepPoint(schedule=self.schedule, num_ranks=self.num_ranks, num_micro_batches=self.num_micro_batches,
                           grad_accum_steps=self.grad_accum_steps, micro_batch_size=size,
-                          stages_per_rank=stages_per_rank(self.schedule, self.virtual_stages),
+                          stages_per_rank=stages_per_rank_of(self.schedule, self.stages_per_rank),
                           data_parallel_size=self.data_parallel_size, recompute=self.recompute)

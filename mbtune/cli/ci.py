@@ -13,6 +13,7 @@ from mbtune.cli.options import (
     C,
     Device,
     Format,
+    FormerVirtualStages,
     JoinTimeout,
     Launcher,
     LoadTimeout,
@@ -27,7 +28,7 @@ from mbtune.cli.options import (
     Save,
     Seed,
     Stages,
-    VirtualStages,
+    StagesPerRank,
     Workload,
     WorkloadOption,
 )
@@ -40,6 +41,7 @@ from mbtune.cli.support import (
     check_outputs,
     check_resume,
     interrupted_exit_code,
+    note_on_stderr,
     printing_to,
     say_on_stderr,
     settings_in,
@@ -139,7 +141,7 @@ def compare(
 
 # The options that say which pipeline to check: with none of them, check validates the workload alone.
 PIPELINE_OPTIONS = ("stages", "schedule", "micro_batches", "accum", "data_parallel", "recompute", "micro_batch_size",
-                    "global_batch", "virtual_stages", "precision", "optimizer", "lr", "from_profile", "rank", "from_old")
+                    "global_batch", "stages_per_rank", "virtual_stages", "precision", "optimizer", "lr", "from_profile", "rank", "from_old")
 
 
 def check(
@@ -155,7 +157,8 @@ def check(
     recompute: Annotated[str, typer.Option("--recompute", help="none or full: activation recompute in the pipeline (the plain model never recomputes).")] = C.recompute,
     micro_batch_size: Annotated[int | None, typer.Option("--micro-batch-size", help="Samples per micro-batch (default 2, or from --global-batch).")] = C.micro_batch_size,
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="Samples per optimizer step; the micro-batch size follows.")] = C.global_batch,
-    virtual_stages: VirtualStages = C.virtual_stages,
+    stages_per_rank: StagesPerRank = C.stages_per_rank,
+    virtual_stages: FormerVirtualStages = None,
     precision: Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast), in the pipeline and the plain model.")] = C.precision,
     optimizer: Optimizer = C.optimizer,
     lr: Lr = C.lr,
@@ -185,8 +188,7 @@ def check(
         print_validation(make_console(), validated, fmt)
         raise typer.Exit(0 if validated.status == "PASS" else EXIT_CHECK_FAILED)
     if from_old is not None:
-        make_console(stderr=True).print("note: --from is now --from-profile (as in sweep); --from will go in a "
-                                        "later release")
+        note_on_stderr("--from is now --from-profile (as in sweep); the former name goes in a later release")
         from_profile = from_profile or from_old
     check_inputs({"--from-profile": (from_profile, PROFILE_HINT)})
     if from_profile is not None:

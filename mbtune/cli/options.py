@@ -167,7 +167,11 @@ SweepSteps = Annotated[int, typer.Option("--steps", help="Measured optimizer ste
 Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up optimizer steps per point (not timed).")]
 
 
-VirtualStages = Annotated[int, typer.Option("--virtual-stages", help="Stages per rank for interleaved/looped schedules.")]
+StagesPerRank = Annotated[int, typer.Option("--stages-per-rank", help="Stages each rank holds in the looped schedules (interleaved-1f1b, looped-bfs, zero-bubble); gpipe and 1f1b hold 1, zbv 2.")]
+
+
+# A setting's former flag, kept working (with a note) for a release.
+FormerVirtualStages = Annotated[int | None, typer.Option("--virtual-stages", hidden=True, help="The former name of --stages-per-rank.")]
 
 
 PointTimeout = Annotated[float, typer.Option("--point-timeout", help="Seconds before a point's processes are killed.")]
@@ -226,7 +230,8 @@ MEASURE_OPTIONS = (option("objective", Objective, S.objective), option("strategy
                    option("steps", SweepSteps, S.measured_steps), option("warmup", Warmup, S.warmup_steps),
                    option("repeats", Repeats), option("target_ci", TargetCi, S.target_ci),
                    option("max_time_per_point", MaxTimePerPoint, S.max_time_per_point_s),
-                   option("pin_cpus", PinCpus, S.pin_cpus), option("virtual_stages", VirtualStages, S.virtual_stages),
+                   option("pin_cpus", PinCpus, S.pin_cpus), option("stages_per_rank", StagesPerRank, S.stages_per_rank),
+                   option("virtual_stages", FormerVirtualStages),
                    option("reference_batch", ReferenceBatch, S.reference_batch),
                    option("point_timeout", PointTimeout, S.point_timeout_s))
 TRAINING_OPTIONS = (option("precision", Precision, P.precision), option("optimizer", Optimizer, P.optimizer),

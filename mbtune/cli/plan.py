@@ -11,17 +11,18 @@ from mbtune.cli.options import (
     PLAN_MICRO_BATCHES,
     RECOMPUTE,
     Format,
+    FormerVirtualStages,
     MicroBatchSize,
     Optimizer,
     Output,
     PlanGlobalBatch,
     Plot,
     Schedules,
-    VirtualStages,
+    StagesPerRank,
     WorkloadOption,
 )
 from mbtune.cli.support import check_format, check_output, check_outputs, printing_to, settings_in
-from mbtune.pipeline.theory import DEFAULT_VIRTUAL_STAGES
+from mbtune.pipeline.theory import DEFAULT_STAGES_PER_RANK
 from mbtune.planning.defaults import DEFAULT_PLAN_RANKS, DEFAULT_PLAN_SCATTER, DEFAULT_PLAN_VALIDATION
 
 
@@ -44,7 +45,8 @@ def plan(
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = 1,
     recompute: Annotated[str | None, typer.Option("--recompute", help="Comma list of none, full: plan each point with and without activation recompute (memory: each block's input held; compute: the forward again in each backward). Default: none; both with --gpus.")] = None,
     blocks: Annotated[int | None, typer.Option("--blocks", help="Plan a model of this many of the workload's blocks (default: the profiled model's count).")] = None,
-    virtual_stages: VirtualStages = DEFAULT_VIRTUAL_STAGES,
+    stages_per_rank: StagesPerRank = DEFAULT_STAGES_PER_RANK,
+    virtual_stages: FormerVirtualStages = None,
     link_bandwidth: Annotated[str | None, typer.Option("--link-bandwidth", help="Stage-to-stage bandwidth, e.g. 50GB/s or 400Gbit/s (default: as measured here).")] = None,
     link_latency: Annotated[str | None, typer.Option("--link-latency", help="Stage-to-stage latency, e.g. 5us (default: as measured here).")] = None,
     ranks_per_node: Annotated[int | None, typer.Option("--ranks-per-node", help="Pipeline ranks per node: hand-overs between nodes cost what torchrun sweeps measured across nodes (or --link-*), those within a node what was measured within one.")] = None,

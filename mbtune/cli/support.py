@@ -39,9 +39,9 @@ def settings_in(given: Mapping[str, Any], door: Callable[..., T], *, leave: Coll
 
     settings = {name: value for name, value in given.items() if name not in RUN_OPTIONS and name not in leave}
     if not isinstance(door, type):
-        return door(settings, spelled=flag_for, command_line=command_line())
+        return door(settings, spelled=flag_for, said=note_on_stderr, command_line=command_line())
     filled = {"command_line": command_line()} if "command_line" in {f.name for f in dataclasses.fields(door)} else {}
-    return build(door, settings, spelled=flag_for, **filled)
+    return build(door, settings, spelled=flag_for, said=note_on_stderr, **filled)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +69,10 @@ def say_on_stderr(line: str) -> None:
     from mbtune.report import make_console
 
     make_console(stderr=True).print(line)
+
+
+def note_on_stderr(line: str) -> None:
+    say_on_stderr(f"note: {line}")
 
 
 def finish_serve(fmt: str, outcome: RunOutcome, *, plot: Path | None, output: Path | None,

@@ -8,7 +8,7 @@ from typing import Any
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
-from mbtune.pipeline.theory import check_point, stages_per_rank
+from mbtune.pipeline.theory import check_point, stages_per_rank_of
 from mbtune.records import RECOMPUTE_MODES
 from mbtune.settings import OPTIMIZERS
 from mbtune.validation import require as _require
@@ -31,7 +31,9 @@ class PipelineSpec:
     schedule: str = "1f1b"
     num_ranks: int = 2  # pipeline ranks of one replica
     data_parallel_size: int = 1  # replicas of the pipeline; world = num_ranks x data_parallel_size processes
-    virtual_stages: int | None = None  # stages per rank for the looped schedules (default 2)
+    # Stages each rank holds: None, the schedule's own (1 for gpipe and 1f1b, 2 for zbv, DEFAULT_STAGES_PER_RANK
+    # for the looped schedules); what a looped schedule is given. Resolved to a count when the spec is made.
+    stages_per_rank: int | None = None
     num_micro_batches: int = 4
     micro_batch_size: int = 1
     grad_accum_steps: int = 1
@@ -76,9 +78,10 @@ class PipelineSpec:
         _require(math.isfinite(self.lr) and self.lr >= 0, "lr",
                  self.lr, "a finite number >= 0")
         try:
-            per_rank = stages_per_rank(self.schedule, self.virtual_stages)
+            per_rank = stages_per_rank_of(self.schedule, self.stages_per_rank)
         except ValueError as exc:
             raise ConfigError(str(exc), hint="Fix --schedule.") from None
+        object.__setattr__(self, "stages_per_rank", per_rank)
         reason = check_point(self.schedule, per_rank * self.num_ranks, self.num_ranks, self.num_micro_batches)
         if reason:
             raise ConfigError(f"this pipeline point cannot run: {reason}",
@@ -92,19 +95,16 @@ class PipelineSpec:
         conversion of a point into a spec."""
         return cls(workload=workload, workload_options=workload_options, schedule=point.schedule,
                    num_ranks=point.num_ranks, data_parallel_size=point.data_parallel_size, recompute=point.recompute,
-                   virtual_stages=point.stages_per_rank if point.stages_per_rank > 1 else None,
+                   stages_per_rank=point.stages_per_rank,
                    num_micro_batches=point.num_micro_batches, micro_batch_size=point.micro_batch_size,
                    grad_accum_steps=point.grad_accum_steps, device="cuda" if device.startswith("cuda") else "cpu",
                    **run)
 
     @property
-    def stages_per_rank(self) -> int:
-        return stages_per_rank(self.schedule, self.virtual_stages)
-
-    @property
     def num_model_stages(self) -> int:
         """Every stage the model is split into: ranks x stages per rank (virtual stages included). Not a
         SweepPoint's num_ranks, which counts ranks (that is `num_ranks` here)."""
+        assert self.stages_per_rank is not None, "resolved when the spec is made"
         return self.stages_per_rank * self.num_ranks
 
     @property

@@ -137,7 +137,7 @@ def _real(spec: PipelineSpec, rank: int) -> dict[int, frozenset[int]] | None:
         return None
     try:
         orders = schedule_action_orders(spec.schedule, num_ranks=spec.num_ranks,
-                                        num_micro_batches=spec.num_micro_batches, stages_per_rank=spec.stages_per_rank)
+                                        num_micro_batches=spec.num_micro_batches, stages_per_rank=spec.num_model_stages // spec.num_ranks)
     except ValueError:
         return None
     return real_microbatches(orders[rank])

@@ -14,7 +14,7 @@ SINGLE = "single"  # one stage per rank: stage i on rank i
 LOOP = "loop"  # v stages per rank, stage i on rank i % num_ranks
 V_SHAPE = "v"  # two stages per rank, rank r holds stages r and 2p-1-r
 
-DEFAULT_VIRTUAL_STAGES = 2
+DEFAULT_STAGES_PER_RANK = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,15 +61,15 @@ def schedule_info(schedule: str) -> ScheduleInfo:
         raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULE_NAMES)}") from None
 
 
-def stages_per_rank(schedule: str, virtual_stages: int | None = None) -> int:
-    """Stages each rank holds: 1 for gpipe/1f1b, exactly 2 for zbv, `virtual_stages` (default 2) for the
-    looped schedules (interleaved-1f1b, looped-bfs, zero-bubble)."""
+def stages_per_rank_of(schedule: str, asked: int | None = None) -> int:
+    """Stages each rank holds: 1 for gpipe/1f1b, exactly 2 for zbv, the stages per rank `asked` (default 2)
+    for the looped schedules (interleaved-1f1b, looped-bfs, zero-bubble)."""
     layout = schedule_info(schedule).layout
     if layout == SINGLE:
         return 1
     if layout == V_SHAPE:
         return 2
-    return DEFAULT_VIRTUAL_STAGES if virtual_stages is None else virtual_stages
+    return DEFAULT_STAGES_PER_RANK if asked is None else asked
 
 
 def check_point(
@@ -147,7 +147,7 @@ def stages_of_rank(schedule: str, num_ranks: int, num_model_stages: int, rank: i
 
 
 def theoretical_bubble(
-    schedule: str, *, num_ranks: int, num_micro_batches: int, virtual_stages: int | None = None
+    schedule: str, *, num_ranks: int, num_micro_batches: int, stages_per_rank: int | None = None
 ) -> float:
     """Idle fraction of rank-time inside one pipeline step, from the textbook models.
 
@@ -171,7 +171,7 @@ def theoretical_bubble(
     p, m = num_ranks, num_micro_batches
     if p < 1 or m < 1:
         raise ValueError(f"ranks and micro-batches must be at least 1, got {p} and {m}")
-    v = stages_per_rank(schedule, virtual_stages)
+    v = stages_per_rank_of(schedule, stages_per_rank)
     if schedule in ("gpipe", "1f1b"):
         return (p - 1) / (m + p - 1)
     if schedule in ("interleaved-1f1b", "looped-bfs"):

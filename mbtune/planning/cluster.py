@@ -39,7 +39,7 @@ class ClusterGrid:
     global_batch: int
     schedules: tuple[str, ...]
     recompute: tuple[str, ...] = ("none", "full")
-    virtual_stages: tuple[int, ...] = (2, 4)  # stages per rank tried for the looped schedules
+    stages_per_rank: tuple[int, ...] = (2, 4)  # stages per rank tried for the looped schedules
     finalists: int = FINALISTS
 
 
@@ -68,7 +68,7 @@ def _splits(grid: ClusterGrid, num_blocks: int) -> Iterator[tuple[SweepPoint, bo
             continue
         for b, m, a in _factorizations(grid.global_batch // d):
             for schedule in grid.schedules:
-                for v in _stages_per_rank(schedule, grid.virtual_stages):
+                for v in _stages_per_rank(schedule, grid.stages_per_rank):
                     runs = p * v <= num_blocks and not check_point(schedule, p * v, p, m)
                     yield SweepPoint(schedule=schedule, num_ranks=p, num_micro_batches=m, grad_accum_steps=a,
                                      micro_batch_size=b, stages_per_rank=v, data_parallel_size=d), runs
@@ -155,7 +155,7 @@ def estimate(table: CostTable, point: SweepPoint, link: Link | None) -> Estimate
         busy[owners[stage]] += forward + backward + loss
         params[owners[stage]] += table.stage_parameters(first, end)
     bubble = theoretical_bubble(point.schedule, num_ranks=point.num_ranks, num_micro_batches=point.num_micro_batches,
-                                virtual_stages=point.stages_per_rank)
+                                stages_per_rank=point.stages_per_rank)
     pipeline = point.num_micro_batches * max(busy) / max(1e-9, 1 - bubble)
     update = model.update_fixed_s + model.update_per_parameter_s * max(params)
     reduce = allreduce_s(max(params), point.data_parallel_size, link, model, num_ranks=point.num_ranks)

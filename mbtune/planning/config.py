@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.theory import (
-    DEFAULT_VIRTUAL_STAGES,
+    DEFAULT_STAGES_PER_RANK,
     SCHEDULE_NAMES,
-    stages_per_rank,
+    stages_per_rank_of,
 )
 from mbtune.planning.accuracy import LEAVE_ONE_OUT, METHODS
 from mbtune.planning.cluster import ClusterGrid, count_points
@@ -99,7 +99,7 @@ class PlanConfig:
     global_batch: int | None = None
     grad_accum_steps: int = 1
     num_blocks: int | None = None  # a what-if model of this many blocks; None: the workload's own
-    virtual_stages: int = DEFAULT_VIRTUAL_STAGES  # stages per rank of the looped schedules
+    stages_per_rank: int = DEFAULT_STAGES_PER_RANK  # stages per rank of the looped schedules
     link_bandwidth_bytes_per_s: float | None = None  # None: hand-overs cost what they cost when profiled
     link_latency_s: float | None = None
     ranks_per_node: int | None = None  # None: every hand-over as within a node (or over the given link)
@@ -141,7 +141,7 @@ class PlanConfig:
         require(bool(self.recompute) and not unknown, "recompute", ",".join(unknown) or self.recompute,
                 " | ".join(RECOMPUTE_MODES))
         require_unique(self.recompute, "recompute")
-        require(2 <= self.virtual_stages <= MAX_MODEL_STAGES, "virtual_stages", self.virtual_stages,
+        require(2 <= self.stages_per_rank <= MAX_MODEL_STAGES, "stages_per_rank", self.stages_per_rank,
                 f"an integer from 2 to {MAX_MODEL_STAGES}")
         require(self.num_blocks is None or 3 <= self.num_blocks <= MAX_BLOCKS, "num_blocks", self.num_blocks,
                 f"an integer from 3 to {MAX_BLOCKS} (a deeper model repeats its interior blocks)")
@@ -166,7 +166,7 @@ class PlanConfig:
 
     def _check_size(self) -> None:
         for schedule in self.schedules:
-            per_rank = stages_per_rank(schedule, self.virtual_stages)
+            per_rank = stages_per_rank_of(schedule, self.stages_per_rank)
             require(self.num_ranks * per_rank <= MAX_MODEL_STAGES, "num_ranks", self.num_ranks,
                     f"at most {MAX_MODEL_STAGES // per_rank} with {schedule} at {per_rank} stages per rank "
                     f"({MAX_MODEL_STAGES} stages in all at most)")
@@ -212,7 +212,7 @@ class PlanConfig:
         """What a cluster plan enumerates (see planning/cluster.py)."""
         assert self.num_gpus is not None and self.global_batch is not None
         return ClusterGrid(num_gpus=self.num_gpus, global_batch=self.global_batch, schedules=self.schedules,
-                           recompute=self.recompute, virtual_stages=(self.virtual_stages, 2 * self.virtual_stages))
+                           recompute=self.recompute, stages_per_rank=(self.stages_per_rank, 2 * self.stages_per_rank))
 
     def grid(self) -> PlanGrid:
         """The configurations to predict (micro-batch size still None where neither it nor the global batch
@@ -220,7 +220,7 @@ class PlanConfig:
         return PlanGrid(num_ranks=self.num_ranks, micro_batches=self.micro_batches, schedules=self.schedules,
                         data_parallel_size=self.data_parallel_size, micro_batch_size=self.micro_batch_size,
                         global_batch=self.global_batch, grad_accum_steps=self.grad_accum_steps,
-                        virtual_stages=self.virtual_stages, num_blocks=self.num_blocks, recompute=self.recompute)
+                        stages_per_rank=self.stages_per_rank, num_blocks=self.num_blocks, recompute=self.recompute)
 
     def link(self) -> Link:
         """The interconnect to plan with (None parts: as measured)."""

@@ -25,7 +25,7 @@ import numpy as np
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.point_spec import PipelineSpec
-from mbtune.pipeline.theory import check_point, stages_per_rank
+from mbtune.pipeline.theory import check_point, stages_per_rank_of
 from mbtune.recordio import Record
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class MemoryPlanConfig:
     recompute: tuple[str, ...] = ("none",)
     data_parallel_size: int = 1
     grad_accum_steps: int = 1
-    virtual_stages: int | None = None
+    stages_per_rank: int | None = None
     precision: str = "fp32"
     optimizer: str = "adamw"
     timeout_s: float = 3600.0
@@ -72,7 +72,7 @@ class MemoryPlanConfig:
         for schedule in self.schedules:
             for m in self.micro_batches:
                 for recompute in self.recompute:
-                    per_rank = stages_per_rank(schedule, self.virtual_stages)
+                    per_rank = stages_per_rank_of(schedule, self.stages_per_rank)
                     why = check_point(schedule, self.num_ranks * per_rank, self.num_ranks, m)
                     point = SweepPoint(schedule=schedule, num_ranks=self.num_ranks, num_micro_batches=m,
                                        grad_accum_steps=self.grad_accum_steps, micro_batch_size=1,

@@ -26,11 +26,11 @@ from dataclasses import dataclass, replace
 from mbtune.actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COMPUTE_KINDS, FORWARD
 from mbtune.pipeline.point import SweepPoint, micro_batch_size_for
 from mbtune.pipeline.theory import (
-    DEFAULT_VIRTUAL_STAGES,
+    DEFAULT_STAGES_PER_RANK,
     check_point,
     schedule_info,
     stage_to_rank,
-    stages_per_rank,
+    stages_per_rank_of,
     theoretical_bubble,
 )
 from mbtune.planning.calibrate import point_orders
@@ -71,7 +71,7 @@ class PlanGrid:
     micro_batch_size: int | None = None  # or derived from global_batch
     global_batch: int | None = None
     grad_accum_steps: int = 1
-    virtual_stages: int = DEFAULT_VIRTUAL_STAGES
+    stages_per_rank: int = DEFAULT_STAGES_PER_RANK
     num_blocks: int | None = None  # what-if deeper model for every point; None: the workload's own
     deepen_as_needed: bool = True  # without num_blocks, a point with too few blocks gets one block per stage
     recompute: tuple[str, ...] = ("none",)  # activation recompute modes, every point in each
@@ -224,7 +224,7 @@ def predict(model: CostModel, point: SweepPoint, *, link: Link | None = None, me
         tokens_per_s=rate * tokens_per_sample if tokens_per_sample else None, bubble=sim.bubble,
         bubble_theoretical=theoretical_bubble(point.schedule, num_ranks=point.num_ranks,
                                               num_micro_batches=point.num_micro_batches,
-                                              virtual_stages=point.stages_per_rank),
+                                              stages_per_rank=point.stages_per_rank),
         peak_in_flight=sim.peak_in_flight, stage_memory_bytes=per_stage, memory_bytes=tuple(memory),
         memory_limit_bytes=memory_limit_bytes,
         fits=None if memory_limit_bytes is None else max(memory) <= memory_limit_bytes, timeline=sim.timeline,
@@ -248,7 +248,7 @@ def grid_points(grid: PlanGrid, num_blocks: int | None) -> tuple[list[SweepPoint
     """The grid's points, and those that cannot run with why (schedule constraints, blocks, batch split)."""
     points, skipped = [], []
     for schedule in grid.schedules:
-        v = stages_per_rank(schedule, grid.virtual_stages)
+        v = stages_per_rank_of(schedule, grid.stages_per_rank)
         for m in grid.micro_batches:
             size, bad_split = _micro_batch_size(grid, m)
             for recompute in grid.recompute:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
-from mbtune.pipeline.theory import DEFAULT_VIRTUAL_STAGES
+from mbtune.pipeline.theory import DEFAULT_STAGES_PER_RANK
 from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
@@ -62,7 +62,7 @@ class SweepConfig:
     recompute_safe_batch: int | None = None  # the probe's with full recompute (bounds those points instead)
     ceiling: int | None = None
     ceiling_peak_memory_bytes: int | None = None
-    virtual_stages: int = DEFAULT_VIRTUAL_STAGES
+    stages_per_rank: int = DEFAULT_STAGES_PER_RANK
     warmup_steps: int = 1
     measured_steps: int = 3
     # Each point run this many times in fresh processes (None: until known; the default is MBTUNE_REPEATS's).
@@ -123,7 +123,7 @@ class SweepConfig:
             _require(value is None or (bool(value) and min(value) >= 1), name, value, "integers >= 1")
         _require(bool(self.data_parallel_size) and min(self.data_parallel_size) >= 1, "data_parallel_size", self.data_parallel_size,
                  "integers >= 1")
-        _require(self.virtual_stages >= 2, "virtual_stages", self.virtual_stages, "an integer >= 2")
+        _require(self.stages_per_rank >= 2, "stages_per_rank", self.stages_per_rank, "an integer >= 2")
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(self.measured_steps >= 1, "measured_steps", self.measured_steps, "an integer >= 1")
         _require(self.repeats is None or self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
@@ -136,7 +136,7 @@ class SweepConfig:
         check_at_most(self, MAX_SAMPLES, "micro_batch_size", "global_batch", "safe_batch", "recompute_safe_batch",
                       "ceiling", "reference_batch")
         check_at_most(self, MAX_COUNT, "micro_batches", "grad_accum_steps", "warmup_steps", "measured_steps", "repeats")
-        check_at_most(self, MAX_PROCESSES, "num_ranks", "data_parallel_size", "virtual_stages", "threads")
+        check_at_most(self, MAX_PROCESSES, "num_ranks", "data_parallel_size", "stages_per_rank", "threads")
         check_seed(self.seed)
         check_timeout(self.point_timeout_s, "point_timeout_s")
         check_timeout(self.load_timeout_s, "load_timeout_s")

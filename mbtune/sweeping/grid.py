@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from mbtune.pipeline.point import SweepPoint, micro_batch_size_for
-from mbtune.pipeline.theory import check_point, stages_per_rank
+from mbtune.pipeline.theory import check_point, stages_per_rank_of
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.records import SkippedPoint
 
@@ -62,7 +62,7 @@ def _candidates(config: SweepConfig, p: int) -> list[tuple[SweepPoint, str | Non
     candidates = []
     for global_batch in config.global_batches or (None,):
         for schedule in config.schedules:
-            v = stages_per_rank(schedule, config.virtual_stages)
+            v = stages_per_rank_of(schedule, config.stages_per_rank)
             for m in config.micro_batch_counts:
                 for accum in config.grad_accum_steps:
                     for dp in config.data_parallel_size:

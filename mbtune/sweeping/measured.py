@@ -26,7 +26,7 @@ def summarize_point(point: SweepPoint, outcome: PipelineOutcome, *, tokens_per_s
                     flops_per_sample: float | None, peak_flops_total: float | None) -> PointResult:
     """Turn a pipeline outcome (pipeline.PipelineOutcome) into the sweep's PointResult."""
     theory = theoretical_bubble(point.schedule, num_ranks=point.num_ranks, num_micro_batches=point.num_micro_batches,
-                                virtual_stages=point.stages_per_rank)
+                                stages_per_rank=point.stages_per_rank)
     if outcome.status != OK:
         return PointResult(point=point, status=outcome.status, error=outcome.error, bubble_theoretical=theory,
                            wall_s=outcome.wall_s, failed_rank=outcome.failed_rank,

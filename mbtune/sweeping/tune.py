@@ -13,7 +13,7 @@ from mbtune.probing.records import ProbeResult
 from mbtune.probing.run import probe_workload
 from mbtune.progress import TrialProgress
 from mbtune.records import ERROR, OK
-from mbtune.settings import build, param_for, setting_names
+from mbtune.settings import FORMER_NAMES, build, param_for, setting_names
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.limits import sweep_limits
 from mbtune.sweeping.records import SweepReport
@@ -77,11 +77,11 @@ PROBE_STEPS = "probe_steps"
 
 
 def tune_configs(given: Mapping[str, Any], *, spelled: Callable[[str], str] = param_for,
-                 command_line: str = "") -> tuple[ProbeConfig, SweepConfig]:
+                 said: Callable[[str], None] | None = None, command_line: str = "") -> tuple[ProbeConfig, SweepConfig]:
     """tune's two configs from one mapping of settings (see settings.build): each setting goes to the
     config that has it, a setting both have to both."""
     probe_names, sweep_names = setting_names(ProbeConfig), setting_names(SweepConfig)
-    keys = {key: key.replace("-", "_") for key in given}
+    keys = {key: FORMER_NAMES.get(key.replace("-", "_"), key.replace("-", "_")) for key in given}
     unknown = [key for key, name in keys.items() if name not in probe_names | sweep_names and name != PROBE_STEPS]
     if unknown:
         known = sorted({*probe_names, *sweep_names, PROBE_STEPS})
@@ -90,9 +90,9 @@ def tune_configs(given: Mapping[str, Any], *, spelled: Callable[[str], str] = pa
     probe = {name: given[key] for key, name in keys.items() if name in probe_names and name != "steps"}
     if PROBE_STEPS in keys.values():
         probe["steps"] = next(given[key] for key, name in keys.items() if name == PROBE_STEPS)
-    sweep = {name: given[key] for key, name in keys.items() if name in sweep_names}
+    sweep = {key: given[key] for key, name in keys.items() if name in sweep_names}  # former names noted there
     return (build(ProbeConfig, probe, spelled=lambda f: _probe_spelled(f, spelled), what="tune", command_line=command_line),
-            build(SweepConfig, sweep, spelled=spelled, what="tune", command_line=command_line))
+            build(SweepConfig, sweep, spelled=spelled, what="tune", said=said, command_line=command_line))
 
 
 def _probe_spelled(field_name: str, spelled: Callable[[str], str]) -> str:

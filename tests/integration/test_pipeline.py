@@ -22,7 +22,7 @@ from mbtune.pipeline.theory import (
     check_point,
     schedule_info,
     stage_to_rank,
-    stages_per_rank,
+    stages_per_rank_of,
     theoretical_bubble,
 )
 from mbtune.pipeline.timeline import PipelineOutcome, StageReport
@@ -190,7 +190,7 @@ def test_check_point_agrees_with_torch_schedules() -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
         try:
             for schedule in SCHEDULE_NAMES:
-                for per_rank in {stages_per_rank(schedule), stages_per_rank(schedule, 3)}:
+                for per_rank in {stages_per_rank_of(schedule), stages_per_rank_of(schedule, 3)}:
                     for microbatches in range(1, 11):
                         ours = check_point(schedule, ranks * per_rank, ranks, microbatches) is None
                         theirs = _torch_accepts(schedule, ranks, per_rank, microbatches)

@@ -59,7 +59,7 @@ def test_probe_config_type_and_bound_errors_name_the_field(kwargs, field):
 @pytest.mark.parametrize("kwargs, field", [
     ({"schedules": ("gpipe", "gpipe")}, "schedules"), ({"micro_batches": (2, 2)}, "micro_batches"),
     ({"grad_accum_steps": (1, 1)}, "grad_accum_steps"), ({"point_timeout_s": float("nan")}, "point_timeout_s"),
-    ({"num_ranks": 0}, "num_ranks"), ({"virtual_stages": 0}, "virtual_stages"),
+    ({"num_ranks": 0}, "num_ranks"), ({"stages_per_rank": 0}, "stages_per_rank"),
 ])
 def test_sweep_config_refuses_duplicates_and_bad_values(kwargs, field):
     with pytest.raises(ConfigError) as caught:

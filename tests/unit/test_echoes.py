@@ -30,10 +30,10 @@ def test_the_real_micro_batches_head_the_forward_and_the_backward_order():
 
 def _spec(schedule: str, m: int, *, recompute: str = "none", dp: int = 1, precision: str = "fp32",
           accum: int = 1) -> PipelineSpec:
-    from mbtune.pipeline.theory import stages_per_rank
+    from mbtune.pipeline.theory import stages_per_rank_of
 
     point = SweepPoint(schedule=schedule, num_ranks=2, num_micro_batches=m, grad_accum_steps=accum,
-                       micro_batch_size=2, stages_per_rank=stages_per_rank(schedule, None), data_parallel_size=dp,
+                       micro_batch_size=2, stages_per_rank=stages_per_rank_of(schedule, None), data_parallel_size=dp,
                        recompute=recompute)
     return PipelineSpec.for_point(point, workload="gpt", workload_options=GPT, device="cpu", precision=precision,
                                   optimizer="adamw", measured_steps=1)

@@ -17,7 +17,7 @@ from mbtune.pipeline.theory import (
     check_point,
     stage_to_rank,
     stages_of_rank,
-    stages_per_rank,
+    stages_per_rank_of,
     theoretical_bubble,
 )
 from mbtune.pipeline.timeline import ActionRecord, StageReport, bubble_from_reports, idle_shares, measured_bubble
@@ -133,11 +133,11 @@ def test_check_point_knows_the_block_count() -> None:
 # --- layout --------------------------------------------------------------------------------------------------
 
 def test_stages_per_rank() -> None:
-    assert [stages_per_rank(s) for s in SCHEDULE_NAMES] == [1, 1, 1, 2, 2, 2, 2, 2]
-    assert stages_per_rank("interleaved-1f1b", 3) == 3
-    assert stages_per_rank("zbv", 3) == 2
+    assert [stages_per_rank_of(s) for s in SCHEDULE_NAMES] == [1, 1, 1, 2, 2, 2, 2, 2]
+    assert stages_per_rank_of("interleaved-1f1b", 3) == 3
+    assert stages_per_rank_of("zbv", 3) == 2
     with pytest.raises(ValueError, match="unknown schedule"):
-        stages_per_rank("nope")
+        stages_per_rank_of("nope")
 
 
 def test_looped_layout_is_round_robin_and_zbv_is_a_v() -> None:
@@ -153,7 +153,7 @@ def test_theoretical_bubble_values() -> None:
     assert theoretical_bubble("gpipe", num_ranks=4, num_micro_batches=4) == pytest.approx(3 / 7)
     assert theoretical_bubble("1f1b", num_ranks=4, num_micro_batches=12) == pytest.approx(3 / 15)
     assert theoretical_bubble("interleaved-1f1b", num_ranks=4, num_micro_batches=8) == pytest.approx(3 / 19)
-    assert theoretical_bubble("looped-bfs", num_ranks=4, num_micro_batches=8, virtual_stages=4) == pytest.approx(3 / 35)
+    assert theoretical_bubble("looped-bfs", num_ranks=4, num_micro_batches=8, stages_per_rank=4) == pytest.approx(3 / 35)
     # m < p: each of the v-1 loop-backs waits p - m more slots.
     assert theoretical_bubble("interleaved-1f1b", num_ranks=4, num_micro_batches=2) == pytest.approx(5 / 9)
     assert theoretical_bubble("zero-bubble", num_ranks=4, num_micro_batches=8) == pytest.approx(3 / 51)
@@ -170,7 +170,7 @@ def test_one_rank_has_no_bubble_and_more_microbatches_shrink_it(schedule: str) -
 
 
 def test_interleaving_with_one_stage_per_rank_reduces_to_1f1b() -> None:
-    assert theoretical_bubble("interleaved-1f1b", num_ranks=4, num_micro_batches=6, virtual_stages=1) == (
+    assert theoretical_bubble("interleaved-1f1b", num_ranks=4, num_micro_batches=6, stages_per_rank=1) == (
         theoretical_bubble("1f1b", num_ranks=4, num_micro_batches=6)
     )
 
@@ -198,7 +198,7 @@ def test_bubble_from_reports_uses_the_pipeline_part_of_each_step() -> None:
 # --- spec ----------------------------------------------------------------------------------------------------
 
 def test_spec_derives_batch_sizes_and_stage_counts() -> None:
-    spec = PipelineSpec(workload="mlp", schedule="interleaved-1f1b", num_ranks=2, virtual_stages=3,
+    spec = PipelineSpec(workload="mlp", schedule="interleaved-1f1b", num_ranks=2, stages_per_rank=3,
                         num_micro_batches=4, micro_batch_size=8, grad_accum_steps=2)
     assert (spec.num_model_stages, spec.pipeline_batch_size, spec.global_batch) == (6, 32, 64)
 

@@ -97,7 +97,7 @@ def test_a_cluster_plan_needs_a_global_batch_and_a_sane_size() -> None:
         PlanConfig(num_gpus=0, global_batch=8)
     assert info.value.field == "num_gpus"
     config = PlanConfig(num_gpus=64, global_batch=1024, schedules=SCHEDULE_NAMES, recompute=("none", "full"))
-    assert config.cluster_grid().virtual_stages == (2, 4)
+    assert config.cluster_grid().stages_per_rank == (2, 4)
     assert deepen(MODEL, 64).facts.num_blocks == 64
 
 

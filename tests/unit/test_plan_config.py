@@ -9,7 +9,7 @@ import pytest
 
 from mbtune.errors import ConfigError
 from mbtune.pipeline.point import SweepPoint
-from mbtune.pipeline.theory import SCHEDULE_NAMES, stages_per_rank
+from mbtune.pipeline.theory import SCHEDULE_NAMES, stages_per_rank_of
 from mbtune.planning.api import plan_from_profile
 from mbtune.planning.calibrate import point_orders
 from mbtune.planning.config import (
@@ -29,7 +29,7 @@ BAD = [
     ("num_ranks", True), ("num_ranks", 2.0), ("num_ranks", "8"), ("num_ranks", None),
     ("micro_batches", 8), ("micro_batches", "8,16"), ("micro_batches", (4, 2.5)), ("micro_batches", (True,)),
     ("schedules", "gpipe"), ("schedules", ("gpipe", 1)), ("data_parallel_size", 1.5), ("micro_batch_size", True),
-    ("global_batch", 64.0), ("grad_accum_steps", False), ("num_blocks", 8.0), ("virtual_stages", 2.0),
+    ("global_batch", 64.0), ("grad_accum_steps", False), ("num_blocks", 8.0), ("stages_per_rank", 2.0),
     ("link_bandwidth_bytes_per_s", NAN), ("link_bandwidth_bytes_per_s", INF), ("link_latency_s", INF),
     ("link_latency_s", "5us"), ("validation_method", True), ("scatter", None), ("keep_timeline", 1),
     # ranges, enums, repeats
@@ -37,12 +37,12 @@ BAD = [
     ("micro_batches", (4, 8, 4)), ("schedules", ()), ("schedules", ("gpipe", "pipedream")),
     ("schedules", ("gpipe", "1f1b", "gpipe")), ("data_parallel_size", 0), ("data_parallel_size", MAX_COUNT + 1),
     ("micro_batch_size", 0), ("global_batch", 0), ("global_batch", 2**40), ("grad_accum_steps", 0),
-    ("num_blocks", 2), ("num_blocks", 1025), ("virtual_stages", 0), ("virtual_stages", 1),
+    ("num_blocks", 2), ("num_blocks", 1025), ("stages_per_rank", 0), ("stages_per_rank", 1),
     ("link_bandwidth_bytes_per_s", 0.0), ("link_bandwidth_bytes_per_s", -1e9), ("link_latency_s", -1e-6),
     ("validation_method", "maybe"), ("scatter", "sometimes"),
     # bounds: more than the simulation answers in seconds
     ("num_ranks", 100_000), ("num_ranks", MAX_MODEL_STAGES + 1), ("micro_batches", (8, 10_000_000)),
-    ("grad_accum_steps", 10**8), ("virtual_stages", 10**6),
+    ("grad_accum_steps", 10**8), ("stages_per_rank", 10**6),
 ]
 
 
@@ -75,7 +75,7 @@ def test_a_huge_value_is_shortened_in_the_message() -> None:
 def test_stages_in_all_are_bounded(schedules, stages, expected) -> None:
     virtual = 4 if "looped-bfs" in schedules else 2
     with pytest.raises(ConfigError, match=expected) as info:
-        PlanConfig(num_ranks=stages, micro_batches=(stages,), schedules=schedules, virtual_stages=virtual)
+        PlanConfig(num_ranks=stages, micro_batches=(stages,), schedules=schedules, stages_per_rank=virtual)
     assert info.value.field == "num_ranks"
 
 
@@ -114,7 +114,7 @@ def test_the_work_counts_what_the_planner_simulates() -> None:
 @pytest.mark.parametrize("virtual", [2, 3])
 def test_point_actions_are_the_actions_of_the_schedule_orders(schedule, virtual) -> None:
     point = SweepPoint(schedule=schedule, num_ranks=4, num_micro_batches=8, grad_accum_steps=2, micro_batch_size=1,
-                       stages_per_rank=stages_per_rank(schedule, virtual))
+                       stages_per_rank=stages_per_rank_of(schedule, virtual))
     ordered = 2 * sum(len(order) for order in point_orders(point))
     if schedule == "dualpipev":  # it splits some backwards, not all: the count bounds it from above
         assert 2 * 2 * 4 * 2 * 8 < ordered <= point_actions(point)
@@ -135,7 +135,7 @@ def test_a_valid_config_plans() -> None:
 
 
 @pytest.mark.parametrize("options", [
-    ("--validation", "maybe"), ("--accum", "0"), ("--virtual-stages", "0"), ("--stages", "100000"),
+    ("--validation", "maybe"), ("--accum", "0"), ("--stages-per-rank", "0"), ("--stages", "100000"),
     ("--micro-batches", "10000000"), ("--micro-batches", "8,16,8"), ("--schedules", "gpipe,gpipe"),
     ("--stages", "512", "--micro-batches", "4096", "--schedules", "zero-bubble"),
     ("--gpus", "8"), ("--gpus", "0", "--global-batch", "64"), ("--gpus", "64", "--global-batch", "3"),

@@ -41,7 +41,7 @@ def test_uniform_costs_reproduce_the_fill_drain_bubble_exactly(schedule: str, p:
 def test_interleaved_orders_give_their_unit_time_bubble(schedule: str, p: int, m: int, v: int) -> None:
     # v virtual stages per rank, each costing 1/v of a stage: the rank waits p-1 virtual slots.
     assert run(schedule, p, m, v).bubble == pytest.approx(
-        theoretical_bubble(schedule, num_ranks=p, num_micro_batches=m, virtual_stages=v))
+        theoretical_bubble(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v))
     if m >= p:
         assert run(schedule, p, m, v).bubble == pytest.approx((p - 1) / (v * m + p - 1))
 

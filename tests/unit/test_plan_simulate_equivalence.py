@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mbtune.pipeline.theory import stage_to_rank, stages_per_rank
+from mbtune.pipeline.theory import stage_to_rank, stages_per_rank_of
 from mbtune.planning.orders import schedule_orders
 from mbtune.planning.records import OrderedAction, Spread, StageCost
 from mbtune.planning.simulate import Jitter, Overheads, simulate, uniform_costs
@@ -62,7 +62,7 @@ def test_the_existing_cases_give_the_same_steps(schedule: str, p: int, m: int, v
 
 def _random_case(rng: random.Random):
     schedule = rng.choice(SCHEDULES)
-    v = stages_per_rank(schedule, rng.choice((2, 3)))
+    v = stages_per_rank_of(schedule, rng.choice((2, 3)))
     p = rng.randint(1 if v == 1 else 2, 6)
     m = rng.choice([k for k in range(1, 25) if _runs(schedule, p, k, v)] or [p])
     stages = p * v

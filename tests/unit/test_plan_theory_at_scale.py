@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbtune.pipeline.theory import stage_to_rank, stages_per_rank, theoretical_bubble
+from mbtune.pipeline.theory import stage_to_rank, stages_per_rank_of, theoretical_bubble
 from mbtune.planning.orders import schedule_orders
 from mbtune.planning.simulate import simulate, uniform_costs
 
@@ -20,10 +20,10 @@ from mbtune.planning.simulate import simulate, uniform_costs
     ("zbv", 256, 512), ("zbv", 4, 4096), ("dualpipev", 128, 256), ("dualpipev", 4, 4096),
 ])
 def test_every_schedules_bubble_is_its_closed_form_at_scale(schedule: str, p: int, m: int) -> None:
-    v = stages_per_rank(schedule)
+    v = stages_per_rank_of(schedule)
     orders = schedule_orders(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v)
     costs = uniform_costs(p * v, forward_s=1 / v, backward_s=2 / v)
     sim = simulate(orders, stage_to_rank=stage_to_rank(schedule, p, p * v), stage_costs=costs, keep_timeline=False)
-    expected = theoretical_bubble(schedule, num_ranks=p, num_micro_batches=m, virtual_stages=v)
+    expected = theoretical_bubble(schedule, num_ranks=p, num_micro_batches=m, stages_per_rank=v)
     assert sim.bubble == pytest.approx(expected, rel=1e-3)
     schedule_orders.cache_clear()  # the largest orders hold a few hundred MB

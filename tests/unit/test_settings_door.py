@@ -173,3 +173,20 @@ def test_tune_on_the_command_line_and_in_python_builds_the_same_pair(captured: d
     from_api = captured.pop("run_tune")
     strip = [[dataclasses.replace(c, command_line="") for c in pair] for pair in (from_flags, from_api)]  # type: ignore[attr-defined]
     assert strip[0] == strip[1] and strip[0][0].steps == 3 and strip[0][1].measured_steps == 4
+
+
+def test_a_former_name_still_works_and_says_its_new_one(captured: dict[str, object], tmp_path: Path) -> None:
+    import mbtune
+
+    result = CliRunner().invoke(app, ["-q", "sweep", "-w", "mlp", "-d", "cpu", "--virtual-stages", "3", "--no-save"])
+    (config,) = captured.pop("run_sweep")  # type: ignore[misc]
+    assert config.stages_per_rank == 3
+    assert "note: --virtual-stages is now --stages-per-rank" in result.stderr
+    with pytest.warns(FutureWarning, match="virtual_stages is now stages_per_rank"), \
+            pytest.raises(captured["Stop"]):  # type: ignore[call-overload]
+        mbtune.sweep(workload="mlp", device="cpu", virtual_stages=4)
+    (config,) = captured.pop("run_sweep")  # type: ignore[misc]
+    assert config.stages_per_rank == 4
+    missing = CliRunner().invoke(app, ["check", "-w", "mlp", "--from", str(tmp_path / "none.json")])
+    assert isinstance(missing.exception, ConfigError) and "note: --from is now --from-profile" in missing.stderr
+    assert str(missing.exception).startswith("--from-profile ") and "does not exist" in str(missing.exception)
