@@ -23,7 +23,9 @@ from mbtune.cli.options import (
 )
 from mbtune.cli.support import check_format, check_output, check_outputs, printing_to, settings_in
 from mbtune.pipeline.theory import DEFAULT_STAGES_PER_RANK
+from mbtune.planning.config import PlanConfig as PC  # every default is the config's own
 from mbtune.planning.defaults import DEFAULT_PLAN_RANKS, DEFAULT_PLAN_SCATTER, DEFAULT_PLAN_VALIDATION
+from mbtune.planning.memory_plan import MemoryPlanConfig as M
 
 
 def plan(
@@ -34,15 +36,15 @@ def plan(
     device_memory: Annotated[str | None, typer.Option("--device-memory", help="Each device's memory, e.g. 141GB or 80GiB: with a profile, what every rank's memory is checked against (default: the probed ceiling); without one, the plan gives the largest micro-batch size every stage holds in it.")] = None,
     target_device: Annotated[str | None, typer.Option("--target-device", help="Plan for another device than the profiled one (e.g. H200): compute times scaled by the two devices' dense peak FLOP/s, the profiled efficiency carried over, labelled as an estimate; memory is unchanged (--device-memory).")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="Plan a cluster of this many GPUs: every pipeline depth x data-parallel replicas, micro-batch size, count and accumulation that make --global-batch, every schedule (--schedules) and recompute none and full (--recompute), ranked by predicted throughput.")] = None,
-    precision: Annotated[str, typer.Option("--precision", help="Without a profile: fp32 or bf16 (autocast).")] = "fp32",
-    optimizer: Optimizer = "adamw",
+    precision: Annotated[str, typer.Option("--precision", help="Without a profile: fp32 or bf16 (autocast).")] = M.precision,
+    optimizer: Optimizer = M.optimizer,
     stages: Annotated[int, typer.Option("--stages", "-p", help="Pipeline ranks to plan for (one GPU each).")] = DEFAULT_PLAN_RANKS,
     micro_batches: Annotated[str, typer.Option("--micro-batches", "-m", help="Comma list of micro-batch counts.")] = PLAN_MICRO_BATCHES,
     schedules: Schedules = None,
-    data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline.")] = 1,
+    data_parallel: Annotated[int, typer.Option("--data-parallel", help="Data-parallel replicas of the pipeline.")] = PC.data_parallel_size,
     micro_batch_size: MicroBatchSize = None,
     global_batch: PlanGlobalBatch = None,
-    accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = 1,
+    accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps per optimizer step.")] = PC.grad_accum_steps,
     recompute: Annotated[str | None, typer.Option("--recompute", help="Comma list of none, full: plan each point with and without activation recompute (memory: each block's input held; compute: the forward again in each backward). Default: none; both with --gpus.")] = None,
     blocks: Annotated[int | None, typer.Option("--blocks", help="Plan a model of this many of the workload's blocks (default: the profiled model's count).")] = None,
     stages_per_rank: StagesPerRank = DEFAULT_STAGES_PER_RANK,

@@ -35,7 +35,7 @@ from mbtune.cli.support import (
     target_folder,
     with_progress,
 )
-from mbtune.serving.config import DEFAULT_MIN_REQUESTS, DEFAULT_SERVE_MAX_BATCH
+from mbtune.serving.config import ServeConfig as SV  # every default is the config's own
 
 
 def serve(
@@ -44,7 +44,7 @@ def serve(
     workload: Workload = P.workload,
     option: WorkloadOption = None,
     device: Device = P.device,
-    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16 (autocast; inference needs no GradScaler).")] = "fp32",
+    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16 (autocast; inference needs no GradScaler).")] = SV.precision,
     rates: Annotated[str | None, typer.Option("--rates", help="Comma list of Poisson request rates per second, run in ascending order until one breaks the budget (default: 20-105% of the largest configuration's capacity).")] = None,
     concurrency: Annotated[str | None, typer.Option("--concurrency", help="Comma list of closed-loop runs too: this many requests always in flight (reported, not ranked).")] = None,
     max_batch_sizes: Annotated[str | None, typer.Option("--max-batch-sizes", help="Comma list of the dynamic batcher's max batch sizes (default: the 3 largest powers of two whose batch takes at most half the budget).")] = None,
@@ -52,15 +52,15 @@ def serve(
     preferred: Annotated[str | None, typer.Option("--preferred", help="Comma list of preferred batch sizes: sent at once when the queue fills one (each configuration keeps those within its max).")] = None,
     memory_budget: Budget = None,
     margin: Margin = P.margin,
-    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Stop the inference probe growing at this batch size.")] = DEFAULT_SERVE_MAX_BATCH,
+    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Stop the inference probe growing at this batch size.")] = SV.max_batch,
     confirm: Confirm = P.confirm,
     threads: Annotated[int | None, typer.Option("--threads", help="torch threads of the model process (default: all cores but one, which the load generator keeps).")] = None,
-    pin_cpus: Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, run the server on its threads' cores and the load generator on the others, so neither takes the other's time.")] = True,
-    window: Annotated[str, typer.Option("--window", help="Measurement window, e.g. 1s (open loop: at least 100 expected arrivals); 3 in a row must agree within 10%.")] = "1s",
-    max_windows: Annotated[int, typer.Option("--max-windows", help="Windows per load at most: until 3 in a row agree, then until the p99's 95% interval is within 10% of it.")] = 16,
-    min_requests: Annotated[int, typer.Option("--min-requests", help="Requests a Poisson load measures at least before its p99 counts as known, running past --max-windows where its rate is too low (0: --max-windows alone).")] = DEFAULT_MIN_REQUESTS,
+    pin_cpus: Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, run the server on its threads' cores and the load generator on the others, so neither takes the other's time.")] = SV.pin_cpus,
+    window: Annotated[str, typer.Option("--window", help="Measurement window, e.g. 1s (open loop: at least 100 expected arrivals); 3 in a row must agree within 10%.")] = f"{SV.window_s:g}s",
+    max_windows: Annotated[int, typer.Option("--max-windows", help="Windows per load at most: until 3 in a row agree, then until the p99's 95% interval is within 10% of it.")] = SV.max_windows,
+    min_requests: Annotated[int, typer.Option("--min-requests", help="Requests a Poisson load measures at least before its p99 counts as known, running past --max-windows where its rate is too low (0: --max-windows alone).")] = SV.min_requests,
     queue_timeout: Annotated[str | None, typer.Option("--queue-timeout", help="A request waiting longer in the queue is rejected (default: 10 budgets).")] = None,
-    strategy: Annotated[str, typer.Option("--strategy", help="grid: measure every configuration; quick: the queueing simulator, calibrated on the service-time curve, picks the 2 most promising.")] = "grid",
+    strategy: Annotated[str, typer.Option("--strategy", help="grid: measure every configuration; quick: the queueing simulator, calibrated on the service-time curve, picks the 2 most promising.")] = SV.strategy,
     seed: Seed = P.seed,
     trial_timeout: TrialTimeout = P.trial_timeout_s,
     load_timeout: LoadTimeout = P.load_timeout_s,
@@ -74,12 +74,11 @@ def serve(
 ) -> None:
     """Tune dynamic batching for inference under a p99 latency budget, on a real server under real load."""
     from mbtune.saving.session import run_serve
-    from mbtune.serving.config import ServeConfig
 
     fmt = check_output(check_format(format), output)
     check_resume(resume, save)
     check_outputs(plot_dir=plot, export_dir=export)
-    config = settings_in(ctx.params, ServeConfig)
+    config = settings_in(ctx.params, SV)
     outcome = with_progress("serve", lambda p: run_serve(config, p, profiles_dir=target_folder(profiles_dir, save),
                                                            resume=resume))
     finish_serve(fmt, outcome, plot=plot, output=output, export=export)
