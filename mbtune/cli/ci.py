@@ -110,7 +110,8 @@ def qualify(
     share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
     path = str(baseline) if baseline else None
     plan, repeats = read_spec(spec, baseline=path, tolerance=share, repeats=repeats,
-                              allow_different_device=allow_different_device, command_line=command_line())
+                              allow_different_device=allow_different_device, command_line=command_line(),
+                              said=note_on_stderr)
     verdict = with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=target_folder(profiles_dir, save),
                                                                repeats=repeats, launch=launch, resume=resume))
     if junit is not None:

@@ -39,7 +39,7 @@ import contextlib
 import dataclasses
 import tomllib
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,7 +47,7 @@ from mbtune.errors import ConfigError
 from mbtune.probing.config import ProbeConfig
 from mbtune.qualifying.spec import SERVE_THRESHOLDS, THRESHOLD_KEYS, QualifySpec
 from mbtune.records import RecordFieldError, load_value, short_repr, shorten
-from mbtune.settings import build, param_for, setting_names
+from mbtune.settings import FORMER_NAMES, build, param_for, setting_names
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.stopping import default_repeats
 from mbtune.units import parse_fraction
@@ -86,7 +86,7 @@ def load_spec(path: Path, *, baseline: str | None = None, tolerance: float | Non
 
 def read_spec(path: Path | None, *, baseline: str | None = None, tolerance: float | None = None,
               repeats: int | None = None, allow_different_device: bool = False,
-              command_line: str = "") -> LoadedSpec:
+              command_line: str = "", said: Said = None) -> LoadedSpec:
     """Read a TOML spec and its repeats (the flag, else the file's `repeats` or [sweep] repeats, else None:
     each point measured until known);
     flags given on the command line win over the file. Every value is checked at this boundary: a wrong
@@ -97,11 +97,11 @@ def read_spec(path: Path | None, *, baseline: str | None = None, tolerance: floa
     if baseline is None and data.get("baseline"):
         baseline = str((Path(path).parent / data["baseline"]).resolve())
     repeats = _repeats(path, data, repeats)
-    serve = _serve(path, data, command_line) if "serve" in data else None
+    serve = _serve(path, data, command_line, said) if "serve" in data else None
     serving_only = serve is not None and not {"probe", "sweep"} & set(data) and set(
         _table(data, "thresholds")) <= set(SERVE_THRESHOLDS)
-    probe = _probe(path, data, command_line) if "workload" in data and not serving_only else None
-    sweep = _sweep(path, data, command_line) if probe and "sweep" in data else None
+    probe = _probe(path, data, command_line, said=said) if "workload" in data and not serving_only else None
+    sweep = _sweep(path, data, command_line, said=said) if probe and "sweep" in data else None
     if tolerance is None:
         with _named(path, "the top level"):
             tolerance = parse_fraction(data.get("tolerance", QualifySpec.tolerance), name="tolerance")
@@ -154,27 +154,30 @@ def _repeats(path: Path, data: dict[str, Any], flag: int | None) -> int | None:
 
 
 def _probe(path: Path, data: dict[str, Any], command_line: str,
-           settings: dict[str, Any] | None = None) -> ProbeConfig:
+           settings: dict[str, Any] | None = None, said: Said = None) -> ProbeConfig:
     settings = _settings(path, data, "probe", ProbeConfig) if settings is None else settings
     with _named(path, "probe"):
-        return build(ProbeConfig, {**_top(path, data, ProbeConfig), **settings}, command_line=command_line)
+        return build(ProbeConfig, {**_top(path, data, ProbeConfig), **settings}, said=_in_file(path, said),
+                     command_line=command_line)
 
 
 def _sweep(path: Path, data: dict[str, Any], command_line: str,
-           settings: dict[str, Any] | None = None) -> SweepConfig:
+           settings: dict[str, Any] | None = None, said: Said = None) -> SweepConfig:
     settings = _settings(path, data, "sweep", SweepConfig) if settings is None else settings
     with _named(path, "sweep"):
-        return build(SweepConfig, {**_top(path, data, SweepConfig), **settings}, command_line=command_line)
+        return build(SweepConfig, {**_top(path, data, SweepConfig), **settings}, said=_in_file(path, said),
+                     command_line=command_line)
 
 
-def _serve(path: Path, data: dict[str, Any], command_line: str) -> ServeConfig:
+def _serve(path: Path, data: dict[str, Any], command_line: str, said: Said = None) -> ServeConfig:
     from mbtune.serving.config import ServeConfig
 
     settings = _settings(path, data, "serve", ServeConfig)
     with _named(path, "serve"):
         if "p99" not in settings:
             raise ConfigError(f"spec {path}: [serve] has no p99 budget", hint='Add p99 = "50ms" to [serve].')
-        return build(ServeConfig, {**_top(path, data, ServeConfig), **settings}, command_line=command_line)
+        return build(ServeConfig, {**_top(path, data, ServeConfig), **settings}, said=_in_file(path, said),
+                     command_line=command_line)
 
 
 def _top(path: Path, data: dict[str, Any], config: type) -> dict[str, Any]:
@@ -203,7 +206,8 @@ def read_settings(path: Path, command: str) -> dict[str, Any]:
             continue
         config = ProbeConfig if section == "probe" else SweepConfig
         settings = _settings(path, data, section, config)
-        (_probe if section == "probe" else _sweep)(path, data, "", settings)  # the whole config checks out
+        # The whole config checks out (the command notes a former name when it builds its own).
+        (_probe if section == "probe" else _sweep)(path, data, "", settings, said=_silent)
         for name, value in settings.items():
             param = "probe_steps" if (command, section, name) == ("tune", "probe", "steps") else name
             shown = ",".join(map(str, value)) if isinstance(value, list | tuple) else value
@@ -213,6 +217,17 @@ def read_settings(path: Path, command: str) -> dict[str, Any]:
                                   hint="Set it in one of the two tables.")
             values[param], setters[param] = shown, section
     return values
+
+
+Said = Callable[[str], None] | None  # who hears that a setting was given by its former name (None: a warning)
+
+
+def _in_file(path: Path, said: Said) -> Said:
+    return None if said is None else (lambda line: said(f"spec {path}: {line}"))
+
+
+def _silent(line: str) -> None:
+    pass
 
 
 def _settings(path: Path, data: dict[str, Any], section: str, config: type) -> dict[str, Any]:
@@ -226,15 +241,17 @@ def _settings(path: Path, data: dict[str, Any], section: str, config: type) -> d
     keys: dict[str, str] = {}  # setting -> the key that set it
     unknown = []
     for key, value in _table(data, section).items():
-        field = names.get(key.replace("-", "_"))
-        if field is None or key.replace("-", "_") != param_for(field):
+        former = key.replace("-", "_") if key.replace("-", "_") in FORMER_NAMES else None
+        current = FORMER_NAMES[former] if former else key.replace("-", "_")
+        field = names.get(current)
+        if field is None or current != param_for(field):
             unknown.append(key)
             continue
-        name = param_for(field)
-        if name in keys:
-            raise ConfigError(f"spec {path}: [{section}] sets {name} twice, as {keys[name]} and as {key}",
-                              hint="Keep one of them.")
-        keys[name] = key
+        name = former or param_for(field)  # a former name goes on to the door, which says the new one
+        if param_for(field) in keys:
+            raise ConfigError(f"spec {path}: [{section}] sets {param_for(field)} twice, as {keys[param_for(field)]} "
+                              f"and as {key}", hint="Keep one of them.")
+        keys[param_for(field)] = key
         if field in _ONE_OR_MORE and isinstance(value, int | str) and not isinstance(value, bool) and _is_list(hints[field]):
             value = [value]  # one value, as specs wrote it before lists
         settings[name] = _value(path, f"[{section}] {key}", hints[field], value, read_by_door=_in_words(field))

@@ -190,3 +190,17 @@ def test_a_former_name_still_works_and_says_its_new_one(captured: dict[str, obje
     missing = CliRunner().invoke(app, ["check", "-w", "mlp", "--from", str(tmp_path / "none.json")])
     assert isinstance(missing.exception, ConfigError) and "note: --from is now --from-profile" in missing.stderr
     assert str(missing.exception).startswith("--from-profile ") and "does not exist" in str(missing.exception)
+
+
+def test_a_spec_file_takes_a_former_name_and_says_so(tmp_path: Path) -> None:
+    from mbtune.qualifying.specfile import read_spec
+
+    spec = tmp_path / "qualify.toml"
+    spec.write_text('workload = "mlp"\ndevice = "cpu"\n[sweep]\nstages = 2\nvirtual_stages = 3\n')
+    heard: list[str] = []
+    loaded = read_spec(spec, said=heard.append)
+    assert loaded.spec.sweep is not None and loaded.spec.sweep.stages_per_rank == 3
+    assert heard == [f"spec {spec}: virtual_stages is now stages_per_rank; the former name goes in a later release"]
+    spec.write_text('workload = "mlp"\n[sweep]\nstages_per_rank = 3\nvirtual_stages = 3\n')
+    with pytest.raises(ConfigError, match="sets stages_per_rank twice"):
+        read_spec(spec)
