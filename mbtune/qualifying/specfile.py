@@ -47,13 +47,14 @@ from mbtune.errors import ConfigError
 from mbtune.probing.config import ProbeConfig
 from mbtune.qualifying.spec import SERVE_THRESHOLDS, THRESHOLD_KEYS, QualifySpec
 from mbtune.records import RecordFieldError, load_value, short_repr, shorten
+from mbtune.serving.config import ServeConfig
 from mbtune.settings import FORMER_NAMES, build, param_for, setting_names
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.stopping import default_repeats
 from mbtune.units import parse_fraction
 
 if typing.TYPE_CHECKING:
-    from mbtune.serving.config import ServeConfig
+    pass
 
 # Each top-level key: the TOML types it may hold, and those in words.
 _TOP: dict[str, tuple[type | tuple[type, ...], str]] = {
@@ -97,11 +98,11 @@ def read_spec(path: Path | None, *, baseline: str | None = None, tolerance: floa
     if baseline is None and data.get("baseline"):
         baseline = str((Path(path).parent / data["baseline"]).resolve())
     repeats = _repeats(path, data, repeats)
-    serve = _serve(path, data, command_line, said) if "serve" in data else None
+    serve = _config("serve", path, data, command_line, said=said) if "serve" in data else None
     serving_only = serve is not None and not {"probe", "sweep"} & set(data) and set(
         _table(data, "thresholds")) <= set(SERVE_THRESHOLDS)
-    probe = _probe(path, data, command_line, said=said) if "workload" in data and not serving_only else None
-    sweep = _sweep(path, data, command_line, said=said) if probe and "sweep" in data else None
+    probe = _config("probe", path, data, command_line, said=said) if "workload" in data and not serving_only else None
+    sweep = _config("sweep", path, data, command_line, said=said) if probe and "sweep" in data else None
     if tolerance is None:
         with _named(path, "the top level"):
             tolerance = parse_fraction(data.get("tolerance", QualifySpec.tolerance), name="tolerance")
@@ -153,30 +154,18 @@ def _repeats(path: Path, data: dict[str, Any], flag: int | None) -> int | None:
     return value
 
 
-def _probe(path: Path, data: dict[str, Any], command_line: str,
-           settings: dict[str, Any] | None = None, said: Said = None) -> ProbeConfig:
-    settings = _settings(path, data, "probe", ProbeConfig) if settings is None else settings
-    with _named(path, "probe"):
-        return build(ProbeConfig, {**_top(path, data, ProbeConfig), **settings}, said=_in_file(path, said),
-                     command_line=command_line)
+_SECTIONS: dict[str, type] = {"probe": ProbeConfig, "sweep": SweepConfig, "serve": ServeConfig}
 
 
-def _sweep(path: Path, data: dict[str, Any], command_line: str,
-           settings: dict[str, Any] | None = None, said: Said = None) -> SweepConfig:
-    settings = _settings(path, data, "sweep", SweepConfig) if settings is None else settings
-    with _named(path, "sweep"):
-        return build(SweepConfig, {**_top(path, data, SweepConfig), **settings}, said=_in_file(path, said),
-                     command_line=command_line)
-
-
-def _serve(path: Path, data: dict[str, Any], command_line: str, said: Said = None) -> ServeConfig:
-    from mbtune.serving.config import ServeConfig
-
-    settings = _settings(path, data, "serve", ServeConfig)
-    with _named(path, "serve"):
-        if "p99" not in settings:
+def _config(section: str, path: Path, data: dict[str, Any], command_line: str,
+            settings: dict[str, Any] | None = None, said: Said = None) -> Any:
+    """The config of a [probe], [sweep] or [serve] table (with the top level's settings), through the door."""
+    kind = _SECTIONS[section]
+    settings = _settings(path, data, section, kind) if settings is None else settings
+    with _named(path, section):
+        if section == "serve" and "p99" not in settings:
             raise ConfigError(f"spec {path}: [serve] has no p99 budget", hint='Add p99 = "50ms" to [serve].')
-        return build(ServeConfig, {**_top(path, data, ServeConfig), **settings}, said=_in_file(path, said),
+        return build(kind, {**_top(path, data, kind), **settings}, said=_in_file(path, said),
                      command_line=command_line)
 
 
@@ -207,7 +196,7 @@ def read_settings(path: Path, command: str) -> dict[str, Any]:
         config = ProbeConfig if section == "probe" else SweepConfig
         settings = _settings(path, data, section, config)
         # The whole config checks out (the command notes a former name when it builds its own).
-        (_probe if section == "probe" else _sweep)(path, data, "", settings, said=_silent)
+        _config(section, path, data, "", settings, said=_silent)
         for name, value in settings.items():
             param = "probe_steps" if (command, section, name) == ("tune", "probe", "steps") else name
             shown = ",".join(map(str, value)) if isinstance(value, list | tuple) else value
