@@ -207,6 +207,12 @@ ProbeStepsInTune = Annotated[int, typer.Option("--probe-steps", help="Full train
 Check = Annotated[bool, typer.Option(help="Check the best row's update against the plain model's (mbtune check) and show the verdict.")]
 
 
+TrainingCommand = Annotated[list[str] | None, typer.Argument(help="Your own training command, after --, as you run it, with {batch} where the per-process batch size goes: probed as it is, instead of a workload.", show_default=False)]
+
+
+CommandName = Annotated[str | None, typer.Option("--name", help="With a command: its name in the profile (default: its script's name).")]
+
+
 def option(name: str, kind: Any, default: Any = None) -> inspect.Parameter:
     """One command-line option, declared once: its name (the setting's), its Annotated type and default."""
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind, default=default)

@@ -20,9 +20,11 @@ from mbtune.cli.options import (
     TRIAL_TIMEOUT,
     WORKLOAD_OPTIONS,
     Check,
+    CommandName,
     Device,
     FromProfile,
     ProbeStepsInTune,
+    TrainingCommand,
     command,
     option,
 )
@@ -30,7 +32,8 @@ from mbtune.cli.support import PROFILE_HINT, Given, check_inputs, finish, say_on
 
 
 def _probe(given: dict[str, Any]) -> None:
-    """Find the per-device memory ceiling with real training steps, then leave a safety margin."""
+    """Find the per-device memory ceiling with real training steps, then leave a safety margin: of a workload, or
+    of your own training command as it is (mbtune probe -- python train.py --batch-size {batch})."""
     from mbtune.probing.config import ProbeConfig
     from mbtune.saving.session import run_probe
 
@@ -68,8 +71,8 @@ def _tune(given: dict[str, Any]) -> None:
     finish(run.fmt, outcome, plot=run.plot, trace=run.trace, output=run.output)
 
 
-probe = command(_probe, WORKLOAD_OPTIONS, BUDGET_OPTIONS, PROBE_STEPS, TRAINING_OPTIONS, TRIAL_TIMEOUT, SAVE_OPTIONS,
-                OUTPUT_OPTIONS)
+probe = command(_probe, (option("command", TrainingCommand), option("name", CommandName)), WORKLOAD_OPTIONS,
+                BUDGET_OPTIONS, PROBE_STEPS, TRAINING_OPTIONS, TRIAL_TIMEOUT, SAVE_OPTIONS, OUTPUT_OPTIONS)
 sweep = command(_sweep, WORKLOAD_OPTIONS, GRID_OPTIONS, (option("from_profile", FromProfile),), MEASURE_OPTIONS,
                 TRAINING_OPTIONS, LAUNCH_OPTIONS, SAVE_OPTIONS, PICTURE_OPTIONS, OUTPUT_OPTIONS)
 tune = command(_tune, WORKLOAD_OPTIONS, BUDGET_OPTIONS, (option("probe_steps", ProbeStepsInTune, PROBE_STEPS[0].default),),

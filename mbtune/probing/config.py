@@ -95,12 +95,24 @@ class ProbeConfig:
     lr: float | None = None  # None: the optimizer's default (DEFAULT_LR)
     recompute: tuple[str, ...] = ("none",)  # one probe per mode; the first is the main one
     mode: str = TRAIN  # infer: the inference ceiling (forward passes only), as `mbtune serve` probes it
+    # The user's own training command, its per-process batch size written {batch}: probed as it is, instead of
+    # a workload (probing/command.py); `steps` are then its optimizer steps per trial.
+    command: tuple[str, ...] = ()
+    name: str | None = None  # a command's name in the profile (default: its script's name)
     command_line: str = ""
     extra_warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         as_tuple(self, "recompute")
+        if isinstance(self.command, list):
+            object.__setattr__(self, "command", tuple(self.command))
         check_types(self)
+        if self.command:
+            from mbtune.probing.command import check_template, command_name
+
+            object.__setattr__(self, "command", check_template(self.command))
+            object.__setattr__(self, "workload", self.name or command_name(self.command))
+            object.__setattr__(self, "predict", False)  # the script is not a workload mbtune can trace
         _require(self.mode in MODES, "mode", self.mode, " | ".join(MODES))
         check_recompute_modes(self.recompute)
         require_unique(self.recompute, "recompute")

@@ -10,6 +10,7 @@ budget, ran out of memory when one did, and crashed when the command failed othe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -115,11 +116,31 @@ def cap_environment(memory_budget_bytes: int, device: str, report_dir: str) -> d
 
 
 def _run_once(command: list[str], budget: int, device: str, timeout_s: float) -> ConfirmRun:
+    return _classify(run_capped(command, budget, device, timeout_s))
+
+
+@dataclass(frozen=True)
+class Capped:
+    """One run of a command under the cap: how it ended and what each of its processes reported."""
+
+    exit_code: int | None  # None: stopped at its timeout
+    reported: list[dict]
+    output: str
+    wall_s: float
+    timeout_s: float
+
+
+def run_capped(command: list[str], memory_budget_bytes: int, device: str, timeout_s: float,
+               env: dict[str, str] | None = None) -> Capped:
+    """Run the command once in fresh processes under the cap (its whole process group stopped at the
+    timeout); `env`: more of the cap's settings (MBTUNE_CAP_STEPS)."""
     with tempfile.TemporaryDirectory(prefix="mbtune-confirm-") as reports:
         started = time.perf_counter()
         try:
-            process = subprocess.Popen(command, env=cap_environment(budget, device, reports), stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+            process = subprocess.Popen(command, env={**cap_environment(memory_budget_bytes, device, reports),
+                                                     **(env or {})},
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                                       start_new_session=True)
         except OSError as exc:
             raise ConfigError(f"could not start {command[0]!r}: {exc.strerror or exc}",
                               hint="Give the command as you would run it, after --.") from exc
@@ -130,12 +151,17 @@ def _run_once(command: list[str], budget: int, device: str, timeout_s: float) ->
             os.killpg(process.pid, signal.SIGKILL)
             output, _ = process.communicate()
             code = None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # what the command left running (a worker, a loader)
         wall_s = time.perf_counter() - started
         reported = [json.loads(p.read_text()) for p in Path(reports).glob("*.json")]
-    return _classify(code, reported, output, wall_s, timeout_s)
+    return Capped(code, reported, output, wall_s, timeout_s)
 
 
-def _classify(code: int | None, reported: list[dict], output: str, wall_s: float, timeout_s: float) -> ConfirmRun:
+def _classify(capped: Capped) -> ConfirmRun:
+    code, reported, output, wall_s, timeout_s = (capped.exit_code, capped.reported, capped.output, capped.wall_s,
+                                                 capped.timeout_s)
     peaks = [r["peak_bytes"] for r in reported if r.get("peak_bytes") is not None]
     over = next((r["over_budget"] for r in reported if r.get("over_budget")), "")
     raised = next((r["exception"] for r in reported if "OutOfMemoryError" in r.get("exception", "")), "")

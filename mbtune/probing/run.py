@@ -46,8 +46,9 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     from mbtune.workloads.facts import workload_facts
 
     # Bad names and options fail here, before any trial; user code runs in a child under a deadline (which
-    # also counts its FLOPs per sample).
-    workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
+    # also counts its FLOPs per sample). A command is the user's own: nothing of it is loaded here.
+    workload = (None if config.command else
+                workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s))
     device = resolve_device(config.device)
     warnings = list(config.warnings())
     memory_budget_bytes = _memory_budget_bytes(config, device, warnings)
@@ -56,7 +57,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
                      else describe(device, config.trial_timeout_s).total_memory_bytes)
     confirm = config.confirm if config.confirm is not None else 1 if device == "cpu" else 2
     config = replace(config, memory_budget_bytes=memory_budget_bytes, confirm=confirm)
-    trials = _Trials(config, device, progress, store, on_trial)
+    trials = _Trials(config, device, progress, store, on_trial, fits_in_bytes)
     predicted = {mode: _predicted(config, device, mode, fits_in_bytes, warnings, progress) for mode in config.recompute}
     found, *others = [trials.search(mode, fits_in_bytes, predicted[mode]) for mode in config.recompute]
     for mode, other in zip(config.recompute[1:], others):
@@ -68,9 +69,11 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         granularity=config.granularity, safe_batch=found.safe_batch,
         safe_batch_verified=found.safe_batch_verified, memory_budget_bytes=memory_budget_bytes,
         memory_model=found.memory_model, precision=config.precision, optimizer=config.optimizer,
-        num_parameters=workload.num_parameters, flops_per_sample=workload.flops_per_sample,
+        num_parameters=workload.num_parameters if workload else None,
+        flops_per_sample=workload.flops_per_sample if workload else None,
         max_batch=config.max_batch, confirm=confirm, steps=config.steps, resolution=found.resolution,
-        safe_batch_first=found.safe_batch_first, warnings=(*warnings, *workload.warnings, *found.warnings),
+        safe_batch_first=found.safe_batch_first,
+        warnings=(*warnings, *(workload.warnings if workload else ()), *found.warnings),
         recompute=config.recompute[0], mode=config.mode, predicted=predicted[config.recompute[0]],
         recompute_ceilings=tuple(_recompute_ceiling(mode, other) for mode, other in zip(config.recompute[1:], others)),
     )
@@ -81,8 +84,9 @@ class _Trials:
     an interrupted run's journal."""
 
     def __init__(self, config: ProbeConfig, device: str, progress: TrialProgress | None, store: Journal | None,
-                 on_trial: Callable[[TrialOutcome], None] | None) -> None:
+                 on_trial: Callable[[TrialOutcome], None] | None, fits_in_bytes: int) -> None:
         self.config, self.device, self.progress, self.store, self.on_trial = config, device, progress, store, on_trial
+        self.fits_in_bytes = fits_in_bytes
         self.replay = deque(TrialOutcome.from_dict(r) for r in store.replayed(PROBE_TRIAL)) if store else deque()
 
     def search(self, recompute: str, memory_budget_bytes: int | None, predicted: CeilingPrediction | None) -> SearchResult:
@@ -101,8 +105,7 @@ class _Trials:
         outcome, detail = self._replayed(batch_size), REPLAYED
         if outcome is None:
             log.debug("probe trial at batch %d on %s", batch_size, self.device)
-            trial = self.config.trial(batch_size=batch_size, device=self.device, recompute=recompute)
-            outcome = run_classified_trial(trial, self.config.trial_timeout_s)
+            outcome = self._run(batch_size, recompute)
             log.info("batch %d: %s in %.1f s", batch_size, outcome.status, outcome.wall_s)
             detail = _trial_detail(outcome)
             if self.store:
@@ -112,6 +115,17 @@ class _Trials:
         if self.on_trial:
             self.on_trial(outcome)
         return outcome
+
+    def _run(self, batch_size: int, recompute: str) -> TrialOutcome:
+        c = self.config
+        if c.command:
+            from mbtune.probing.command import CommandTrial, run_command_trial
+
+            return run_command_trial(CommandTrial(command=c.command, memory_budget_bytes=self.fits_in_bytes,
+                                                  device="cpu" if self.device == "cpu" else "cuda", steps=c.steps,
+                                                  timeout_s=c.trial_timeout_s), batch_size)
+        return run_classified_trial(c.trial(batch_size=batch_size, device=self.device, recompute=recompute),
+                                    c.trial_timeout_s)
 
     def _replayed(self, batch_size: int) -> TrialOutcome | None:
         if not self.replay:

@@ -10,6 +10,7 @@ from mbtune.probing.confirm import (
     CRASHED,
     FITS,
     OUT_OF_MEMORY,
+    Capped,
     ConfirmResult,
     ConfirmRun,
     _classify,
@@ -22,24 +23,24 @@ def _report(peak=100, over="", exception=""):
 
 
 def test_a_run_fits_when_it_exits_0_and_no_process_went_past_the_budget():
-    run = _classify(0, [_report(100), _report(300)], "done\n", 1.0, 60)
+    run = _classify(Capped(0, [_report(100), _report(300)], "done\n", 1.0, 60))
     assert (run.outcome, run.peak_bytes, run.processes) == (FITS, 300, 2)
 
 
 def test_a_process_past_the_budget_is_out_of_memory_even_when_the_script_caught_it_and_exited_0():
-    run = _classify(0, [_report(100, over="DefaultCPUAllocator: can't allocate memory: ...")], "", 1.0, 60)
+    run = _classify(Capped(0, [_report(100, over="DefaultCPUAllocator: can't allocate memory: ...")], "", 1.0, 60))
     assert run.outcome == OUT_OF_MEMORY and "can't allocate" in run.cause
 
 
 def test_an_uncaught_cuda_out_of_memory_error_is_out_of_memory():
-    run = _classify(1, [_report(exception="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")], "x\n", 1.0, 60)
+    run = _classify(Capped(1, [_report(exception="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")], "x\n", 1.0, 60))
     assert run.outcome == OUT_OF_MEMORY
 
 
 def test_any_other_failure_is_a_crash_with_its_last_line_a_signal_or_the_timeout():
-    assert _classify(2, [_report()], "Traceback\nValueError: bad\n", 1.0, 60).cause == "exit code 2: ValueError: bad"
-    assert "SIGKILL" in _classify(-9, [], "", 1.0, 60).cause
-    timed_out = _classify(None, [], "", 61.0, 60)
+    assert _classify(Capped(2, [_report()], "Traceback\nValueError: bad\n", 1.0, 60)).cause == "exit code 2: ValueError: bad"
+    assert "SIGKILL" in _classify(Capped(-9, [], "", 1.0, 60)).cause
+    timed_out = _classify(Capped(None, [], "", 61.0, 60))
     assert timed_out.outcome == CRASHED and "--timeout" in timed_out.cause
 
 

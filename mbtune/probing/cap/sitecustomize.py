@@ -10,6 +10,10 @@ A sitecustomize of the command's own environment is run after it, as Python woul
   the budget an operator raises torch.OutOfMemoryError.
 - CUDA: the device's allocator is held to the budget with the per-process memory fraction, set when CUDA
   starts, on the device LOCAL_RANK names (0 without it).
+- With MBTUNE_CAP_STEPS (a probe's trial of the user's own command): every optimizer step of every torch
+  optimizer is timed by a global step hook (torch.optim.optimizer.register_optimizer_step_post_hook); after
+  that many steps the process writes its report and ends with exit code 0, before the script's epochs,
+  evaluation or checkpointing go on.
 """
 
 import atexit
@@ -18,6 +22,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,7 +40,7 @@ def _cap():
     budget = int(os.environ["MBTUNE_CAP_BUDGET"])
     device = os.environ.get("MBTUNE_CAP_DEVICE", "cpu")
     report = {"pid": os.getpid(), "argv": list(sys.argv), "device": device, "memory_budget_bytes": budget,
-              "peak_bytes": None, "over_budget": "", "exception": ""}
+              "peak_bytes": None, "over_budget": "", "exception": "", "step_times_s": []}
     import torch
 
     count = None
@@ -71,6 +76,29 @@ def _cap():
         os.replace(path + ".tmp", path)
 
     atexit.register(write)
+    steps = int(os.environ.get("MBTUNE_CAP_STEPS") or 0)
+    if steps:
+        _end_after(steps, report, write, torch)
+
+
+def _end_after(steps, report, write, torch):
+    """Time every optimizer step; after `steps` of them, report and end the process (exit code 0)."""
+    last = [time.perf_counter()]
+
+    def stepped(optimizer, args, kwargs):
+        now = time.perf_counter()
+        report["step_times_s"].append(now - last[0])
+        last[0] = now
+        if len(report["step_times_s"]) >= steps:
+            atexit.unregister(write)
+            write()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(stepped)
 
 
 def _run_the_environments_own():

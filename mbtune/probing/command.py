@@ -1,0 +1,127 @@
+"""A probe of the user's own training command, as it is: each trial runs the command, its `{batch}` placeholder
+filled in, in fresh processes under exactly the cap a probe trial runs under (probing/cap: every Python process
+it starts, every thread's tensors on the CPU; the per-process memory fraction on CUDA), and ends it cleanly
+after `steps` optimizer steps, counted and timed by a global hook on torch's optimizer step installed before
+the script's first line. The search is the probe's own (probing/search.py) over these trials.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mbtune.errors import ConfigError
+from mbtune.probing.confirm import Capped, run_capped
+from mbtune.probing.records import TrialOutcome
+from mbtune.records import ERROR, OK, OOM, TIMEOUT, WORKLOAD_FAULT
+
+if TYPE_CHECKING:
+    from mbtune.probing.search import SearchResult
+
+PLACEHOLDER = "{batch}"
+_ANY_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+TAIL_LINES = 12
+
+
+def check_template(command: Sequence[str]) -> tuple[str, ...]:
+    """The command, refused without a `{batch}` or with a placeholder a probe does not fill."""
+    if not command:
+        raise ConfigError("no command to probe", hint="Put it after --: mbtune probe --memory-budget 8GiB -- "
+                          "python train.py --batch-size {batch}")
+    unknown = sorted({m.group(1) for arg in command for m in _ANY_PLACEHOLDER.finditer(arg)} - {"batch"})
+    if unknown:
+        raise ConfigError(f"the command has the placeholder {{{unknown[0]}}}, which a probe does not fill",
+                          hint="A probe fills {batch}, the batch size of each process.")
+    if not any(PLACEHOLDER in arg for arg in command):
+        raise ConfigError("the command has no {batch} placeholder for the probe to fill",
+                          hint="Write {batch} where the batch size goes: ... --batch-size {batch}")
+    return tuple(command)
+
+
+def command_name(command: Sequence[str]) -> str:
+    """What a command is called in its profile's name: its script's name (train.py -> train), the module
+    of `python -m`, else the program's name."""
+    from pathlib import Path
+
+    args = list(command)
+    if "-m" in args[:-1]:
+        return args[args.index("-m") + 1]
+    script = next((a for a in args if a.endswith(".py")), None)
+    return Path(script).stem if script else Path(args[0]).name
+
+
+def command_at(command: Sequence[str], batch_size: int) -> list[str]:
+    """The command with its `{batch}` filled in."""
+    return [arg.replace(PLACEHOLDER, str(batch_size)) for arg in command]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandTrial:
+    """How one trial of a command runs: under this budget, on this device, for this many optimizer steps."""
+
+    command: tuple[str, ...]
+    memory_budget_bytes: int
+    device: str = "cpu"  # "cpu" or "cuda"
+    steps: int = 3
+    timeout_s: float = 600.0
+
+
+def run_command_trial(trial: CommandTrial, batch_size: int,
+                      run: Callable[..., Capped] = run_capped) -> TrialOutcome:
+    """One trial of the command at `batch_size`: OOM when any of its processes went past the budget (even
+    where the script caught the error and exited 0), ok when every process that stepped an optimizer
+    reached the steps, an error otherwise (the command's last line), timeout when it ran past its time."""
+    capped = run(command_at(trial.command, batch_size), trial.memory_budget_bytes, trial.device, trial.timeout_s,
+                 {"MBTUNE_CAP_STEPS": str(trial.steps)})
+    return classify(capped, batch_size, trial.steps)
+
+
+def classify(capped: Capped, batch_size: int, steps: int) -> TrialOutcome:
+    """A capped run of the command as a probe trial (see run_command_trial)."""
+    reported = capped.reported
+    peaks = [r["peak_bytes"] for r in reported if r.get("peak_bytes") is not None]
+    over = next((r["over_budget"] for r in reported if r.get("over_budget")), "")
+    raised = next((r["exception"] for r in reported if "OutOfMemoryError" in r.get("exception", "")), "")
+    stepping = [r["step_times_s"] for r in reported if r.get("step_times_s")]
+    lines = [line for line in capped.output.splitlines() if line.strip()]
+    tail = "\n".join(lines[-TAIL_LINES:])
+    common: dict[str, Any] = {"batch_size": batch_size, "peak_memory_bytes": max(peaks) if peaks else None,
+                              "budget_used_bytes": max(peaks) if peaks else None, "wall_s": capped.wall_s}
+    if over or raised:
+        return TrialOutcome(status=OOM, error=over or raised, error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
+    if capped.exit_code is None:
+        return TrialOutcome(status=TIMEOUT, error=f"still running after {capped.timeout_s:g} s (--trial-timeout)",
+                            error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
+    if capped.exit_code != 0:
+        last = lines[-1].strip() if lines else "no output"
+        return TrialOutcome(status=ERROR, error=f"exit code {capped.exit_code}: {last}", error_kind=WORKLOAD_FAULT,
+                            error_tail=tail, **common)
+    if not stepping or any(len(times) < steps for times in stepping):
+        done = max((len(times) for times in stepping), default=0)
+        return TrialOutcome(status=ERROR, error=f"the command ended after {done} optimizer step(s) of the {steps} "
+                            "a trial runs: it must train (a torch optimizer's step) at least that long",
+                            error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
+    # The slowest process sets the pace of a step; each process's step times, in order.
+    per_step = tuple(max(times[i] for times in stepping) for i in range(steps))
+    return TrialOutcome(status=OK, step_times_s=per_step, **common)
+
+
+def search_command(trial: CommandTrial, *, granularity: int = 1, max_batch: int | None = None,
+                   margin: float = 0.15, confirm: int = 1, resolution: int | None = None,
+                   on_trial: Callable[[TrialOutcome], None] | None = None,
+                   run: Callable[..., Capped] = run_capped) -> SearchResult:
+    """The probe's search (ceiling, first failing size, margin, verified safe batch) over trials of the
+    command; `on_trial` sees each outcome as it comes."""
+    from mbtune.probing.search import search_ceiling
+
+    def one(size: int) -> TrialOutcome:
+        outcome = run_command_trial(trial, size, run)
+        if on_trial is not None:
+            on_trial(outcome)
+        return outcome
+
+    return search_ceiling(one, granularity=granularity, max_batch=max_batch,
+                          memory_budget_bytes=trial.memory_budget_bytes, margin=margin, confirm=confirm,
+                          resolution=resolution)

@@ -1,0 +1,95 @@
+"""A probe of the user's own training command, as it is: trials in fresh processes under the probe's cap, ended
+after a few optimizer steps by a hook on torch's optimizer step; the safe batch it finds fits the same
+script under `confirm`, and one granule above the ceiling does not."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from mbtune.errors import ConfigError
+from mbtune.probing.command import CommandTrial, check_template, run_command_trial, search_command
+from mbtune.probing.confirm import FITS, OUT_OF_MEMORY, ConfirmConfig, confirm_command
+from mbtune.records import ERROR, OK, OOM
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = str(Path(__file__).parents[1] / "fixtures" / "train_scripts" / "plain_loop.py")
+BUDGET = 48 * 2**20
+COMMAND = (sys.executable, SCRIPT, "--batch-size", "{batch}", "--width", "256")
+
+
+def test_a_trial_ends_the_users_loop_after_its_steps_and_times_them(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "model.pt"
+    trial = CommandTrial(command=(*COMMAND, "--checkpoint", str(checkpoint)), memory_budget_bytes=BUDGET, steps=4)
+    outcome = run_command_trial(trial, 8)
+    assert outcome.status == OK, outcome.error_tail
+    assert len(outcome.step_times_s) == 4 and outcome.samples_per_s and outcome.peak_memory_bytes
+    assert not checkpoint.exists()  # the epochs after the steps never ran, nor the checkpoint at the end
+    too_big = run_command_trial(trial, 100_000)
+    assert too_big.status == OOM and "budget" in too_big.error
+
+
+def test_a_script_that_catches_the_oom_and_exits_0_is_an_oom(tmp_path: Path) -> None:
+    script = tmp_path / "catches.py"
+    script.write_text("import sys, torch\ntry:\n    x = torch.empty(int(sys.argv[1]) * 2**20, dtype=torch.uint8)\n"
+                      "except torch.OutOfMemoryError:\n    print('out of memory, skipped')\n")
+    outcome = run_command_trial(CommandTrial(command=(sys.executable, str(script), "{batch}"),
+                                             memory_budget_bytes=BUDGET), 100)
+    assert outcome.status == OOM
+    never = run_command_trial(CommandTrial(command=(sys.executable, str(script), "{batch}"),
+                                           memory_budget_bytes=BUDGET), 1)
+    assert never.status == ERROR and "0 optimizer step(s) of the 3" in never.error
+
+
+def test_bad_templates_are_refused() -> None:
+    with pytest.raises(ConfigError, match="no {batch} placeholder"):
+        check_template(["python", "train.py", "--batch-size", "8"])
+    with pytest.raises(ConfigError, match="placeholder {micro_batch_size}, which a probe does not fill"):
+        check_template(["python", "train.py", "--batch-size", "{batch}", "--mbs", "{micro_batch_size}"])
+    with pytest.raises(ConfigError, match="no command"):
+        check_template([])
+
+
+def test_the_safe_batch_of_the_users_script_fits_it_and_above_the_ceiling_does_not() -> None:
+    trial = CommandTrial(command=check_template(COMMAND), memory_budget_bytes=BUDGET, steps=3)
+    found = search_command(trial, granularity=32, margin=0.15, confirm=1, resolution=32)
+    assert found.ceiling and found.safe_batch and found.safe_batch < found.ceiling
+    assert found.first_failing == found.ceiling + 32  # bracketed to one granule
+    fits = confirm_command(ConfirmConfig(command=[*COMMAND[:3], str(found.safe_batch), *COMMAND[4:], "--epochs", "1"],
+                                         memory_budget_bytes=BUDGET, runs=3))
+    assert [run.outcome for run in fits.runs] == [FITS] * 3
+    above = confirm_command(ConfirmConfig(command=[*COMMAND[:3], str(found.first_failing), *COMMAND[4:],
+                                                   "--epochs", "1"], memory_budget_bytes=BUDGET, runs=1))
+    assert above.runs[0].outcome == OUT_OF_MEMORY
+
+
+def test_mbtune_probe_of_a_command_saves_a_profile_named_for_it(tmp_path: Path, capsys) -> None:
+    import json
+
+    from mbtune.cli import main
+    from mbtune.saving.profiles import load_profile
+
+    args = ["-q", "probe", "-d", "cpu", "--memory-budget", "48MiB", "--granularity", "256", "--resolution", "256",
+            "--profiles-dir", str(tmp_path), "-f", "json", "--", *COMMAND]
+    with pytest.raises(SystemExit) as ended:
+        main(args)
+    assert ended.value.code == 0
+    printed = json.loads(capsys.readouterr().out)
+    (saved,) = tmp_path.glob("*/plain-loop.json")
+    profile = load_profile(saved)
+    assert profile.probe is not None and profile.probe.workload == "plain_loop"
+    assert printed["ceiling"] == profile.probe.ceiling and profile.probe.safe_batch
+    assert profile.probe.num_parameters is None  # the command is the user's own: mbtune built no model of it
+
+
+def test_a_command_without_its_placeholder_is_one_line_exit_2(capsys) -> None:
+    from mbtune.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["-q", "probe", "-d", "cpu", "--memory-budget", "48MiB", "--no-save", "--", sys.executable, SCRIPT,
+              "--batch-size", "8"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "no {batch} placeholder" in err and len(err.strip().splitlines()) == 1
