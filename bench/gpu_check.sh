@@ -14,8 +14,9 @@
 #   summary         one JSON of every figure: ceiling, safe batch, the ceiling predicted on fake tensors before
 #                   any trial, throughput, MFU, NVML kernel-active share, peak memory, CUDA-event against
 #                   wall-clock step time
-# tests/gpu holds the CUDA checks of memory: a trial's predicted peak against its allocated peak, and
-# `mbtune confirm` holding a CUDA script to the per-process memory fraction.
+# tests/gpu holds the CUDA checks of memory: a trial's predicted peak against its allocated peak,
+# `mbtune confirm` holding a CUDA script to the per-process memory fraction, and `mbtune probe -- COMMAND`
+# probing a CUDA training script under it (tests/gpu/test_cuda_command_probe.py).
 # Every output is a JSON file in $OUT (./gpu-check-out when OUT is unset); the summary is printed last.
 # The exit status is nonzero when any step failed.
 #
