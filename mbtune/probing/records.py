@@ -135,6 +135,7 @@ class ProbeResult(Record):
     recompute_ceilings: tuple[RecomputeCeiling, ...] = ()  # the other modes asked for
     mode: str = "train"  # train: full training steps | infer: forward passes only (mbtune serve's ceiling)
     predicted: CeilingPrediction | None = None  # where the trial's steps on fake tensors put the ceiling
+    command: tuple[str, ...] = ()  # the user's own training command that was probed (with {batch}), if one was
 
     @property
     def stopped_at_max_batch(self) -> bool:

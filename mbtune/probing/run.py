@@ -75,6 +75,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         safe_batch_first=found.safe_batch_first,
         warnings=(*warnings, *(workload.warnings if workload else ()), *found.warnings),
         recompute=config.recompute[0], mode=config.mode, predicted=predicted[config.recompute[0]],
+        command=config.command,
         recompute_ceilings=tuple(_recompute_ceiling(mode, other) for mode, other in zip(config.recompute[1:], others)),
     )
 

@@ -135,6 +135,7 @@ def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
     was = baseline.probe
     device = was.device.label if was.device.backend == "cuda" else "cpu"
     probe = build(ProbeConfig, {**settings_of(ProbeConfig, was), "device": device,
+                                "name": was.workload if was.command else None,
                                 "recompute": (was.recompute, *(c.recompute for c in was.recompute_ceilings))},
                   command_line=baseline.metadata.command_line)
     if baseline.sweep is None:

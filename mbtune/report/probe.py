@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
+
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from mbtune.probing.command import command_at
 from mbtune.probing.records import MemoryModel, ProbeResult, TrialOutcome
 from mbtune.records import HARNESS_FAULT
 from mbtune.report import document_stream, fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
@@ -70,8 +73,9 @@ def summary_panel(result: ProbeResult) -> Panel:
     if result.predicted is not None:
         grid.add_row("predicted", predicted_text(result))
     if result.memory_budget_bytes and result.mode == "train":
-        grid.add_row("your script", f"mbtune confirm --memory-budget {size_flag(result.memory_budget_bytes)} -- "
-                                    f"<your training command at batch {result.safe_batch}>")
+        yours = (shlex.join(command_at(result.command, result.safe_batch)) if result.command
+                 else f"<your training command at batch {result.safe_batch}>")
+        grid.add_row("your script", f"mbtune confirm --memory-budget {size_flag(result.memory_budget_bytes)} -- {yours}")
     grid.add_row("memory model", memory_model_text(result.memory_model))
     grid.add_row("trials", str(len(result.trials)))
     if result.recompute != "none" or result.recompute_ceilings:
@@ -117,6 +121,8 @@ def memory_model_text(model: MemoryModel | None) -> str:
 
 
 def _workload_label(result: ProbeResult) -> str:
+    if result.command:  # the script chose its own precision and optimizer
+        return f"{result.workload}: {shlex.join(result.command)}"
     options = ", ".join(f"{k}={v}" for k, v in result.workload_options.items())
     settings = f"{result.precision}, {result.optimizer}"
     return f"{result.workload} ({options}; {settings})" if options else f"{result.workload} ({settings})"

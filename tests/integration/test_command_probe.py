@@ -66,7 +66,7 @@ def test_the_safe_batch_of_the_users_script_fits_it_and_above_the_ceiling_does_n
     assert above.runs[0].outcome == OUT_OF_MEMORY
 
 
-def test_mbtune_probe_of_a_command_saves_a_profile_named_for_it(tmp_path: Path, capsys) -> None:
+def test_mbtune_probe_of_a_command_saves_a_profile_named_for_it_and_qualify_re_runs_it(tmp_path: Path, capsys) -> None:
     import json
 
     from mbtune.cli import main
@@ -83,6 +83,14 @@ def test_mbtune_probe_of_a_command_saves_a_profile_named_for_it(tmp_path: Path, 
     assert profile.probe is not None and profile.probe.workload == "plain_loop"
     assert printed["ceiling"] == profile.probe.ceiling and profile.probe.safe_batch
     assert profile.probe.num_parameters is None  # the command is the user's own: mbtune built no model of it
+    assert tuple(printed["command"]) == COMMAND == profile.probe.command
+    # CI qualifies the real job: the baseline's own command is probed again, under the same cap.
+    with pytest.raises(SystemExit) as qualified:
+        main(["-q", "qualify", "--baseline", str(saved), "--profiles-dir", str(tmp_path / "runs"), "-f", "json"])
+    verdict = json.loads(capsys.readouterr().out)
+    assert qualified.value.code == 0 and verdict["status"] == "PASS"
+    (rerun,) = (tmp_path / "runs").glob("*/plain-loop.json")
+    assert load_profile(rerun).probe.command == COMMAND
 
 
 def test_a_command_without_its_placeholder_is_one_line_exit_2(capsys) -> None:
