@@ -38,6 +38,7 @@ test-not-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/probe.py
+	$(BIN)/python bench/command_probe.py
 	$(BIN)/python bench/sweep.py
 	$(BIN)/python bench/plan.py
 	$(BIN)/python bench/qualify.py
