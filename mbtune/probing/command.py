@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 PLACEHOLDER = "{batch}"
 _ANY_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-TAIL_LINES = 12
 
 
 def check_template(command: Sequence[str]) -> tuple[str, ...]:
@@ -80,24 +79,19 @@ def run_command_trial(trial: CommandTrial, batch_size: int,
 
 def classify(capped: Capped, batch_size: int, steps: int) -> TrialOutcome:
     """A capped run of the command as a probe trial (see run_command_trial)."""
-    reported = capped.reported
-    peaks = [r["peak_bytes"] for r in reported if r.get("peak_bytes") is not None]
-    over = next((r["over_budget"] for r in reported if r.get("over_budget")), "")
-    raised = next((r["exception"] for r in reported if "OutOfMemoryError" in r.get("exception", "")), "")
-    stepping = [r["step_times_s"] for r in reported if r.get("step_times_s")]
-    lines = [line for line in capped.output.splitlines() if line.strip()]
-    tail = "\n".join(lines[-TAIL_LINES:])
-    common: dict[str, Any] = {"batch_size": batch_size, "peak_memory_bytes": max(peaks) if peaks else None,
-                              "budget_used_bytes": max(peaks) if peaks else None, "wall_s": capped.wall_s}
-    if over or raised:
-        return TrialOutcome(status=OOM, error=over or raised, error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
+    stepping = [r["step_times_s"] for r in capped.reported if r.get("step_times_s")]
+    tail = capped.tail
+    common: dict[str, Any] = {"batch_size": batch_size, "peak_memory_bytes": capped.peak_bytes,
+                              "budget_used_bytes": capped.peak_bytes, "wall_s": capped.wall_s}
+    if capped.out_of_memory:
+        return TrialOutcome(status=OOM, error=capped.out_of_memory, error_kind=WORKLOAD_FAULT, error_tail=tail,
+                            **common)
     if capped.exit_code is None:
         return TrialOutcome(status=TIMEOUT, error=f"still running after {capped.timeout_s:g} s (--trial-timeout)",
                             error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
     if capped.exit_code != 0:
-        last = lines[-1].strip() if lines else "no output"
-        return TrialOutcome(status=ERROR, error=f"exit code {capped.exit_code}: {last}", error_kind=WORKLOAD_FAULT,
-                            error_tail=tail, **common)
+        return TrialOutcome(status=ERROR, error=f"exit code {capped.exit_code}: {capped.last_line}",
+                            error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
     if not stepping or any(len(times) < steps for times in stepping):
         done = max((len(times) for times in stepping), default=0)
         return TrialOutcome(status=ERROR, error=f"the command ended after {done} optimizer step(s) of the {steps} "

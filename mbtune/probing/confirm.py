@@ -129,6 +129,33 @@ class Capped:
     wall_s: float
     timeout_s: float
 
+    @property
+    def peak_bytes(self) -> int | None:
+        """The most any of its processes held (None: none reported)."""
+        peaks = [r["peak_bytes"] for r in self.reported if r.get("peak_bytes") is not None]
+        return max(peaks) if peaks else None
+
+    @property
+    def out_of_memory(self) -> str:
+        """Why a process went past the budget (the budget's message, or the OOM it raised); "" where none did,
+        whether or not the script caught the error."""
+        over = next((r["over_budget"] for r in self.reported if r.get("over_budget")), "")
+        raised = next((r["exception"] for r in self.reported if "OutOfMemoryError" in r.get("exception", "")), "")
+        return over or raised
+
+    @property
+    def lines(self) -> list[str]:
+        """What the command wrote, its blank lines left out."""
+        return [line for line in self.output.splitlines() if line.strip()]
+
+    @property
+    def tail(self) -> str:
+        return "\n".join(self.lines[-TAIL_LINES:])
+
+    @property
+    def last_line(self) -> str:
+        return self.lines[-1].strip() if self.lines else "no output"
+
 
 def run_capped(command: list[str], memory_budget_bytes: int, device: str, timeout_s: float,
                env: dict[str, str] | None = None) -> Capped:
@@ -160,26 +187,20 @@ def run_capped(command: list[str], memory_budget_bytes: int, device: str, timeou
 
 
 def _classify(capped: Capped) -> ConfirmRun:
-    code, reported, output, wall_s, timeout_s = (capped.exit_code, capped.reported, capped.output, capped.wall_s,
-                                                 capped.timeout_s)
-    peaks = [r["peak_bytes"] for r in reported if r.get("peak_bytes") is not None]
-    over = next((r["over_budget"] for r in reported if r.get("over_budget")), "")
-    raised = next((r["exception"] for r in reported if "OutOfMemoryError" in r.get("exception", "")), "")
-    lines = [line for line in output.splitlines() if line.strip()]
-    tail = "\n".join(lines[-TAIL_LINES:])
+    code = capped.exit_code
 
     def run(outcome: str, cause: str = "", output_tail: str = "") -> ConfirmRun:
-        return ConfirmRun(outcome=outcome, exit_code=code, peak_bytes=max(peaks) if peaks else None,
-                          processes=len(reported), wall_s=wall_s, cause=cause, output_tail=output_tail)
+        return ConfirmRun(outcome=outcome, exit_code=code, peak_bytes=capped.peak_bytes,
+                          processes=len(capped.reported), wall_s=capped.wall_s, cause=cause, output_tail=output_tail)
 
-    if over or raised:
-        return run(OUT_OF_MEMORY, over or raised, tail)
+    if capped.out_of_memory:
+        return run(OUT_OF_MEMORY, capped.out_of_memory, capped.tail)
     if code == 0:
         return run(FITS)
     if code is None:
-        cause = f"still running after {timeout_s:g} s (--timeout): stopped"
+        cause = f"still running after {capped.timeout_s:g} s (--timeout): stopped"
     elif code < 0:
         cause = f"killed by signal {-code} ({signal.Signals(-code).name})" if -code in signal.valid_signals() else f"killed ({code})"
     else:
-        cause = f"exit code {code}: {lines[-1].strip() if lines else 'no output'}"
-    return run(CRASHED, cause, tail)
+        cause = f"exit code {code}: {capped.last_line}"
+    return run(CRASHED, cause, capped.tail)

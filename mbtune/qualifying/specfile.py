@@ -243,7 +243,7 @@ def _settings(path: Path, data: dict[str, Any], section: str, config: type) -> d
         keys[param_for(field)] = key
         if field in _ONE_OR_MORE and isinstance(value, int | str) and not isinstance(value, bool) and _is_list(hints[field]):
             value = [value]  # one value, as specs wrote it before lists
-        settings[name] = _value(path, f"[{section}] {key}", hints[field], value, read_by_door=_in_words(field))
+        settings[name] = _value(path, f"[{section}] {key}", hints[field], value, read_by_door=_read_by_the_door(field))
     if unknown:
         known = sorted({param_for(field) for field in names.values()})
         raise ConfigError(f"[{section}] in the spec {path} has unknown key(s) {_names(unknown)}; known: "
@@ -251,7 +251,7 @@ def _settings(path: Path, data: dict[str, Any], section: str, config: type) -> d
     return settings
 
 
-def _in_words(field: str) -> bool:
+def _read_by_the_door(field: str) -> bool:
     """Whether a field's value may be written as text that the door reads: a size, a duration, a rate."""
     return field.endswith(("_bytes", "_s"))
 
