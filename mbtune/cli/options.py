@@ -210,6 +210,9 @@ Check = Annotated[bool, typer.Option(help="Check the best row's update against t
 TrainingCommand = Annotated[list[str] | None, typer.Argument(help="Your own training command, after --, as you run it, with {batch} where the per-process batch size goes: probed as it is, instead of a workload.", show_default=False)]
 
 
+StepsFromOutput = Annotated[str | None, typer.Option("--steps-from-output", metavar="REGEX", help="With a command that steps no torch optimizer: a line it prints once a step (a regular expression, searched in each line of its output); its steps are counted and timed from those lines.")]
+
+
 CommandName = Annotated[str | None, typer.Option("--name", help="With a command: its name in the profile (default: its script's name).")]
 
 

@@ -24,6 +24,7 @@ from mbtune.cli.options import (
     Device,
     FromProfile,
     ProbeStepsInTune,
+    StepsFromOutput,
     TrainingCommand,
     command,
     option,
@@ -71,7 +72,9 @@ def _tune(given: dict[str, Any]) -> None:
     finish(run.fmt, outcome, plot=run.plot, trace=run.trace, output=run.output)
 
 
-probe = command(_probe, (option("command", TrainingCommand), option("name", CommandName)), WORKLOAD_OPTIONS,
+COMMAND_OPTIONS = (option("command", TrainingCommand), option("name", CommandName),
+                   option("steps_from_output", StepsFromOutput))
+probe = command(_probe, COMMAND_OPTIONS, WORKLOAD_OPTIONS,
                 BUDGET_OPTIONS, PROBE_STEPS, TRAINING_OPTIONS, TRIAL_TIMEOUT, SAVE_OPTIONS, OUTPUT_OPTIONS)
 sweep = command(_sweep, WORKLOAD_OPTIONS, GRID_OPTIONS, (option("from_profile", FromProfile),), MEASURE_OPTIONS,
                 TRAINING_OPTIONS, LAUNCH_OPTIONS, SAVE_OPTIONS, PICTURE_OPTIONS, OUTPUT_OPTIONS)

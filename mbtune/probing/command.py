@@ -65,6 +65,9 @@ class CommandTrial:
     device: str = "cpu"  # "cpu" or "cuda"
     steps: int = 3
     timeout_s: float = 600.0
+    # A line the command prints once a step (a regular expression): its steps are counted and timed from its
+    # output instead of torch's optimizer step, for a script that steps no torch optimizer.
+    steps_from_output: str | None = None
 
 
 def run_command_trial(trial: CommandTrial, batch_size: int,
@@ -72,14 +75,40 @@ def run_command_trial(trial: CommandTrial, batch_size: int,
     """One trial of the command at `batch_size`: OOM when any of its processes went past the budget (even
     where the script caught the error and exited 0), ok when every process that stepped an optimizer
     reached the steps, an error otherwise (the command's last line), timeout when it ran past its time."""
-    capped = run(command_at(trial.command, batch_size), trial.memory_budget_bytes, trial.device, trial.timeout_s,
-                 {"MBTUNE_CAP_STEPS": str(trial.steps)})
-    return classify(capped, batch_size, trial.steps)
+    command = command_at(trial.command, batch_size)
+    if trial.steps_from_output:
+        capped = run(command, trial.memory_budget_bytes, trial.device, trial.timeout_s,
+                     steps_from=(step_line(trial.steps_from_output), trial.steps))
+    else:
+        capped = run(command, trial.memory_budget_bytes, trial.device, trial.timeout_s,
+                     {"MBTUNE_CAP_STEPS": str(trial.steps)})
+    return classify(capped, batch_size, trial.steps, printed=bool(trial.steps_from_output))
 
 
-def classify(capped: Capped, batch_size: int, steps: int) -> TrialOutcome:
-    """A capped run of the command as a probe trial (see run_command_trial)."""
-    stepping = [r["step_times_s"] for r in capped.reported if r.get("step_times_s")]
+def step_line(pattern: str) -> re.Pattern[str]:
+    """--steps-from-output's regular expression, refused in one line where it does not compile."""
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"--steps-from-output {pattern!r} is not a regular expression: {exc}",
+                          hint="Name a line the script prints once a step, e.g. --steps-from-output 'step \\d+'.",
+                          field="steps_from_output") from exc
+
+
+NO_STEP_HINT = ("if it trains without a torch optimizer, name a line it prints once a step: --steps-from-output "
+                "REGEX")
+
+
+def classify(capped: Capped, batch_size: int, steps: int, *, printed: bool = False) -> TrialOutcome:
+    """A capped run of the command as a probe trial (see run_command_trial); `printed`: its steps are the
+    lines it printed (capped.printed_steps_s), not its processes' optimizer steps."""
+    if printed:
+        at = capped.printed_steps_s
+        stepping = [[b - a for a, b in zip((0.0, *at), at, strict=False)]] if at else []
+    else:
+        stepping = [r["step_times_s"] for r in capped.reported if r.get("step_times_s")]
+    done = max((len(times) for times in stepping), default=0)
+    what = "printed step line(s)" if printed else "optimizer step(s)"
     tail = capped.tail
     common: dict[str, Any] = {"batch_size": batch_size, "peak_memory_bytes": capped.peak_bytes,
                               "budget_used_bytes": capped.peak_bytes, "wall_s": capped.wall_s}
@@ -87,19 +116,22 @@ def classify(capped: Capped, batch_size: int, steps: int) -> TrialOutcome:
         return TrialOutcome(status=OOM, error=capped.out_of_memory, error_kind=WORKLOAD_FAULT, error_tail=tail,
                             **common)
     if capped.exit_code is None:
-        return TrialOutcome(status=TIMEOUT, error=f"still running after {capped.timeout_s:g} s (--trial-timeout)",
-                            error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
+        made = f"{done} {what} of the {steps} a trial runs"
+        hint = f": {NO_STEP_HINT}" if not done and not printed else ""
+        return TrialOutcome(status=TIMEOUT, error=f"still running after {capped.timeout_s:g} s (--trial-timeout), "
+                            f"{made}{hint}", error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
     if capped.exit_code != 0:
         return TrialOutcome(status=ERROR, error=f"exit code {capped.exit_code}: {capped.last_line}",
                             error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
     if not stepping or any(len(times) < steps for times in stepping):
-        done = max((len(times) for times in stepping), default=0)
-        return TrialOutcome(status=ERROR, error=f"the command ended after {done} optimizer step(s) of the {steps} "
-                            "a trial runs: it must train (a torch optimizer's step) at least that long",
-                            error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
+        must = ("print its step line at least that often" if printed else
+                "train (a torch optimizer's step) at least that long" if done else NO_STEP_HINT)
+        return TrialOutcome(status=ERROR, error=f"the command ended after {done} {what} of the {steps} a trial "
+                            f"runs: {must}", error_kind=WORKLOAD_FAULT, error_tail=tail, **common)
     # The slowest process sets the pace of a step; each process's step times, in order.
     per_step = tuple(max(times[i] for times in stepping) for i in range(steps))
-    return TrialOutcome(status=OK, step_times_s=per_step, **common)
+    return TrialOutcome(status=OK, step_times_s=per_step, startup_s=max(0.0, capped.wall_s - sum(per_step[1:])),
+                        **common)
 
 
 def search_command(trial: CommandTrial, *, granularity: int = 1, max_batch: int | None = None,
@@ -118,4 +150,4 @@ def search_command(trial: CommandTrial, *, granularity: int = 1, max_batch: int 
 
     return search_ceiling(one, granularity=granularity, max_batch=max_batch,
                           memory_budget_bytes=trial.memory_budget_bytes, margin=margin, confirm=confirm,
-                          resolution=resolution)
+                          resolution=resolution, command=trial.command)

@@ -99,6 +99,9 @@ class ProbeConfig:
     # a workload (probing/command.py); `steps` are then its optimizer steps per trial.
     command: tuple[str, ...] = ()
     name: str | None = None  # a command's name in the profile (default: its script's name)
+    # A line the command prints once a step (a regular expression): steps counted from its output, for a
+    # script that steps no torch optimizer.
+    steps_from_output: str | None = None
     command_line: str = ""
     extra_warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -113,6 +116,14 @@ class ProbeConfig:
             object.__setattr__(self, "command", check_template(self.command))
             object.__setattr__(self, "workload", self.name or command_name(self.command))
             object.__setattr__(self, "predict", False)  # the script is not a workload mbtune can trace
+            if self.steps_from_output is not None:
+                from mbtune.probing.command import step_line
+
+                step_line(self.steps_from_output)
+        elif self.steps_from_output is not None:
+            raise ConfigError("steps_from_output counts the steps of a command, and there is none",
+                              field="steps_from_output", hint="Give the command after --: mbtune probe "
+                              "--steps-from-output 'step \\d+' -- python train.py --batch-size {batch}")
         _require(self.mode in MODES, "mode", self.mode, " | ".join(MODES))
         check_recompute_modes(self.recompute)
         require_unique(self.recompute, "recompute")

@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,6 +130,8 @@ class Capped:
     output: str
     wall_s: float
     timeout_s: float
+    # With a step line (run_capped's `steps_from`): when each line that matched was printed, from the start.
+    printed_steps_s: tuple[float, ...] = ()
 
     @property
     def peak_bytes(self) -> int | None:
@@ -157,33 +161,57 @@ class Capped:
         return self.lines[-1].strip() if self.lines else "no output"
 
 
+STOP_GRACE_S = 5.0  # asked to stop, a process has this long to write its report before it is killed
+
+
 def run_capped(command: list[str], memory_budget_bytes: int, device: str, timeout_s: float,
-               env: dict[str, str] | None = None) -> Capped:
-    """Run the command once in fresh processes under the cap (its whole process group stopped at the
-    timeout); `env`: more of the cap's settings (MBTUNE_CAP_STEPS)."""
+               env: dict[str, str] | None = None, steps_from: tuple[re.Pattern[str], int] | None = None) -> Capped:
+    """Run the command once in fresh processes under the cap; `env`: more of the cap's settings
+    (MBTUNE_CAP_STEPS). `steps_from`: a line the command prints once a step and how many such lines a run
+    is: each is timed as it is printed, and after the last the processes are asked to report and end.
+    At its timeout the processes are asked to report (what they held, the steps they made) and the whole
+    process group is stopped."""
     with tempfile.TemporaryDirectory(prefix="mbtune-confirm-") as reports:
+        stop = Path(reports) / "stop"
+        settings = {**cap_environment(memory_budget_bytes, device, reports), **(env or {})}
+        if steps_from is not None:
+            settings["PYTHONUNBUFFERED"] = "1"  # each step's line as it is printed, not when a buffer fills
         started = time.perf_counter()
         try:
-            process = subprocess.Popen(command, env={**cap_environment(memory_budget_bytes, device, reports),
-                                                     **(env or {})},
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                       start_new_session=True)
+            process = subprocess.Popen(command, env=settings, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True, errors="replace", start_new_session=True)
         except OSError as exc:
             raise ConfigError(f"could not start {command[0]!r}: {exc.strerror or exc}",
                               hint="Give the command as you would run it, after --.") from exc
+        lines: list[str] = []
+        printed: list[float] = []
+
+        def read() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line)
+                if steps_from is not None and steps_from[0].search(line):
+                    printed.append(time.perf_counter() - started)
+                    if len(printed) == steps_from[1]:
+                        stop.touch()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        code: int | None
         try:
-            output, _ = process.communicate(timeout=timeout_s)
-            code: int | None = process.returncode
+            code = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
+            stop.touch()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=STOP_GRACE_S)
             code = None
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)  # what the command left running (a worker, a loader)
+        reader.join(timeout=STOP_GRACE_S)
         wall_s = time.perf_counter() - started
         reported = [json.loads(p.read_text()) for p in Path(reports).glob("*.json")]
-    return Capped(code, reported, output, wall_s, timeout_s)
+    return Capped(code, reported, "".join(lines), wall_s, timeout_s, tuple(printed))
 
 
 def _classify(capped: Capped) -> ConfirmRun:

@@ -28,6 +28,9 @@ class TrialOutcome(Outcome):
     device: DeviceInfo | None = None
     error_kind: str = ""  # workload | harness when the trial failed (see ERROR_KINDS)
     error_tail: str = ""  # the last lines of the failure's traceback and of the trial process's stderr
+    # A trial of the user's own command: its wall time less the steps measured after the first (the script's
+    # start-up, its first step and its end); wall_s - startup_s is the steps'.
+    startup_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -106,7 +109,8 @@ class ProbeResult(Record):
         return frame({
             "batch_size": t.batch_size, "status": t.status, "peak_memory_bytes": t.peak_memory_bytes,
             "peak_reserved_bytes": t.peak_reserved_bytes, "budget_used_bytes": t.budget_used_bytes,
-            "step_time_s": t.step_time_s, "samples_per_s": t.samples_per_s, "wall_s": t.wall_s, "error": t.error,
+            "step_time_s": t.step_time_s, "samples_per_s": t.samples_per_s, "wall_s": t.wall_s,
+            "startup_s": t.startup_s, "error": t.error,
         } for t in self.trials)
 
     workload: str
@@ -136,6 +140,7 @@ class ProbeResult(Record):
     mode: str = "train"  # train: full training steps | infer: forward passes only (mbtune serve's ceiling)
     predicted: CeilingPrediction | None = None  # where the trial's steps on fake tensors put the ceiling
     command: tuple[str, ...] = ()  # the user's own training command that was probed (with {batch}), if one was
+    steps_from_output: str | None = None  # the line that counted its steps, where it was not torch's optimizer
 
     @property
     def stopped_at_max_batch(self) -> bool:

@@ -75,7 +75,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         safe_batch_first=found.safe_batch_first,
         warnings=(*warnings, *(workload.warnings if workload else ()), *found.warnings),
         recompute=config.recompute[0], mode=config.mode, predicted=predicted[config.recompute[0]],
-        command=config.command,
+        command=config.command, steps_from_output=config.steps_from_output,
         recompute_ceilings=tuple(_recompute_ceiling(mode, other) for mode, other in zip(config.recompute[1:], others)),
     )
 
@@ -97,7 +97,8 @@ class _Trials:
         c = self.config
         return search_ceiling(lambda size: self.run(size, recompute), granularity=c.granularity,
                               max_batch=c.max_batch, memory_budget_bytes=memory_budget_bytes, margin=c.margin, confirm=c.confirm or 1,
-                              resolution=c.resolution, start=predicted.ceiling if predicted else None)
+                              resolution=c.resolution, start=predicted.ceiling if predicted else None,
+                              command=c.command)
 
     def run(self, batch_size: int, recompute: str) -> TrialOutcome:
         if self.progress:
@@ -124,7 +125,8 @@ class _Trials:
 
             return run_command_trial(CommandTrial(command=c.command, memory_budget_bytes=self.fits_in_bytes,
                                                   device="cpu" if self.device == "cpu" else "cuda", steps=c.steps,
-                                                  timeout_s=c.trial_timeout_s), batch_size)
+                                                  timeout_s=c.trial_timeout_s,
+                                                  steps_from_output=c.steps_from_output), batch_size)
         return run_classified_trial(c.trial(batch_size=batch_size, device=self.device, recompute=recompute),
                                     c.trial_timeout_s)
 

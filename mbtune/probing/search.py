@@ -11,6 +11,7 @@ fresh runs, stepping down until one does.
 from __future__ import annotations
 
 import math
+import shlex
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ class _State:
     band_seen: bool = False  # some size both ran and failed: the ceiling is a band, not a size
     falls: int = 0  # trials that failed since the last one that ran
     guided_width: int | None = None  # the bracket's width when the last guided bracket step was chosen
+    command: tuple[str, ...] = ()  # the user's own command the trials run, if they do
 
     def record(self, outcome: TrialOutcome) -> None:
         self.trials.append(outcome)
@@ -268,17 +270,20 @@ def _narrow(state: _State, guess: float | None) -> int:
 
 def search_ceiling(run_trial: RunTrial, *, granularity: int = 1, max_batch: int | None = None,
                    memory_budget_bytes: int | None = None, margin: float = 0.15, confirm: int = 2,
-                   resolution: int | None = None, start: int | None = None) -> SearchResult:
+                   resolution: int | None = None, start: int | None = None,
+                   command: tuple[str, ...] = ()) -> SearchResult:
     """Find the largest batch (a multiple of granularity) that runs, with the next size tried above it
     failing for memory no more than `resolution` above it; confirm it passed `confirm` times; find a safe
     batch that passes `confirm` fresh runs.
 
     `start`: a predicted ceiling. The search tries it first, then one resolution above it: where that
     fails, the prediction was right and the bracket is closed in two trials; otherwise the search goes on
-    from what those two trials showed."""
+    from what those two trials showed. `command`: the trials run the user's own command (written with
+    {batch}), which an error names."""
     if max_batch is not None:
         max_batch = max(granularity, _round_down(max_batch, granularity))
-    state = _State(granularity=granularity, max_batch=max_batch, memory_budget_bytes=memory_budget_bytes, resolution=resolution)
+    state = _State(granularity=granularity, max_batch=max_batch, memory_budget_bytes=memory_budget_bytes,
+                   resolution=resolution, command=command)
     size: int | None = granularity
     if start is not None:
         size = max(granularity, _round_down(start, granularity))
@@ -326,6 +331,11 @@ def _run(run_trial: RunTrial, size: int, state: _State) -> TrialOutcome:
             raise TrialFailedError(f"the trial at batch {size} stopped: {why.split(': ')[0]}", detail=detail,
                                    hint="Training diverged, or the workload computes a non-finite loss: check its "
                                            "loss function, data and learning rate (this is not a memory limit).")
+        if outcome.status == ERROR and not state.passes and state.command:
+            shown = shlex.join(arg.replace("{batch}", str(size)) for arg in state.command)
+            raise WorkloadBrokenError(f"the command fails at batch {size} not for lack of memory: {why}",
+                                      detail=outcome.error_tail or outcome.error,
+                                      hint=f"Run it by hand to see the whole error: {shown}")
         if outcome.status == ERROR and not state.passes:
             raise WorkloadBrokenError(f"the workload fails at batch {size} not for lack of memory: {why}",
                                       detail=outcome.error)

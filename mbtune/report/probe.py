@@ -34,7 +34,10 @@ def trials_table(trials: tuple[TrialOutcome, ...] | list[TrialOutcome], *, title
     """Every trial in the order it ran; with a cause column (one short line) when any failed."""
     table = Table(title=title, title_justify="left")
     failed = any(not trial.ok for trial in trials)
-    for name in ("#", "batch", "status", "peak memory", "budget used", "step time", "samples/s"):
+    # A command's trial costs its start-up and its steps: both shown.
+    timed = any(trial.startup_s is not None for trial in trials)
+    names = ("#", "batch", "status", "peak memory", "budget used", "step time", "samples/s")
+    for name in names + (("start-up", "steps") if timed else ()):
         # With a cause column, that one alone gives way (cut short) when the table is too wide.
         table.add_column(name, justify="left" if name == "status" else "right", no_wrap=failed)
     if failed:
@@ -46,6 +49,10 @@ def trials_table(trials: tuple[TrialOutcome, ...] | list[TrialOutcome], *, title
             fmt_bytes(trial.peak_memory_bytes), fmt_bytes(trial.budget_used_bytes),
             fmt_seconds(trial.step_time_s) if trial.ok else "", fmt_rate(trial.samples_per_s) if trial.ok else "",
         ]
+        if timed:
+            startup = trial.startup_s
+            cells += [fmt_seconds(startup) if startup is not None else "",
+                      fmt_seconds(trial.wall_s - startup) if startup is not None else ""]
         if failed:
             cause = "" if trial.ok else cause_line(trial.error, trial.error_kind)
             cells.append(Text(cause, no_wrap=True, overflow="ellipsis"))

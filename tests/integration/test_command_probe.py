@@ -12,7 +12,7 @@ import pytest
 from mbtune.errors import ConfigError
 from mbtune.probing.command import CommandTrial, check_template, run_command_trial, search_command
 from mbtune.probing.confirm import FITS, OUT_OF_MEMORY, ConfirmConfig, confirm_command
-from mbtune.records import ERROR, OK, OOM
+from mbtune.records import ERROR, OK, OOM, TIMEOUT
 
 pytestmark = pytest.mark.integration
 
@@ -102,3 +102,45 @@ def test_a_command_without_its_placeholder_is_one_line_exit_2(capsys) -> None:
     err = capsys.readouterr().err
     assert ended.value.code == 2 and "no {batch} placeholder" in err and len(err.strip().splitlines()) == 1
 
+
+
+MANUAL = str(Path(__file__).parents[1] / "fixtures" / "train_scripts" / "manual_sgd.py")
+
+
+def test_a_script_without_a_torch_optimizer_is_stepped_by_the_line_it_prints() -> None:
+    command = (sys.executable, MANUAL, "--batch-size", "{batch}")
+    unseen = run_command_trial(CommandTrial(command=command, memory_budget_bytes=BUDGET, timeout_s=5), 8)
+    assert unseen.status == TIMEOUT and "0 optimizer step(s) of the 3" in unseen.error
+    assert "--steps-from-output REGEX" in unseen.error and unseen.peak_memory_bytes  # reported when stopped
+    printed = run_command_trial(CommandTrial(command=command, memory_budget_bytes=BUDGET,
+                                             steps_from_output=r"^step \d+ loss", steps=4), 8)
+    assert printed.status == OK, printed.error_tail
+    assert len(printed.step_times_s) == 4 and printed.peak_memory_bytes
+    assert printed.startup_s is not None and 0 < printed.startup_s <= printed.wall_s
+    assert run_command_trial(CommandTrial(command=command, memory_budget_bytes=BUDGET, steps_from_output="^step ",
+                                          steps=4), 1_000_000).status == OOM
+
+
+def _running(marker: str) -> list[str]:
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                args = cmdline.read().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in args:
+            found.append(pid)
+    return found
+
+
+def test_a_hung_script_is_stopped_at_its_time_with_what_it_made_and_nothing_left_running(tmp_path: Path) -> None:
+    marker = str(tmp_path / "hang-marker")  # an argument no other process has
+    command = (sys.executable, MANUAL, "--batch-size", "{batch}", "--optimizer", "--hang-at", "1", "--tag", marker)
+    hung = run_command_trial(CommandTrial(command=command, memory_budget_bytes=BUDGET, timeout_s=6), 8)
+    assert hung.status == TIMEOUT and "still running after 6 s (--trial-timeout), 1 optimizer step(s) of the 3" \
+        in hung.error
+    assert hung.peak_memory_bytes and hung.wall_s < 6 + 10
+    assert _running(marker) == []

@@ -44,3 +44,63 @@ def test_the_template_and_its_name() -> None:
     assert command_name(["./train.sh", "{batch}"]) == "train.sh"
     with pytest.raises(ConfigError, match="placeholder {mbs}"):
         check_template(["python", "train.py", "{batch}", "{mbs}"])
+
+
+def test_steps_counted_from_printed_lines_and_the_start_up_beside_them() -> None:
+    printed = classify(Capped(0, [_report(200)], "", 5.0, 60, (3.0, 3.5, 3.75)), 8, 3, printed=True)
+    assert printed.status == OK and printed.step_times_s == pytest.approx((3.0, 0.5, 0.25))
+    assert printed.startup_s == pytest.approx(5.0 - 0.75)  # everything but the steps after the first
+    short = classify(Capped(0, [_report()], "", 1.0, 60, (0.5,)), 8, 3, printed=True)
+    assert short.status == ERROR and "after 1 printed step line(s) of the 3" in short.error
+    none = classify(Capped(0, [_report()], "", 1.0, 60), 8, 3)
+    assert none.status == ERROR and "--steps-from-output REGEX" in none.error
+    stepped_some = classify(Capped(None, [_report(steps=(1.0,))], "", 61.0, 60), 8, 3)
+    assert "1 optimizer step(s) of the 3" in stepped_some.error and "--steps-from-output" not in stepped_some.error
+
+
+def test_a_step_line_that_is_no_regular_expression_and_one_without_a_command_are_refused() -> None:
+    from mbtune.probing.command import step_line
+    from mbtune.probing.config import ProbeConfig
+
+    assert step_line(r"^step \d+").search("step 12 loss 3.1")
+    with pytest.raises(ConfigError, match="is not a regular expression"):
+        step_line("step (")
+    with pytest.raises(ConfigError, match="is not a regular expression"):
+        ProbeConfig(command=("python", "t.py", "{batch}"), steps_from_output="(", memory_budget_bytes=2**20)
+    with pytest.raises(ConfigError, match="counts the steps of a command"):
+        ProbeConfig(workload="mlp", steps_from_output="step")
+
+
+@pytest.mark.parametrize(("fixed", "per_sample", "budget"), [
+    (25 * 2**20, 16 * 2**10, 64 * 2**20), (2**20, 4 * 2**10, 64 * 2**20), (40 * 2**20, 2**20, 2**30),
+    (300 * 2**20, 3 * 2**10, 2**30)])
+def test_where_memory_is_a_line_the_search_needs_at_most_5_trials_after_the_first_two_that_draw_it(
+        fixed: int, per_sample: int, budget: int) -> None:
+    from mbtune.probing.command import CommandTrial, search_command
+
+    def run(command, memory_budget_bytes, device, timeout_s, env=None, steps_from=None):
+        size = int(command[-1])
+        peak = fixed + per_sample * size
+        over = "past the budget" if peak > memory_budget_bytes else ""
+        return Capped(0, [_report(min(peak, memory_budget_bytes), () if over else (1.0, 0.1, 0.1), over)], "", 1.0,
+                      60)
+
+    found = search_command(CommandTrial(command=("train", "{batch}"), memory_budget_bytes=budget), granularity=8,
+                           run=run)
+    sizes = [t.batch_size for t in found.trials]
+    ceiling = (budget - fixed) // per_sample // 8 * 8
+    assert found.ceiling == pytest.approx(ceiling, rel=0.02) and found.first_failing > ceiling
+    rising = next(i for i in range(1, len(found.trials))
+                  if found.trials[i].peak_memory_bytes > 1.02 * found.trials[i - 1].peak_memory_bytes)
+    assert len(sizes) - (rising + 1) <= 5, sizes
+
+
+def test_a_bad_step_line_on_the_command_line_is_one_line_exit_2(capsys) -> None:
+    from mbtune.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["-q", "probe", "-d", "cpu", "--memory-budget", "48MiB", "--no-save", "--steps-from-output", "step (",
+              "--", "python", "train.py", "--batch-size", "{batch}"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "--steps-from-output 'step (' is not a regular expression" in err
+    assert len(err.strip().splitlines()) == 1

@@ -14,6 +14,8 @@ A sitecustomize of the command's own environment is run after it, as Python woul
   optimizer is timed by a global step hook (torch.optim.optimizer.register_optimizer_step_post_hook); after
   that many steps the process writes its report and ends with exit code 0, before the script's epochs,
   evaluation or checkpointing go on.
+- Asked to stop (the file `stop` appears in the report folder: the command printed its last counted step, or
+  ran past its time), the process writes its report and ends with exit code 0; a daemon thread watches for it.
 """
 
 import atexit
@@ -79,6 +81,29 @@ def _cap():
     steps = int(os.environ.get("MBTUNE_CAP_STEPS") or 0)
     if steps:
         _end_after(steps, report, write, torch)
+    _end_when_asked(write)
+
+
+def _end(write):
+    atexit.unregister(write)
+    write()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _end_when_asked(write):
+    """Report and end once the file `stop` appears in the report folder."""
+    import threading
+
+    stop = os.path.join(os.environ["MBTUNE_CAP_REPORT"], "stop")
+
+    def watch():
+        while not os.path.exists(stop):
+            time.sleep(0.05)
+        _end(write)
+
+    threading.Thread(target=watch, name="mbtune-cap-stop", daemon=True).start()
 
 
 def _end_after(steps, report, write, torch):
@@ -90,11 +115,7 @@ def _end_after(steps, report, write, torch):
         report["step_times_s"].append(now - last[0])
         last[0] = now
         if len(report["step_times_s"]) >= steps:
-            atexit.unregister(write)
-            write()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+            _end(write)
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
