@@ -207,7 +207,7 @@ ProbeStepsInTune = Annotated[int, typer.Option("--probe-steps", help="Full train
 Check = Annotated[bool, typer.Option(help="Check the best row's update against the plain model's (mbtune check) and show the verdict.")]
 
 
-TrainingCommand = Annotated[list[str] | None, typer.Argument(help="Your own training command, after --, as you run it, with {batch} where the per-process batch size goes: probed as it is, instead of a workload.", show_default=False)]
+TrainingCommand = Annotated[list[str] | None, typer.Argument(help="Your own training command, after --, as you run it, run as it is instead of a workload: for a probe with {batch} where the per-process batch size goes; for a sweep with what it varies ({micro_batch_size}, {micro_batches}, {accum}, {schedule}, {batch} = micro-batch size x micro-batches, {stages}, {stages_per_rank}, {data_parallel}).", show_default=False)]
 
 
 StepsFromOutput = Annotated[str | None, typer.Option("--steps-from-output", metavar="REGEX", help="With a command that steps no torch optimizer: a line it prints once a step (a regular expression, searched in each line of its output); its steps are counted and timed from those lines.")]

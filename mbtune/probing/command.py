@@ -40,15 +40,18 @@ def check_template(command: Sequence[str]) -> tuple[str, ...]:
 
 
 def command_name(command: Sequence[str]) -> str:
-    """What a command is called in its profile's name: its script's name (train.py -> train), the module
-    of `python -m`, else the program's name."""
+    """What a command is called in its profile's name: its script's name (train.py -> train, also under a
+    launcher: python -m torch.distributed.run ... train.py), else the module of `python -m`, else the
+    program's name."""
     from pathlib import Path
 
     args = list(command)
+    script = next((a for a in args if a.endswith(".py")), None)
+    if script:
+        return Path(script).stem
     if "-m" in args[:-1]:
         return args[args.index("-m") + 1]
-    script = next((a for a in args if a.endswith(".py")), None)
-    return Path(script).stem if script else Path(args[0]).name
+    return Path(args[0]).name
 
 
 def command_at(command: Sequence[str], batch_size: int) -> list[str]:

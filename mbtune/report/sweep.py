@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import statistics
 from pathlib import Path
 
@@ -214,6 +215,10 @@ def best_panel(report: SweepReport) -> Panel:
         return Panel("no point completed", title="Best configuration", title_align="left", expand=False)
     point = best.point
     grid = key_value_grid()
+    if report.command:
+        from mbtune.sweeping.command import command_for
+
+        grid.add_row("your command", shlex.join(command_for(report.command, point)))
     grid.add_row("schedule", point.schedule)
     grid.add_row("stages", f"{point.num_ranks * point.stages_per_rank} ({point.num_ranks} rank(s) x "
                  f"{point.stages_per_rank} stage(s) per rank; ran as {best.ran_as})")

@@ -72,8 +72,8 @@ def saved_run(kind: str, configs: dict[str, Any], workload: str, device: str, pr
     # Bad input fails before any trial and any file: a workload that does not load, a sweep that cannot run.
     if not getattr(first, "command", None):  # a command is the user's own: nothing of it is loaded here
         facts = workload_facts(workload, first.workload_options, timeout_s=first.load_timeout_s)
-    if "sweep" in configs:
-        refuse_unrunnable(configs["sweep"], num_blocks=facts.num_blocks)
+        if "sweep" in configs:
+            refuse_unrunnable(configs["sweep"], num_blocks=facts.num_blocks)
     resolved = resolve_device(device)
     memory_budget_bytes = getattr(first, "memory_budget_bytes", None)
     if resolved == "cpu" and memory_budget_bytes is not None:  # the one check that the budget fits, before anything

@@ -92,6 +92,11 @@ class SweepConfig:
     node_rank: int | None = None  # None: the scheduler's, under torchrun; else 0
     rdzv_endpoint: str | None = None
     join_timeout_s: float = 60.0
+    # The user's own training command, for a job that pipelines with its own code: swept as it is, its
+    # placeholders filled from each point (sweeping/command.py), instead of a workload mbtune splits.
+    command: tuple[str, ...] = ()
+    name: str | None = None  # a command's name in the profile (default: its script's name)
+    steps_from_output: str | None = None  # a line the command prints once a step (probing/command.py)
 
     def __post_init__(self) -> None:
         from mbtune.pipeline.theory import SCHEDULE_NAMES
@@ -156,6 +161,30 @@ class SweepConfig:
         object.__setattr__(self, "nnodes", nodes.nnodes)
         object.__setattr__(self, "node_rank", nodes.node_rank)
         object.__setattr__(self, "rdzv_endpoint", nodes.endpoint)
+        self._check_command()
+
+    def _check_command(self) -> None:
+        if isinstance(self.command, list):
+            object.__setattr__(self, "command", tuple(self.command))
+        if not self.command:
+            if self.steps_from_output is not None:
+                raise ConfigError("steps_from_output counts the steps of a command, and there is none",
+                                  field="steps_from_output", hint="Give the command after --.")
+            return
+        from mbtune.probing.command import command_name, step_line
+        from mbtune.sweeping.command import check_sweep_template
+
+        object.__setattr__(self, "command", check_sweep_template(self.command))
+        object.__setattr__(self, "workload", self.name or command_name(self.command))
+        if self.steps_from_output is not None:
+            step_line(self.steps_from_output)
+        for name, value, why in (("strategy", "quick", "the simulator's pick needs a workload mbtune splits"),
+                                 ("balance", "time", "the command splits its model itself"),
+                                 ("launcher", "torchrun", "the command starts its own processes (write torchrun "
+                                                          "in it)")):
+            if getattr(self, name) == value:
+                raise ConfigError(f"{name} {value} does not go with a command: {why}", field=name,
+                                  hint=f"Leave --{name} out.")
 
     @property
     def nodes(self) -> Nodes:

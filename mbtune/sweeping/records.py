@@ -210,6 +210,8 @@ class SweepReport(Record):
     lr_advice: tuple[LrAdvice, ...] = ()  # one per global batch that ran (sweeping/lr.py)
     check: CheckResult | None = None  # tune: the best row's update against the plain model's (checking/run.py)
     check_error: str = ""  # why that check could not run, where it could not
+    command: tuple[str, ...] = ()  # the user's own training command that was swept (with its placeholders), if one was
+    steps_from_output: str | None = None  # the line that counted its steps, where it was not torch's optimizer
 
     @property
     def best(self) -> PointResult | None:

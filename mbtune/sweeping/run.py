@@ -42,11 +42,15 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     passes): the planner calibrates on sweeps, so the sweep is handed it rather than importing it.
     """
     from mbtune.device import resolve_device
+    from mbtune.settings import MAX_PROCESSES
     from mbtune.sweeping.feasible import refuse_unrunnable
     from mbtune.sweeping.grid import plan_grid
-    from mbtune.workloads.facts import workload_facts
+    from mbtune.workloads.facts import WorkloadFacts, workload_facts
 
-    workload = workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s)
+    # A command is the user's own: nothing of it is loaded here, and it splits its model itself.
+    workload = (WorkloadFacts(name=config.workload, num_blocks=MAX_PROCESSES * max(2, config.stages_per_rank),
+                              num_parameters=0) if config.command else
+                workload_facts(config.workload, config.workload_options, timeout_s=config.load_timeout_s))
     device = resolve_device(config.device)
     info = describe(device)
     log.info("sweep of %s (%d blocks) on %s", config.workload, workload.num_blocks, info.name)
@@ -183,7 +187,8 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[PointResu
         num_grid_points=num_grid_points, ceiling=config.ceiling,
         safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
         warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,
-        warnings=tuple(warnings), notes=notes, lr_advice=advice,
+        warnings=tuple(warnings), notes=notes, lr_advice=advice, command=config.command,
+        steps_from_output=config.steps_from_output,
     )
 
 
@@ -336,6 +341,22 @@ def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int
     from mbtune.pipeline.point_spec import PipelineSpec
     from mbtune.sweeping.measured import summarize_point
 
+    if config.command:
+        import resource
+
+        from mbtune.sweeping.command import run_command_point
+
+        def children_cpu_s() -> float:  # the command's processes, once they were waited for
+            used = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return used.ru_utime + used.ru_stime
+
+        with LoadMeter() as meter:
+            before = children_cpu_s()
+            result = run_command_point(point, config, device)
+            spent = children_cpu_s() - before
+        load = meter.load(rank_cpu_s=spent, num_ranks=point.num_processes)
+        warning = busy_warning(point.label, load)
+        return replace(result, load=load, warnings=result.warnings + ((warning,) if warning else ()))
     spec = PipelineSpec.for_point(
         point, workload=config.workload, workload_options=config.workload_options, device=device,
         warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, seed=config.seed,

@@ -41,7 +41,9 @@ def _load_counter():
 def _cap():
     budget = int(os.environ["MBTUNE_CAP_BUDGET"])
     device = os.environ.get("MBTUNE_CAP_DEVICE", "cpu")
-    report = {"pid": os.getpid(), "argv": list(sys.argv), "device": device, "memory_budget_bytes": budget,
+    rank = os.environ.get("RANK", "")
+    report = {"pid": os.getpid(), "rank": int(rank) if rank.isdigit() else None, "started": time.time(),
+              "argv": list(sys.argv), "device": device, "memory_budget_bytes": budget,
               "peak_bytes": None, "over_budget": "", "exception": "", "step_times_s": []}
     import torch
 
