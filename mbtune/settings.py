@@ -210,6 +210,8 @@ def _coerced(name: str, hint: Any, value: Any, label: str) -> Any:
     """A setting's value as its field holds it (see build)."""
     from mbtune.units import parse_bytes, parse_duration, parse_list, parse_options, parse_rate
 
+    if name == "grid":  # a sweep's own settings of a command: checked by SweepConfig (sweeping/command.py)
+        return tuple(value.items()) if isinstance(value, Mapping) else tuple(value) if isinstance(value, list) else value
     if name == "workload_options":
         if isinstance(value, Mapping):
             return tuple(sorted(value.items()))

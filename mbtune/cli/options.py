@@ -213,6 +213,9 @@ TrainingCommand = Annotated[list[str] | None, typer.Argument(help="Your own trai
 StepsFromOutput = Annotated[str | None, typer.Option("--steps-from-output", metavar="REGEX", help="With a command that steps no torch optimizer: a line it prints once a step (a regular expression, searched in each line of its output); its steps are counted and timed from those lines.")]
 
 
+GridOption = Annotated[list[str] | None, typer.Option("--grid", metavar="NAME=v1,v2", help="With a command: one more of its own settings to sweep, filled into its {NAME} (repeat for more), e.g. --grid lr=1e-4,3e-4.")]
+
+
 CommandName = Annotated[str | None, typer.Option("--name", help="With a command: its name in the profile (default: its script's name).")]
 
 

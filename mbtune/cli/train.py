@@ -23,6 +23,7 @@ from mbtune.cli.options import (
     CommandName,
     Device,
     FromProfile,
+    GridOption,
     ProbeStepsInTune,
     StepsFromOutput,
     TrainingCommand,
@@ -76,7 +77,7 @@ COMMAND_OPTIONS = (option("command", TrainingCommand), option("name", CommandNam
                    option("steps_from_output", StepsFromOutput))
 probe = command(_probe, COMMAND_OPTIONS, WORKLOAD_OPTIONS,
                 BUDGET_OPTIONS, PROBE_STEPS, TRAINING_OPTIONS, TRIAL_TIMEOUT, SAVE_OPTIONS, OUTPUT_OPTIONS)
-sweep = command(_sweep, COMMAND_OPTIONS, WORKLOAD_OPTIONS, GRID_OPTIONS, (option("from_profile", FromProfile),), MEASURE_OPTIONS,
+sweep = command(_sweep, (*COMMAND_OPTIONS, option("grid", GridOption)), WORKLOAD_OPTIONS, GRID_OPTIONS, (option("from_profile", FromProfile),), MEASURE_OPTIONS,
                 TRAINING_OPTIONS, LAUNCH_OPTIONS, SAVE_OPTIONS, PICTURE_OPTIONS, OUTPUT_OPTIONS)
 tune = command(_tune, WORKLOAD_OPTIONS, BUDGET_OPTIONS, (option("probe_steps", ProbeStepsInTune, PROBE_STEPS[0].default),),
                TRIAL_TIMEOUT, GRID_OPTIONS, MEASURE_OPTIONS, TRAINING_OPTIONS, (option("check", Check, True),),

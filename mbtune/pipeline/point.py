@@ -24,6 +24,9 @@ class SweepPoint(Record):
     stages_per_rank: int = 1  # model stages each rank holds (looped and V schedules hold several)
     data_parallel_size: int = 1
     recompute: str = "none"  # one of RECOMPUTE_MODES
+    # A sweep of the user's own command: the values of the settings it added to the grid (--grid NAME=...),
+    # each filled into the command's {NAME}.
+    grid: tuple[tuple[str, str], ...] = ()
 
     @property
     def global_batch(self) -> int:
@@ -33,8 +36,9 @@ class SweepPoint(Record):
     def label(self) -> str:
         replicas = f" dp={self.data_parallel_size}" if self.data_parallel_size > 1 else ""
         recompute = f" recompute={self.recompute}" if self.recompute != "none" else ""
+        own = "".join(f" {name}={value}" for name, value in self.grid)
         return (f"{self.schedule} p={self.num_ranks} m={self.num_micro_batches} "
-                f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}{replicas}{recompute}")
+                f"accum={self.grad_accum_steps} mbs={self.micro_batch_size}{replicas}{recompute}{own}")
 
     @property
     def num_processes(self) -> int:

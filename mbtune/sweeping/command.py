@@ -35,17 +35,57 @@ PLACEHOLDERS = {
 _ANY = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def check_sweep_template(command: Sequence[str]) -> tuple[str, ...]:
-    """The command, refused with a placeholder a sweep does not fill, or with none at all."""
-    known = ", ".join("{" + name + "}" for name in PLACEHOLDERS)
+def check_grid(grid: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The settings a command's sweep adds (--grid NAME=v1,v2, repeated; or a mapping NAME -> values), each
+    a name the command writes {NAME} and one value or more, refused in one line otherwise."""
+    from collections.abc import Mapping
+
+    items: list[tuple[str, tuple[str, ...]]] = []
+    if isinstance(grid, Mapping):
+        grid = tuple(grid.items())
+    for item in grid if isinstance(grid, list | tuple) else (grid,):
+        if isinstance(item, str):
+            name, equals, values = item.partition("=")
+            if not equals:
+                raise ConfigError(f"--grid {item!r} is not NAME=v1,v2", field="grid",
+                                  hint="Write it like --grid lr=1e-4,3e-4, with {lr} in the command.")
+            listed = tuple(v.strip() for v in values.split(","))
+        else:
+            name, raw = item
+            listed = tuple(str(v).strip() for v in (raw.split(",") if isinstance(raw, str) else raw))
+        name = name.strip()
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in PLACEHOLDERS:
+            raise ConfigError(f"--grid {name}: a name the command writes {{{name}}}, not one of the sweep's own",
+                              field="grid", hint=f"Use a new name; the sweep fills {_known()} itself.")
+        if not listed or "" in listed or len(set(listed)) < len(listed):
+            raise ConfigError(f"--grid {name} needs its values, each once: {','.join(listed) or 'none'}", field="grid",
+                              hint=f"Write them with commas: --grid {name}=a,b.")
+        if any(name == seen for seen, _ in items):
+            raise ConfigError(f"--grid {name} is given twice", field="grid", hint="Give its values once, with commas.")
+        items.append((name, listed))
+    return tuple(items)
+
+
+def _known(extra: Sequence[str] = ()) -> str:
+    return ", ".join("{" + name + "}" for name in (*PLACEHOLDERS, *extra))
+
+
+def check_sweep_template(command: Sequence[str], grid: Sequence[str] = ()) -> tuple[str, ...]:
+    """The command, refused with a placeholder a sweep does not fill (its own, and the names `grid` adds),
+    with none at all, or without a {NAME} that `grid` adds."""
+    known = _known(grid)
     if not command:
         raise ConfigError("no command to sweep", hint="Put it after --: mbtune sweep -- torchrun --nproc-per-node "
                           "{stages} train.py --micro-batches {micro_batches} --schedule {schedule}")
     used = {m.group(1) for arg in command for m in _ANY.finditer(arg)}
-    unknown = sorted(used - set(PLACEHOLDERS))
+    unknown = sorted(used - set(PLACEHOLDERS) - set(grid))
     if unknown:
         raise ConfigError(f"the command has the placeholder {{{unknown[0]}}}, which a sweep does not fill",
-                          hint=f"A sweep fills {known}.")
+                          hint=f"A sweep fills {known}; add yours with --grid {unknown[0]}=v1,v2.")
+    unused = [name for name in grid if name not in used]
+    if unused:
+        raise ConfigError(f"--grid {unused[0]} has no {{{unused[0]}}} in the command to fill",
+                          field="grid", hint=f"Write {{{unused[0]}}} where the command takes it.")
     if not used:
         raise ConfigError("the command has no placeholder: every point of the sweep would run the same command",
                           hint=f"Write what the sweep varies where the command takes it: {known}.")
@@ -53,8 +93,14 @@ def check_sweep_template(command: Sequence[str]) -> tuple[str, ...]:
 
 
 def command_for(command: Sequence[str], point: SweepPoint) -> list[str]:
-    """The command with the point's values in its placeholders."""
-    return [_ANY.sub(lambda m: str(PLACEHOLDERS[m.group(1)](point)), arg) for arg in command]
+    """The command with the point's values in its placeholders (the sweep's own, and its --grid ones)."""
+    own = dict(point.grid)
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return own[name] if name in own else str(PLACEHOLDERS[name](point))
+
+    return [_ANY.sub(value, arg) for arg in command]
 
 
 def run_command_point(point: SweepPoint, config: SweepConfig, device: str) -> PointResult:

@@ -97,12 +97,18 @@ class SweepConfig:
     command: tuple[str, ...] = ()
     name: str | None = None  # a command's name in the profile (default: its script's name)
     steps_from_output: str | None = None  # a line the command prints once a step (probing/command.py)
+    # More of the command's own settings to sweep (--grid NAME=v1,v2): each fills the command's {NAME}.
+    grid: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         from mbtune.pipeline.theory import SCHEDULE_NAMES
 
         for name in ("global_batch", "micro_batch_size", "data_parallel_size", "recompute"):
             as_tuple(self, name)
+        if self.grid:  # NAME=v1,v2 items or a mapping, as the field holds them (sweeping/command.py)
+            from mbtune.sweeping.command import check_grid
+
+            object.__setattr__(self, "grid", check_grid(self.grid))
         check_types(self)
         check_recompute_modes(self.recompute)
         object.__setattr__(self, "device", parse_device(self.device))
@@ -167,14 +173,15 @@ class SweepConfig:
         if isinstance(self.command, list):
             object.__setattr__(self, "command", tuple(self.command))
         if not self.command:
-            if self.steps_from_output is not None:
-                raise ConfigError("steps_from_output counts the steps of a command, and there is none",
-                                  field="steps_from_output", hint="Give the command after --.")
+            for name in ("steps_from_output", "grid"):
+                if getattr(self, name):
+                    raise ConfigError(f"{name} is for a sweep of your own command, and there is none", field=name,
+                                      hint="Give the command after --.")
             return
         from mbtune.probing.command import command_name, step_line
         from mbtune.sweeping.command import check_sweep_template
 
-        object.__setattr__(self, "command", check_sweep_template(self.command))
+        object.__setattr__(self, "command", check_sweep_template(self.command, tuple(n for n, _ in self.grid)))
         object.__setattr__(self, "workload", self.name or command_name(self.command))
         if self.steps_from_output is not None:
             step_line(self.steps_from_output)

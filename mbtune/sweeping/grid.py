@@ -68,11 +68,20 @@ def _candidates(config: SweepConfig, p: int) -> list[tuple[SweepPoint, str | Non
                     for dp in config.data_parallel_size:
                         for mbs, reason in _micro_batch_sizes(config, global_batch, m, accum, dp):
                             for recompute in config.recompute:
-                                candidates.append((SweepPoint(
-                                    schedule=schedule, num_ranks=p, num_micro_batches=m, grad_accum_steps=accum,
-                                    micro_batch_size=mbs, stages_per_rank=v, data_parallel_size=dp,
-                                    recompute=recompute), reason))
+                                for own in _own_values(config.grid):
+                                    candidates.append((SweepPoint(
+                                        schedule=schedule, num_ranks=p, num_micro_batches=m, grad_accum_steps=accum,
+                                        micro_batch_size=mbs, stages_per_rank=v, data_parallel_size=dp,
+                                        recompute=recompute, grid=own), reason))
     return candidates
+
+
+def _own_values(grid: tuple[tuple[str, tuple[str, ...]], ...]) -> list[tuple[tuple[str, str], ...]]:
+    """Every combination of the values of the settings a command's sweep added (--grid), in order."""
+    import itertools
+
+    names = [name for name, _ in grid]
+    return [tuple(zip(names, values, strict=True)) for values in itertools.product(*(v for _, v in grid))]
 
 
 def _micro_batch_sizes(config: SweepConfig, global_batch: int | None, m: int, accum: int,

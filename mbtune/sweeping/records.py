@@ -212,6 +212,7 @@ class SweepReport(Record):
     check_error: str = ""  # why that check could not run, where it could not
     command: tuple[str, ...] = ()  # the user's own training command that was swept (with its placeholders), if one was
     steps_from_output: str | None = None  # the line that counted its steps, where it was not torch's optimizer
+    grid: tuple[tuple[str, tuple[str, ...]], ...] = ()  # the command's own settings it swept (--grid NAME=...)
 
     @property
     def best(self) -> PointResult | None:

@@ -188,7 +188,7 @@ def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[PointResu
         safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
         warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,
         warnings=tuple(warnings), notes=notes, lr_advice=advice, command=config.command,
-        steps_from_output=config.steps_from_output,
+        steps_from_output=config.steps_from_output, grid=config.grid,
     )
 
 
