@@ -100,16 +100,20 @@ def train_steps(workload: Workload, config: TrialConfig, backend: Any):
     """Yield (step seconds, the loss, detached) for each full training step: forward, backward, optimizer
     step. `backend`: torch_device and synchronize() of the trial's device."""
     device = torch.device(backend.torch_device)
-    model = on_device(workload.build(seed=config.seed, recompute=config.recompute), device)
+    # The model as the user wrote it where there is one (from_module, hf:), so no block boundary holds a
+    # byte their loop would not; recompute wraps blocks, so it trains the chain of them.
+    whole = workload.whole_model(seed=config.seed) if config.recompute == "none" else None
+    model = on_device(whole if whole is not None else workload.build(seed=config.seed, recompute=config.recompute),
+                      device)
     model.train()
     optimizer = make_optimizer(config.optimizer, list(model.parameters()), lr=lr_for(config.optimizer, config.lr))
     use_scaler = config.precision == "fp16"
     scaler = torch.amp.GradScaler("cuda") if use_scaler else None
     generator = torch.Generator().manual_seed(config.seed)
     create_optimizer_state(list(model.parameters()), optimizer)
-    # The model's outputs are held from one step into the next, as a training loop's `logits, loss =
-    # model(x, y)` holds them until the next forward returns: the logits of a language model are the largest
-    # tensor of its step, and a batch that leaves no room for them fits mbtune and fails the user's loop.
+    # Where the workload's users' loop holds a step's outputs until the next forward returns (`logits, loss =
+    # model(x, y)`), so does the trial: the logits of a language model are the largest tensor of its step, and
+    # a batch that leaves no room for them would fit mbtune and fail the user's loop (Workload.holds_outputs).
     outputs: Any = None
     for _ in range(config.steps):
         inputs, targets = workload.make_batch(config.batch_size, generator)
@@ -117,8 +121,13 @@ def train_steps(workload: Workload, config: TrialConfig, backend: Any):
         backend.synchronize()
         start = time.perf_counter()
         with autocast_for(config.precision, device):
-            outputs = model(inputs)
-            loss = workload.loss(outputs, targets)
+            if whole is not None:
+                outputs, loss = model(inputs, targets)
+            else:
+                outputs = model(inputs)
+                loss = workload.loss(outputs, targets)
+        if not workload.holds_outputs:
+            outputs = None
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(optimizer)

@@ -50,6 +50,10 @@ class Workload:
     tokens_per_sample: int | None = None
     description: str = ""
     ties: tuple[tuple[tuple[int, str], ...], ...] = ()
+    # Whether the loop users train this model with keeps a step's outputs until the next forward returns
+    # (`logits, loss = model(x, y)`, `out = model(x)`): a probe trial holds them so. transformers' Trainer,
+    # Lightning and `loss = model(**batch).loss` drop them when the step's loss is taken (hf: workloads).
+    holds_outputs: bool = True
 
     def __post_init__(self) -> None:
         if not self.blocks:
@@ -87,18 +91,30 @@ class Workload:
     @classmethod
     def from_module(cls, build: Callable[[], nn.Module], *, make_batch: Callable[..., Any],
                     loss: Callable[[Any, torch.Tensor], torch.Tensor] | None = None, name: str | None = None,
-                    description: str = "", tokens_per_sample: int | None = None) -> Workload:
+                    description: str = "", tokens_per_sample: int | None = None,
+                    holds_outputs: bool = True, whole: Callable[[], nn.Module] | None = None) -> Workload:
         """A plain nn.Module as a workload, split by mbtune (traced.py).
 
         `build()` returns the model (called with no arguments, on the meta device to trace it and on the CPU
         for its weights); `make_batch(batch_size, generator)` returns (inputs, targets), inputs a tensor or
         a tuple of tensors passed positionally. With `loss=fn(outputs, targets)` the model returns its
         outputs; without it the model takes the targets after its inputs and computes its own loss (its
-        scalar output that reads the targets), as `GPT(idx, targets) -> (logits, loss)` does."""
+        scalar output that reads the targets), as `GPT(idx, targets) -> (logits, loss)` does.
+        `holds_outputs=False` where your loop drops a step's outputs once it has the loss (`loss =
+        model(**batch).loss`, a Trainer's): a probe trial then does too (Workload.holds_outputs). `whole`: the
+        model as your loop calls it, where that differs from what `build` gives to be traced (a probe trial
+        on one device trains it; Workload.whole_model)."""
         from mbtune.workloads.traced import from_module
 
         return from_module(build, make_batch=make_batch, loss=loss, name=name, description=description,
-                           tokens_per_sample=tokens_per_sample)
+                           tokens_per_sample=tokens_per_sample, holds_outputs=holds_outputs, whole=whole)
+
+    def whole_model(self, *, seed: int = 0) -> nn.Module | None:
+        """The model as the user wrote it, for one device: `forward(inputs, targets)` -> (outputs, loss).
+        None where the blocks are the model (a workload written as blocks): the chain of them is then what
+        trains. A probe trial trains this where there is one, so its peak is the user's loop's, with no
+        hand-over between blocks held (from_module and hf: workloads)."""
+        return None
 
     @property
     def num_blocks(self) -> int:

@@ -62,9 +62,10 @@ def hf_workload(spec: str, options: dict[str, Any]) -> Workload:
     kind = _kind(family)
     build = _builder(config, kind, spec)
     try:
+        # transformers' Trainer, Lightning and `loss = model(**batch).loss` drop the logits once the loss is taken.
         return Workload.from_module(
             build, make_batch=_batches(config, kind, seq_len), loss=_lm_loss, name=f"hf:{spec}",
-            tokens_per_sample=seq_len,
+            tokens_per_sample=seq_len, holds_outputs=False, whole=_builder(config, kind, spec, as_users_call=True),
             description=f"transformers {family}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
                         f"vocab {config.vocab_size}, sequence {seq_len}")
     except WorkloadError as exc:
@@ -228,18 +229,20 @@ def _value(value: Any) -> Any:
 
 
 class _LanguageModel(nn.Module):
-    """The transformers model called on token ids alone, returning its logits."""
+    """The transformers model called on token ids alone, returning its logits: without its key-value cache
+    to be traced and split; `as_users_call` as its users' loops call it (`model(input_ids=..., labels=...)`,
+    the cache as the family's config sets it, which some families return in training too)."""
 
-    def __init__(self, model: nn.Module, kind: str) -> None:
+    def __init__(self, model: nn.Module, kind: str, as_users_call: bool = False) -> None:
         super().__init__()
-        self.model, self.kind = model, kind
+        self.model, self.kind, self.as_users_call = model, kind, as_users_call
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        extra = {"use_cache": False} if self.kind == CAUSAL else {}
+        extra = {"use_cache": False} if self.kind == CAUSAL and not self.as_users_call else {}
         return self.model(input_ids=ids, **extra).logits
 
 
-def _builder(config: Any, kind: str, spec: str) -> Callable[[], nn.Module]:
+def _builder(config: Any, kind: str, spec: str, as_users_call: bool = False) -> Callable[[], nn.Module]:
     transformers = _transformers()
     auto = transformers.AutoModelForCausalLM if kind == CAUSAL else transformers.AutoModelForMaskedLM
     attention = ["sdpa"]
@@ -255,7 +258,7 @@ def _builder(config: Any, kind: str, spec: str) -> Callable[[], nn.Module]:
                     continue
                 raise WorkloadError(f"hf:{spec}: transformers cannot build the model: {exc}",
                                     hint="Fix the -O values.") from None
-        return _LanguageModel(model, kind)
+        return _LanguageModel(model, kind, as_users_call)
 
     return build
 

@@ -236,7 +236,8 @@ class _Weights:
 
 def from_module(build: Callable[[], nn.Module], *, make_batch: Callable[..., Any],
                 loss: Callable[[Any, torch.Tensor], torch.Tensor] | None = None, name: str | None = None,
-                description: str = "", tokens_per_sample: int | None = None) -> Workload:
+                description: str = "", tokens_per_sample: int | None = None, holds_outputs: bool = True,
+                whole: Callable[[], nn.Module] | None = None) -> Workload:
     """See Workload.from_module."""
     if not callable(build):
         raise WorkloadError(f"from_module takes a function that builds the model, got {type(build).__name__}",
@@ -251,9 +252,9 @@ def from_module(build: Callable[[], nn.Module], *, make_batch: Callable[..., Any
     blocks = [_meta_or_seed0(piece, traced, weights) for piece in traced.pieces]
     return TracedWorkload(
         name=label, blocks=blocks, make_batch=make_batch, loss=loss if loss is not None else traced.loss,  # type: ignore[arg-type]
-        tokens_per_sample=tokens_per_sample, ties=_ties(traced),
+        tokens_per_sample=tokens_per_sample, ties=_ties(traced), holds_outputs=holds_outputs,
         description=description or f"{label}: {len(traced.trunk)} trunk blocks, split by tracing",
-        traced=traced, weights=weights)
+        traced=traced, weights=weights, whole_build=whole)
 
 
 def _meta_or_seed0(piece: Piece, traced: Traced, weights: _Weights) -> Callable[[], nn.Module]:
@@ -294,6 +295,7 @@ class TracedWorkload(Workload):
 
     traced: Traced
     weights: _Weights
+    whole_build: Callable[[], nn.Module] | None = None  # the model as the user's loop calls it, where not `build`
 
     def _block(self, index: int, seed: int) -> nn.Module:
         piece = self.traced.pieces[index]
@@ -311,22 +313,44 @@ class TracedWorkload(Workload):
             self.weights.release()  # what this process's blocks did not take is freed
 
 
+    def whole_model(self, *, seed: int = 0) -> WholeModel:
+        """The user's own model, built whole under the seed, as the one device a probe trial trains it on:
+        no block boundary holds a byte the model would not (see Workload.whole_model)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = built_module(self.whole_build or self.weights.build, self.name)
+        return WholeModel(model, self.loss, own_loss=self.traced.loss is not None)
+
+
+class WholeModel(nn.Module):
+    """The user's model as their loop calls it: `forward(inputs, targets)` -> (outputs, loss), the loss the
+    model's own where it computes one from the targets (`GPT(idx, targets) -> (logits, loss)`), else the
+    workload's loss of its outputs."""
+
+    def __init__(self, model: nn.Module, loss: Callable[[Any, torch.Tensor], torch.Tensor], *, own_loss: bool) -> None:
+        super().__init__()
+        self.model, self.own_loss = model, own_loss
+        self.loss_fn = loss
+
+    def forward(self, inputs: Any, targets: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        from torch.utils import _pytree
+
+        args = tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,)
+        if self.own_loss:
+            out = self.model(*args, targets)
+            return out, next(t for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.dim() == 0)
+        out = self.model(*args)
+        outputs = [t for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        value: Any = outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return out, self.loss_fn(value, targets)
+
+
 def whole_model_loss(workload: TracedWorkload, seed: int, inputs: Any, targets: torch.Tensor) -> float:
     """The user's own model, built under the seed as the blocks' weights are, on the batch: its loss as the
     workload defines it (the model's own where it computes one)."""
-    from torch.utils import _pytree
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = built_module(workload.weights.build, workload.name)
+    model = workload.whole_model(seed=seed)
     model.train()
-    args = tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,)
-    if workload.traced.loss is not None:
-        leaves = [t for t in _pytree.tree_leaves(model(*args, targets)) if isinstance(t, torch.Tensor) and t.dim() == 0]
-        return float(leaves[0])
-    outputs = [t for t in _pytree.tree_leaves(model(*args)) if isinstance(t, torch.Tensor)]
-    value: Any = outputs[0] if len(outputs) == 1 else tuple(outputs)
-    return float(workload.loss(value, targets))
+    return float(model(inputs, targets)[1])
 
 
 def _compute_parameters(piece: nn.Module) -> int:
