@@ -26,7 +26,9 @@ from mbtune.units import parse_bytes
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "fixtures" / "train_scripts"
 PY = sys.executable
-# name: (command with {batch}, what bounds a confirm run, granularity)
+# name: (command with {batch}, what bounds a confirm run, granularity); a way whose steps are lines it prints
+# names them in PRINTED.
+PRINTED = {"update by hand, steps from its output": r"^step \d+ loss"}
 WAYS = {
     "plain loop": ([PY, str(SCRIPTS / "plain_loop.py"), "--batch-size", "{batch}", "--width", "256"],
                    ["--epochs", "1"], 32),
@@ -37,6 +39,8 @@ WAYS = {
     "Accelerate loop": ([PY, str(SCRIPTS / "accelerate_loop.py"), "--batch-size", "{batch}"], ["--epochs", "1"], 32),
     "torchrun DDP x2": ([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPTS / "ddp_loop.py"),
                          "--batch-size", "{batch}"], ["--steps", "6"], 32),
+    "update by hand, steps from its output": ([PY, str(SCRIPTS / "manual_sgd.py"), "--batch-size", "{batch}"],
+                                              ["--steps", "6"], 32),
 }
 # Lightning's finder as its docs run it: Tuner(trainer).scale_batch_size on a module holding `batch_size`.
 FINDER = """
@@ -67,13 +71,15 @@ def probe(name: str, budget: int) -> dict:
     trials: list = []
     started = time.perf_counter()
     found = search_command(CommandTrial(command=check_template(template), memory_budget_bytes=budget, steps=3,
-                                        timeout_s=600), granularity=granularity, resolution=granularity,
+                                        timeout_s=600, steps_from_output=PRINTED.get(name)),
+                           granularity=granularity, resolution=granularity,
                            on_trial=trials.append)
     wall_s = time.perf_counter() - started
     held = confirm_command(ConfirmConfig(command=command_at(template, found.safe_batch) + bounded,
                                          memory_budget_bytes=budget, runs=3))
     return {"way": name, "trials": len(trials), "wall_s": round(wall_s, 1),
             "median_trial_s": round(statistics.median(t.wall_s for t in trials), 2),
+            "median_startup_s": round(statistics.median(t.startup_s for t in trials if t.startup_s is not None), 2),
             "median_step_s": round(statistics.median(t.step_time_s for t in trials if t.step_time_s), 4),
             "ceiling": found.ceiling, "first_failing": found.first_failing, "safe_batch": found.safe_batch,
             "safe_batch_under_confirm": [run.outcome for run in held.runs]}

@@ -16,7 +16,9 @@
 #                   wall-clock step time
 # tests/gpu holds the CUDA checks of memory: a trial's predicted peak against its allocated peak,
 # `mbtune confirm` holding a CUDA script to the per-process memory fraction, and `mbtune probe -- COMMAND`
-# probing a CUDA training script under it (tests/gpu/test_cuda_command_probe.py).
+# probing a CUDA training script under it (tests/gpu/test_cuda_command_probe.py); an hf: trial's peak against
+# the plain transformers loop's, and `mbtune sweep -- COMMAND` of a pipelined script on NCCL
+# (tests/gpu/test_cuda_whole_model.py).
 # Every output is a JSON file in $OUT (./gpu-check-out when OUT is unset); the summary is printed last.
 # The exit status is nonzero when any step failed.
 #
