@@ -357,3 +357,21 @@ def _spread(share: float):
     from mbtune.qualifying.spreads import Spread
 
     return Spread(share=share, basis="x")
+
+
+def test_a_baseline_of_the_users_own_command_is_re_run_with_that_command():
+    from mbtune.qualifying.run import _qualify_configs
+
+    meta = Metadata(mbtune_version="0", torch_version="0", python_version="0", host="h", platform="p",
+                    command_line="", created_at="")
+    command = ("torchrun", "--nproc-per-node", "{stages}", "train.py", "--batch-size", "{batch}", "--lr", "{lr}")
+    report = sweep_report()
+    points = tuple(replace(r, point=replace(r.point, grid=(("lr", "1e-4"),))) for r in report.results)
+    sweep = replace(report, workload="train", command=command, grid=(("lr", ("1e-4", "3e-4")),),
+                    steps_from_output=r"^step \d+", results=points)
+    probe = replace(sample_probe(), workload="train", command=("python", "train.py", "--batch-size", "{batch}"))
+    baseline = Profile(schema_version=1, metadata=meta, probe=probe, sweep=sweep)
+    probe_config, config = _qualify_configs(QualifySpec(baseline="b.json"), baseline, repeats=None)
+    assert probe_config.command == probe.command
+    assert config.command == command and config.grid == sweep.grid and config.steps_from_output == r"^step \d+"
+    assert config.workload == "train" and all(p.grid == (("lr", "1e-4"),) for p in config.points)
