@@ -21,7 +21,13 @@ if TYPE_CHECKING:
     from mbtune.probing.search import SearchResult
 
 PLACEHOLDER = "{batch}"
-_ANY_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+NAME = r"[A-Za-z_][A-Za-z0-9_]*"  # what a placeholder's name may be: {NAME}
+ANY_PLACEHOLDER = re.compile(r"\{(" + NAME + r")\}")
+
+
+def placeholders_in(command: Sequence[str]) -> set[str]:
+    """The names of the {NAME} placeholders the command holds."""
+    return {m.group(1) for arg in command for m in ANY_PLACEHOLDER.finditer(arg)}
 
 
 def check_template(command: Sequence[str]) -> tuple[str, ...]:
@@ -29,7 +35,7 @@ def check_template(command: Sequence[str]) -> tuple[str, ...]:
     if not command:
         raise ConfigError("no command to probe", hint="Put it after --: mbtune probe --memory-budget 8GiB -- "
                           "python train.py --batch-size {batch}")
-    unknown = sorted({m.group(1) for arg in command for m in _ANY_PLACEHOLDER.finditer(arg)} - {"batch"})
+    unknown = sorted(placeholders_in(command) - {"batch"})
     if unknown:
         raise ConfigError(f"the command has the placeholder {{{unknown[0]}}}, which a probe does not fill",
                           hint="A probe fills {batch}, the batch size of each process.")
@@ -78,14 +84,18 @@ def run_command_trial(trial: CommandTrial, batch_size: int,
     """One trial of the command at `batch_size`: OOM when any of its processes went past the budget (even
     where the script caught the error and exited 0), ok when every process that stepped an optimizer
     reached the steps, an error otherwise (the command's last line), timeout when it ran past its time."""
-    command = command_at(trial.command, batch_size)
-    if trial.steps_from_output:
-        capped = run(command, trial.memory_budget_bytes, trial.device, trial.timeout_s,
-                     steps_from=(step_line(trial.steps_from_output), trial.steps))
-    else:
-        capped = run(command, trial.memory_budget_bytes, trial.device, trial.timeout_s,
-                     {"MBTUNE_CAP_STEPS": str(trial.steps)})
+    capped = run_steps(command_at(trial.command, batch_size), trial.memory_budget_bytes, trial.device,
+                       trial.timeout_s, trial.steps, trial.steps_from_output, run)
     return classify(capped, batch_size, trial.steps, printed=bool(trial.steps_from_output))
+
+
+def run_steps(command: list[str], memory_budget_bytes: int, device: str, timeout_s: float, steps: int,
+              steps_from_output: str | None, run: Callable[..., Capped] = run_capped) -> Capped:
+    """The command run once under the cap and ended after `steps` steps: its processes' optimizer steps
+    (the cap's step hook), or the lines it prints that match `steps_from_output`."""
+    if steps_from_output:
+        return run(command, memory_budget_bytes, device, timeout_s, steps_from=(step_line(steps_from_output), steps))
+    return run(command, memory_budget_bytes, device, timeout_s, {"MBTUNE_CAP_STEPS": str(steps)})
 
 
 def step_line(pattern: str) -> re.Pattern[str]:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mbtune.errors import ConfigError
+from mbtune.probing.command import ANY_PLACEHOLDER, NAME, placeholders_in
 from mbtune.records import OK
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ PLACEHOLDERS = {
     "stages_per_rank": lambda p: p.stages_per_rank,
     "data_parallel": lambda p: p.data_parallel_size,
 }
-_ANY = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def check_grid(grid: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -54,7 +54,7 @@ def check_grid(grid: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
             name, raw = item
             listed = tuple(str(v).strip() for v in (raw.split(",") if isinstance(raw, str) else raw))
         name = name.strip()
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in PLACEHOLDERS:
+        if not re.fullmatch(NAME, name) or name in PLACEHOLDERS:
             raise ConfigError(f"--grid {name}: a name the command writes {{{name}}}, not one of the sweep's own",
                               field="grid", hint=f"Use a new name; the sweep fills {_known()} itself.")
         if not listed or "" in listed or len(set(listed)) < len(listed):
@@ -77,7 +77,7 @@ def check_sweep_template(command: Sequence[str], grid: Sequence[str] = ()) -> tu
     if not command:
         raise ConfigError("no command to sweep", hint="Put it after --: mbtune sweep -- torchrun --nproc-per-node "
                           "{stages} train.py --micro-batches {micro_batches} --schedule {schedule}")
-    used = {m.group(1) for arg in command for m in _ANY.finditer(arg)}
+    used = placeholders_in(command)
     unknown = sorted(used - set(PLACEHOLDERS) - set(grid))
     if unknown:
         raise ConfigError(f"the command has the placeholder {{{unknown[0]}}}, which a sweep does not fill",
@@ -100,26 +100,21 @@ def command_for(command: Sequence[str], point: SweepPoint) -> list[str]:
         name = match.group(1)
         return own[name] if name in own else str(PLACEHOLDERS[name](point))
 
-    return [_ANY.sub(value, arg) for arg in command]
+    return [ANY_PLACEHOLDER.sub(value, arg) for arg in command]
 
 
 def run_command_point(point: SweepPoint, config: SweepConfig, device: str) -> PointResult:
     """One repeat of the point: the command run once, its steps after warm-up measured."""
     from mbtune.pipeline.theory import theoretical_bubble
-    from mbtune.probing.command import classify, step_line
-    from mbtune.probing.confirm import run_capped
+    from mbtune.probing.command import classify, run_steps
     from mbtune.settings import MAX_BUDGET_BYTES
     from mbtune.sweeping.records import PointResult
 
     warmup = max(1, config.warmup_steps)  # the first step holds the command's start-up
     steps = warmup + config.measured_steps
     command = command_for(config.command, point)
-    kind = "cpu" if device == "cpu" else "cuda"
-    if config.steps_from_output:
-        capped = run_capped(command, MAX_BUDGET_BYTES, kind, config.point_timeout_s,
-                            steps_from=(step_line(config.steps_from_output), steps))
-    else:
-        capped = run_capped(command, MAX_BUDGET_BYTES, kind, config.point_timeout_s, {"MBTUNE_CAP_STEPS": str(steps)})
+    capped = run_steps(command, MAX_BUDGET_BYTES, "cpu" if device == "cpu" else "cuda", config.point_timeout_s,
+                       steps, config.steps_from_output)
     trial = classify(capped, point.global_batch, steps, printed=bool(config.steps_from_output))
     theory = theoretical_bubble(point.schedule, num_ranks=point.num_ranks, num_micro_batches=point.num_micro_batches,
                                 stages_per_rank=point.stages_per_rank)
