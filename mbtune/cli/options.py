@@ -192,10 +192,13 @@ RdzvEndpoint = Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:
 JoinTimeout = Annotated[float, typer.Option("--join-timeout", help="Seconds every node gets to join, at the start and at each point's rendezvous.")]
 
 
-Repeats = Annotated[int | None, typer.Option("--repeats", help="Runs of each point, each in fresh processes (default: until its throughput is known, see --target-ci).")]
+Repeats = Annotated[int | None, typer.Option("--repeats", help="Runs of each point, every point exactly this many (default: raced, each until its throughput is known or it is beaten, see --target-ci and --time-budget).")]
 TargetCi = Annotated[float, typer.Option("--target-ci", help="Measure each point until the 95% interval of its samples/s is at most this wide, a share of it (0.05: 5%).")]
 MaxTimePerPoint = Annotated[float, typer.Option("--max-time-per-point", help="Seconds a point is measured for at most, repeats included, when measured until known.")]
 PinCpus = Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, pin each rank process to its own cores.")]
+TimeBudget = Annotated[str | None, typer.Option("--time-budget", help="Time the sweep may measure for, e.g. 3m or 90s (default: 75s): every point is measured once, then repeats go to the points still tied with the best until it is spent. A tune's probe and check come on top.")]
+FreshProcesses = Annotated[bool, typer.Option("--fresh-processes/--warm-processes", help="Start every repeat's rank processes afresh, instead of keeping them (and their process group) for the next repeat and point; a set is always started afresh after a failure.")]
+AsBaseline = Annotated[bool, typer.Option("--as-baseline", help="Measure for a qualify baseline: every point until its 95% interval is a quarter of qualify's default 10% tolerance wide (or 30 s per point), none dropped by the race, no time budget.")]
 
 
 FromProfile = Annotated[Path | None, typer.Option("--from-profile", help="A saved profile whose probe bounds the micro-batch size (safe batch) and gives the headroom (default: this device's saved profile, if any).")]
@@ -242,6 +245,8 @@ MEASURE_OPTIONS = (option("objective", Objective, S.objective), option("strategy
                    option("steps", SweepSteps, S.measured_steps), option("warmup", Warmup, S.warmup_steps),
                    option("repeats", Repeats), option("target_ci", TargetCi, S.target_ci),
                    option("max_time_per_point", MaxTimePerPoint, S.max_time_per_point_s),
+                   option("time_budget", TimeBudget), option("fresh_processes", FreshProcesses, S.fresh_processes),
+                   option("as_baseline", AsBaseline, S.as_baseline),
                    option("pin_cpus", PinCpus, S.pin_cpus), option("stages_per_rank", StagesPerRank, S.stages_per_rank),
                    option("virtual_stages", FormerVirtualStages),
                    option("reference_batch", ReferenceBatch, S.reference_batch),

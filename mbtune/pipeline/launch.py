@@ -40,7 +40,7 @@ from mbtune.worker import (
 HANG_RANK_ENV = "MBTUNE_PIPELINE_TEST_HANG_RANK"
 START_METHODS = ("forkserver", "spawn")
 _POLL_S = 0.2
-_EXIT_WAIT_S = 10.0  # how long finished ranks get to exit on their own after reporting
+EXIT_WAIT_S = 10.0  # how long finished ranks get to exit on their own after reporting
 _SETTLE_S = 2.0  # after a first failure, how long the other ranks get to report theirs
 # A peer of a failing rank fails too ("connection closed"): the most telling failure is named.
 _FAILURE_PRIORITY = {KILLED: 0, OOM: 1, NONFINITE: 2, ERROR: 3}
@@ -87,7 +87,7 @@ def run_pipeline_point(
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     exit_if_bootstrapping()
-    context = _context(start_method)
+    context = start_context(start_method)
     hang_rank = hang_rank_from_env()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mbtune-pp-") as tmp:
@@ -105,7 +105,7 @@ def run_pipeline_point(
                 proc.start()  # the first start may wait for the forkserver to import torch: not the point's time
             outcome = collect(ranks, messages, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
         finally:
-            _stop(procs, wait_s=_EXIT_WAIT_S if outcome.ok else 0.0, grace_s=grace_s)
+            stop_processes(procs, wait_s=EXIT_WAIT_S if outcome.ok else 0.0, grace_s=grace_s)
             messages.close()
             messages.cancel_join_thread()
         stderr = [read_child_stderr(_stderr_file(tmp, rank))[1] for rank in range(len(procs))]
@@ -130,7 +130,7 @@ def failure_detail(outcome: PipelineOutcome, stderr: Sequence[str]) -> str:
     return "\n".join([failure_tail(outcome.error_detail), *tails]).strip()
 
 
-def _context(start_method: str) -> Any:
+def start_context(start_method: str) -> Any:
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
     if start_method == "forkserver":
@@ -251,7 +251,7 @@ def _died_without_report(ranks: Ranks, rank: int, code: int | None) -> Message:
     return (ERROR, rank, f"exited with code {code} without a report", "", kind)
 
 
-def _stop(procs: Sequence[BaseProcess], *, wait_s: float, grace_s: float) -> None:
+def stop_processes(procs: Sequence[BaseProcess], *, wait_s: float, grace_s: float) -> None:
     """Let ranks exit by themselves for wait_s, then SIGTERM, then SIGKILL; reap them all."""
     started = [proc for proc in procs if proc.pid is not None]
     _join_all(started, wait_s)
@@ -287,16 +287,17 @@ def _rank_main(spec: PipelineSpec, rank: int, store_path: str, messages: Any, ha
 
 
 def rank_message(spec: PipelineSpec, rank: int, store_path: str | None, send: Callable[[Message], None],
-                 hang_rank: int | None = None) -> Message:
-    """Run one rank (pipeline/runner.py) and return its last message: its pickled report, or how it
-    failed. `send` gets the first message, the blocks this rank holds, as soon as they are known."""
+                 hang_rank: int | None = None, run: Callable[..., Any] | None = None) -> Message:
+    """Run one rank (pipeline/runner.py's run_rank, or `run`, called alike) and return its last message: its
+    pickled report, or how it failed. `send` gets the first message, the blocks this rank holds, as soon as
+    they are known."""
     from mbtune.errors import NonFiniteLossError
 
     try:
         from mbtune.pipeline.runner import run_rank
 
-        report = run_rank(spec, rank=rank, store_path=store_path, hang_rank=hang_rank,
-                          on_placed=lambda blocks: send((PLACED, rank, blocks, "")))
+        report = (run or run_rank)(spec, rank=rank, store_path=store_path, hang_rank=hang_rank,
+                     on_placed=lambda blocks: send((PLACED, rank, blocks, "")))
         # Pickled here with plain pickle: tensors then travel by value, not as shared memory that would
         # need this process alive when the parent unpickles.
         return (OK, rank, pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL), "")

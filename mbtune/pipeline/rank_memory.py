@@ -148,7 +148,8 @@ def _rank_count(spec: PipelineSpec, workload: Workload, prepared: Prepared, rank
     """The rank's step counted, and how many stage forwards were echoed (-1: an echo failed its check)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from mbtune.pipeline.runner import RankRun, StepTimes, rank_groups, tie_groups_of
+    from mbtune.pipeline.rank_group import rank_groups, tie_groups_of
+    from mbtune.pipeline.runner import RankRun, StepTimes
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec.world_size)
     try:

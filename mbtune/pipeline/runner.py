@@ -9,9 +9,7 @@ loss is a mean over the batch). Each replica takes its own slice of every step's
 
 from __future__ import annotations
 
-import datetime
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,15 +27,13 @@ from mbtune.pipeline.rank_device import (
     count_memory,
     device_uuid,
     peak_memory,
-    pin_to_cores,
-    rank_device,
-    set_threads,
     stop_counting,
     timing_event,
 )
+from mbtune.pipeline.rank_group import Joined, join_group, leave_group, rank_groups, tie_groups_of
 from mbtune.pipeline.schedules import build_schedule, build_stage, on_forward_chunk, run_schedule_step
 from mbtune.pipeline.split import StageBlocks, split_blocks
-from mbtune.pipeline.theory import stage_to_rank, stages_of_rank
+from mbtune.pipeline.theory import stages_of_rank
 from mbtune.pipeline.timeline import StageReport
 from mbtune.training import on_device
 from mbtune.workloads import Workload, load_workload
@@ -59,7 +55,7 @@ def stage_blocks(spec: PipelineSpec, workload: Workload) -> StageBlocks:
 
 def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank: int | None = None,
              on_placed: Callable[[tuple[int, ...]], None] | None = None) -> StageReport:
-    """Run this rank's share of the point and report what it measured.
+    """Run this rank's share of the point in a process of its own and report what it measured.
 
     `rank` is this process's rank in the world (spec.place says which pipeline rank of which replica);
     `store_path` names a torch FileStore file that is fresh for this point (no ports, no races), or is
@@ -69,22 +65,27 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank
     global block indices this rank holds as soon as they are known, so a failure can name them. A NaN or
     infinite loss raises NonFiniteLossError at that step.
     """
-    local_rank = rank if store_path is not None else int(os.environ.get("LOCAL_RANK", "0"))
-    cores: tuple[int, ...] = ()
-    if spec.pin_cpus and spec.device == "cpu":
-        local_size = spec.world_size if store_path is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        cores = pin_to_cores(local_rank, local_size)
-    if spec.threads is not None:
-        set_threads(min(spec.threads, len(cores)) if cores else spec.threads)
-    device = rank_device(spec, local_rank)
-    dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
-        **({"store": dist.FileStore(store_path, spec.world_size)} if store_path is not None
-           else {"init_method": "env://"}),
-        rank=rank,
-        world_size=spec.world_size,
-        timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
-    )
+    joined = join_group(spec, rank=rank, store_path=store_path)
+    report = run_joined(spec, joined, hang_rank=hang_rank, on_placed=on_placed)
+    # Only on success: tearing the group down on failure would let peers fail (and report) before we do.
+    leave_group()
+    # This process's whole CPU time (a forked rank starts from zero): it lives for this point alone.
+    return replace(report, cpu_time_s=time.process_time())
+
+
+def run_joined(spec: PipelineSpec, joined: Joined, *, hang_rank: int | None = None,
+               on_placed: Callable[[tuple[int, ...]], None] | None = None) -> StageReport:
+    """One point on a rank already in its group: the workload loaded and this rank's stages built afresh,
+    the memory count (CPU) or the allocator's peak (CUDA) started from what this point holds, the steps run.
+    The report's CPU time is this point's alone."""
+    import gc
+
+    started_cpu_s = time.process_time()
+    device, rank = joined.device, joined.rank
+    gc.collect()  # a kept process: the previous point's stages are gone before this one's are counted
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     count = count_memory(device)
     workload = load_workload(spec.workload, spec.workload_options)
     all_blocks = stage_blocks(spec, workload)
@@ -92,44 +93,8 @@ def run_rank(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank
     tie_groups = tie_groups_of(spec, workload, all_blocks, rank)
     report = RankRun(spec, rank, device, workload, all_blocks, on_placed, pipeline_group=pipeline_group,
                       replica_group=replica_group, tie_groups=tie_groups, count=count).run(hang=hang_rank == rank)
-    # Only on success: tearing the group down on failure would let peers fail (and report) before we do.
-    dist.destroy_process_group()
-    # This process's whole CPU time (a forked rank starts from zero), so the parent can tell the point's
-    # own CPU use from other processes'.
-    return replace(report, cpu_time_s=time.process_time(), cores=cores)
-
-
-def rank_groups(spec: PipelineSpec, rank: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
-    """This process's pipeline group (its replica's ranks) and replica group (the ranks of the other
-    replicas that hold the same stages); both None without data parallelism (the world is the pipeline).
-    Every process creates every group, in the same order, as torch requires."""
-    if spec.data_parallel_size == 1:
-        return None, None
-    p, d = spec.num_ranks, spec.data_parallel_size
-    pipelines = [dist.new_group([replica * p + i for i in range(p)]) for replica in range(d)]
-    replicas = [dist.new_group([replica * p + i for replica in range(d)]) for i in range(p)]
-    pipeline_rank, replica = spec.place(rank)
-    return pipelines[replica], replicas[pipeline_rank]
-
-
-def tie_groups_of(spec: PipelineSpec, workload: Workload, all_blocks: StageBlocks,
-                rank: int) -> dict[int, dist.ProcessGroup]:
-    """Per tie of the workload whose members sit on several pipeline ranks, the group of those ranks in
-    this process's replica, where this process is one of them: their copies' gradients are summed in it.
-    Every process creates every group, in the same order."""
-    owners = stage_to_rank(spec.schedule, spec.num_ranks, spec.num_model_stages)
-    holder = {block: owners[stage] for stage, blocks in enumerate(all_blocks) for block in blocks}
-    pipeline_rank, my_replica = spec.place(rank)
-    mine = {}
-    for index, tie in enumerate(workload.ties):
-        ranks = sorted({holder[block] for block, _ in tie})
-        if len(ranks) < 2:
-            continue  # one rank holds every member: they are one parameter there
-        for replica in range(spec.data_parallel_size):
-            group = dist.new_group([replica * spec.num_ranks + r for r in ranks])
-            if replica == my_replica and pipeline_rank in ranks:
-                mine[index] = group
-    return mine
+    # This point's CPU time (from zero in a forked rank), so the parent can tell its own CPU use from others'.
+    return replace(report, cpu_time_s=time.process_time() - started_cpu_s, cores=joined.cores)
 
 
 @dataclass

@@ -92,7 +92,8 @@ class PipelineOutcome(Record):
     error_detail: str = ""  # the last lines of the failing rank's traceback and stderr, when there are any
     wall_s: float = 0.0
     exit_codes: tuple[int | None, ...] = ()  # per rank; negative: killed by that signal
-    pids: tuple[int, ...] = ()  # per rank, all reaped by the time the outcome exists
+    pids: tuple[int, ...] = ()  # per rank; reaped by the time the outcome exists, unless kept (pipeline/warm.py)
+    fresh_processes: bool = True  # False: the ranks ran an earlier point before this one (pipeline/warm.py)
     failed_rank: int | None = None  # the rank named as the root cause of a failure
     failed_blocks: tuple[int, ...] = ()  # the global block indices that rank holds (as far as it got)
     error_kind: str = ""  # workload | harness when the point failed (see records.ERROR_KINDS)

@@ -29,9 +29,6 @@ from mbtune.sweeping.config import SweepConfig
 
 # Errors that are bad input for probe and sweep but, for a qualification, mean this machine could not run
 # what it is held to (no such device here, a budget or workload that fails here): an ERROR check.
-# A qualification aims at a narrower interval than a sweep (a quarter of its tolerance) and runs unattended:
-# each point may take this long (a sweep's own cap is shorter, for a person waiting at the terminal).
-QUALIFY_MAX_TIME_PER_POINT_S = 30.0
 _RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
 
 
@@ -51,7 +48,7 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     from mbtune.qualifying import judge as qualify
     from mbtune.qualifying.compare import check_same_device, device_model
     from mbtune.saving.profiles import load_profile
-    from mbtune.sweeping.stopping import default_repeats
+    from mbtune.sweeping.stopping import QUALIFY_MAX_TIME_PER_POINT_S, default_repeats, qualify_target_ci
 
     started, started_at = time.monotonic(), datetime.now(UTC).replace(microsecond=0, tzinfo=None).isoformat()
     repeats = default_repeats() if repeats is None else repeats
@@ -61,7 +58,9 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     baseline = load_profile(Path(spec.baseline)) if spec.baseline else None
     probe_config, sweep_config = _qualify_configs(spec, baseline, repeats)
     if sweep_config is not None and repeats is None:
-        sweep_config = dataclasses.replace(sweep_config, target_ci=max(spec.tolerance / 4, 0.001),
+        # A qualification aims at a narrower interval than a sweep (a quarter of its tolerance) and runs
+        # unattended: each point may take longer than a sweep's own cap, and no point is raced.
+        sweep_config = dataclasses.replace(sweep_config, target_ci=qualify_target_ci(spec.tolerance), time_budget_s=None,
                                            max_time_per_point_s=max(sweep_config.max_time_per_point_s,
                                                                     QUALIFY_MAX_TIME_PER_POINT_S))
     if sweep_config is not None and launch is not None:

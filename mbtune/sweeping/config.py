@@ -38,6 +38,8 @@ DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 
 OBJECTIVES = ("throughput", "memory", "bubble")
 
+DEFAULT_TIME_BUDGET_S = 75.0  # the sweep's measuring, once every point ran once (a person waits at the terminal)
+
 
 BALANCES = ("parameters", "time")  # how a sweep splits blocks over stages (--balance params | time)
 
@@ -71,6 +73,14 @@ class SweepConfig:
     # wide (a share of it), or the next repeat would pass max_time_per_point_s.
     target_ci: float = 0.05
     max_time_per_point_s: float = 10.0
+    # Until known: the seconds the sweep's measuring may take in all (None: no limit). Every point is measured
+    # once whatever it says; after that, repeats go where they decide the most until it runs out.
+    time_budget_s: float | None = DEFAULT_TIME_BUDGET_S
+    # Every repeat in processes of its own (True), or the ranks' processes kept between repeats and points
+    # (pipeline/warm.py), started afresh after a failure or where the placement changes.
+    fresh_processes: bool = False
+    # Measure for a baseline (qualify --baseline): every point until known at qualify's precision, no race.
+    as_baseline: bool = False
     pin_cpus: bool = True  # on the CPU, each rank process on its own cores (pipeline/rank_device.py)
     optimizer: str = "adamw"
     precision: str = "fp32"
@@ -140,6 +150,14 @@ class SweepConfig:
         _require(self.repeats is None or self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
         _require(0 < self.target_ci < 1, "target_ci", self.target_ci, "a share between 0% and 100%")
         _require(self.max_time_per_point_s > 0, "max_time_per_point_s", self.max_time_per_point_s, "a duration > 0")
+        _require(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s", self.time_budget_s,
+                 "a duration > 0")
+        if self.as_baseline:  # what qualify --baseline measures to: every point known, none raced, no budget
+            from mbtune.sweeping.stopping import DEFAULT_TOLERANCE, QUALIFY_MAX_TIME_PER_POINT_S, qualify_target_ci
+
+            object.__setattr__(self, "target_ci", min(self.target_ci, qualify_target_ci(DEFAULT_TOLERANCE)))
+            object.__setattr__(self, "max_time_per_point_s", max(self.max_time_per_point_s, QUALIFY_MAX_TIME_PER_POINT_S))
+            object.__setattr__(self, "time_budget_s", None)
         _require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, " | ".join(OPTIMIZERS))
         _require(self.precision in ("fp32", "bf16"), "precision", self.precision,
                  "fp32 | bf16 for pipelined steps (fp16 would need one loss scale across all ranks)")
@@ -192,6 +210,13 @@ class SweepConfig:
             if getattr(self, name) == value:
                 raise ConfigError(f"{name} {value} does not go with a command: {why}", field=name,
                                   hint=f"Leave --{name} out.")
+
+    @property
+    def races(self) -> bool:
+        """Whether the grid is raced (sweeping/race.py): measured until known, ranked by throughput, the grid's
+        own points (not a baseline's to re-measure, not the quick strategy's pick), not made for a baseline."""
+        return (self.repeats is None and self.objective == "throughput" and self.points is None
+                and self.strategy == "grid" and not self.as_baseline)
 
     @property
     def nodes(self) -> Nodes:

@@ -8,12 +8,8 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from mbtune.sweeping.records import PointResult, SweepReport
-
-if TYPE_CHECKING:
-    pass
 
 
 def nothing_measured(report: SweepReport) -> str | None:
@@ -35,20 +31,18 @@ def nothing_measured(report: SweepReport) -> str | None:
 def tied_with_best(results: Sequence[PointResult], ranking: Sequence[int], objective: str, *,
                    same_global_batch: bool = False) -> tuple[int, ...]:
     """Ranked points that, on this evidence, could be as good as the best one: a 95% test of their difference
-    does not tell them apart. Throughput measured round-robin compares round by round (the rounds both ran,
-    at least MIN_PAIRED_ROUNDS: the machine's drift over the run cancels in each round's ratio); otherwise the two
-    95% intervals combined in quadrature (the interval of a difference of independent means); where a point
-    has no interval, the ranges overlap. Bubble compares its ranges; memory is ranked exactly. With global
-    batches held fixed, only rows of the best one's global batch can tie with it (another global batch is
-    another recipe)."""
+    does not tell them apart (throughput_difference). Bubble compares its ranges; memory is ranked exactly.
+    With global batches held fixed, only rows of the best one's global batch can tie with it (another
+    global batch is another recipe)."""
     if not ranking or objective == "memory":
         return ()
     best = results[ranking[0]]
     if _span(best, objective) is None:
         return ()
     size = best.point.global_batch
+    pooled = pooled_repeat_spread(results) if objective == "throughput" else None
     return tuple(i for i in ranking[1:] if (not same_global_batch or results[i].point.global_batch == size)
-                 and _tied(best, results[i], objective))
+                 and _tied(best, results[i], objective, pooled))
 
 
 def _span(result: PointResult, objective: str) -> tuple[float, float] | None:
@@ -61,11 +55,11 @@ def _span(result: PointResult, objective: str) -> tuple[float, float] | None:
     return None if mid is None else (mid if low is None else low, mid if high is None else high)
 
 
-def _tied(best: PointResult, other: PointResult, objective: str) -> bool:
+def _tied(best: PointResult, other: PointResult, objective: str, pooled: tuple[float, int] | None) -> bool:
     if objective == "throughput":
-        paired = paired_difference(best, other)
-        if paired is not None:
-            mean, half = paired
+        found = throughput_difference(best, other, pooled)
+        if found is not None:
+            mean, half = found
             return abs(mean) <= half
         if best.ci_half_pct is not None and other.ci_half_pct is not None and best.samples_per_s \
                 and other.samples_per_s:
@@ -73,6 +67,49 @@ def _tied(best: PointResult, other: PointResult, objective: str) -> bool:
             return abs(best.samples_per_s - other.samples_per_s) <= bound
     mine, theirs = _span(best, objective), _span(other, objective)
     return mine is not None and theirs is not None and theirs[0] <= mine[1] and mine[0] <= theirs[1]
+
+
+def throughput_difference(a: PointResult, b: PointResult,
+                          pooled: tuple[float, int] | None) -> tuple[float, float] | None:
+    """The log ratio of a's throughput over b's and its 95% half-interval: round by round where both were
+    measured round-robin in MIN_PAIRED_ROUNDS shared rounds or more (the machine's drift over the run cancels
+    in each round's ratio); else the difference of their repeats' mean log throughputs, against the spread of
+    one repeat pooled over every point (`pooled`: pooled_repeat_spread's), so that a point measured once or
+    twice is compared as soundly as the machine's noise allows; None where neither can be had."""
+    paired = paired_difference(a, b)
+    if paired is not None or pooled is None:
+        return paired
+    mine, theirs = _log_rates(a), _log_rates(b)
+    if not mine or not theirs:
+        return None
+    from mbtune.intervals import t975
+
+    spread, dof = pooled
+    half = t975(dof) * spread * math.sqrt(1 / len(mine) + 1 / len(theirs))
+    return statistics.fmean(mine) - statistics.fmean(theirs), half
+
+
+# Degrees of freedom a pooled spread needs before it compares points (t(0.975, 5) = 2.57).
+MIN_POOLED_DOF = 5
+
+
+def pooled_repeat_spread(results: Sequence[PointResult]) -> tuple[float, int] | None:
+    """The standard deviation of one repeat's log throughput, pooled over every ok point with two or more
+    repeats (the points run on one machine, whose noise they share), and its degrees of freedom (the repeats
+    less one per point); None under MIN_POOLED_DOF."""
+    squares, dof = 0.0, 0
+    for result in results:
+        logs = _log_rates(result) if result.ok else []
+        if len(logs) >= 2:
+            mean = statistics.fmean(logs)
+            squares += sum((x - mean) ** 2 for x in logs)
+            dof += len(logs) - 1
+    return (math.sqrt(squares / dof), dof) if dof >= MIN_POOLED_DOF else None
+
+
+def _log_rates(result: PointResult) -> list[float]:
+    """Each repeat's log throughput (global batch over its median step)."""
+    return [math.log(result.point.global_batch / m) for m in result.repeat_step_time_medians_s if m > 0]
 
 
 # Rounds two points must share to be compared round by round. At three, the demo's best was judged faster

@@ -89,6 +89,7 @@ class PointResult(Outcome):
     ci_half_pct: float | None = None
     ci_basis: str = ""
     stopped: str = ""
+    stopped_detail: str = ""  # why, where the race stopped it: "31% below the best (...), p < 0.05"
     busy_reruns: int = 0
 
     @property
@@ -157,7 +158,8 @@ class SweepReport(Record):
                 "data_parallel_size": p.data_parallel_size, "recompute": p.recompute,
                 "micro_batch_size": p.micro_batch_size, "global_batch": p.global_batch,
                 "lr_scale": advice.scale if advice else None, "lr": advice.lr if advice else None,
-                "status": r.status, "num_repeats": r.num_repeats, "stopped": r.stopped, "busy_reruns": r.busy_reruns,
+                "status": r.status, "num_repeats": r.num_repeats, "stopped": r.stopped,
+                "stopped_detail": r.stopped_detail, "busy_reruns": r.busy_reruns,
                 "samples_per_s": r.samples_per_s, "samples_per_s_ci_half_pct": r.ci_half_pct, "ci_basis": r.ci_basis,
                 "samples_per_s_min": r.samples_per_s_min, "samples_per_s_max": r.samples_per_s_max,
                 "tied_with_best": index in self.ties, "pareto": index in self.pareto,

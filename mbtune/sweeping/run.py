@@ -24,6 +24,9 @@ from mbtune.sweeping.stopping import INTERRUPTED
 
 if TYPE_CHECKING:
     from mbtune.journal import Journal
+    from mbtune.pipeline.warm import WarmRanks
+    from mbtune.sweeping.race import Verdict
+    from mbtune.sweeping.repeat import Measuring
     from mbtune.workloads.facts import WorkloadFacts
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,8 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
         interrupted = True
         points.keep_unfinished()
     finally:
+        if points.ranks is not None:
+            points.ranks.close()
         if config.launcher == "torchrun" and config.nodes.nnodes == 1:  # across nodes, the command ends the session
             from mbtune.pipeline.torchrun import close_session
 
@@ -96,9 +101,17 @@ class _Points:
         self.config, self.device, self.threads, self.workload = config, device, threads, workload
         self.progress, self.store = progress, store
         self.peak_flops = peak_flops(info.name, config.precision)
+        # mbtune's own launcher keeps a point's rank processes for the next repeat and point (pipeline/warm.py);
+        # torchrun's agent and a user's command start their own.
+        self.ranks: WarmRanks | None = None
+        if config.launcher == "local" and not config.command and not config.fresh_processes:
+            from mbtune.pipeline.warm import WarmRanks
+
+            self.ranks = WarmRanks()
         self.results: list[PointResult] = []
         self.order: dict[SweepPoint, int] = {}
-        self.unfinished: dict[SweepPoint, _Measuring] = {}
+        self.unfinished: dict[SweepPoint, Measuring] = {}
+        self.standing = ""  # the race's first look, once a round has ended
         self.done = {r.point: r for r in map(PointResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
         # A resumed sweep keeps the split its journaled points ran with.
         replayed = [Balance.from_dict(b) for b in store.replayed(BALANCE)] if store else []
@@ -121,24 +134,81 @@ class _Points:
         """Every point, measured round-robin: one repeat of each point still measuring, then the next round,
         until each has stopped. A machine whose speed drifts over minutes then slows every point alike, and
         the points compare as they would side by side; one measured to its end before the next would carry
-        the speed of its own minutes alone."""
+        the speed of its own minutes alone. Raced (config.races, sweeping/race.py): after the first round,
+        each round visits the points best first, and a point leaves once the race says so; every round after
+        the first ends early once the time budget is spent."""
+        import time
+
+        config = self.config
         self.order = {point: index for index, point in enumerate(points)}
         for point in points:
             if point in self.done:
                 self._finished(point, self.done[point], REPLAYED)
         self.unfinished = {point: self._measuring(point) for point in points if point not in self.done}
+        deadline = time.monotonic() + config.time_budget_s if config.time_budget_s and config.repeats is None else None
         rounds = 0
         while self.unfinished:
             rounds += 1
-            for point, measuring in list(self.unfinished.items()):
+            visit = list(self.unfinished)
+            if config.races and rounds > 1:
+                visit.sort(key=lambda p: -(self.unfinished[p].rate() or 0.0))
+            for point in visit:
+                measuring = self.unfinished.get(point)
+                if measuring is None:
+                    continue
+                if rounds > 1 and deadline is not None and time.monotonic() + measuring.repeat_s() > deadline:
+                    self._out_of_time(config.time_budget_s or 0.0)
+                    break
+                if rounds > 1 and config.races:
+                    verdict = self._verdict(point)
+                    if verdict.stopped:
+                        self._stop(point, verdict.stopped, verdict.detail)
+                        continue
                 measuring.round = rounds
                 if self.progress:
-                    self.progress.working(f"{point.label}, repeat {len(measuring.runs) + 1}{measuring.so_far()}")
+                    self.progress.working(f"{self.standing}{point.label}, repeat {len(measuring.runs) + 1}"
+                                          f"{measuring.so_far()}")
                 measuring.repeat()
                 if measuring.stopped:
-                    del self.unfinished[point]
-                    self._finished(point, measuring.result(), "")
+                    self._stop(point, measuring.stopped)
+            if config.races:
+                self.standing = self._standing(rounds)
         self.results.sort(key=lambda r: self.order.get(r.point, len(self.order)))
+
+    def _current(self) -> list[PointResult]:
+        """What every point measured so far: the finished ones' results, then those still measuring."""
+        return [*self.results, *(m.result() for m in self.unfinished.values() if m.runs)]
+
+    def _verdict(self, point: SweepPoint) -> Verdict:
+        from mbtune.sweeping.race import race_verdict
+
+        current = self._current()
+        index = next(i for i, r in enumerate(current) if r.point == point)
+        return race_verdict(index, current, fixed_global_batch=bool(self.config.global_batches))
+
+    def _standing(self, rounds: int) -> str:
+        """The first look, for the progress line: the best so far and how many points are still in the race."""
+        from mbtune.sweeping.ranking import rank_results
+
+        current = self._current()
+        ranking, _ = rank_results(current, "throughput", self.config.global_batches)
+        if not ranking:
+            return ""
+        best = current[ranking[0]]
+        return (f"after round {rounds}: best so far {best.point.label} ({best.samples_per_s:,.1f} samples/s), "
+                f"{len(self.unfinished)} of {len(self.order)} still in the race; ")
+
+    def _stop(self, point: SweepPoint, stopped: str, detail: str = "") -> None:
+        measuring = self.unfinished.pop(point)
+        measuring.stopped = stopped
+        self._finished(point, replace(measuring.result(), stopped_detail=detail), "")
+
+    def _out_of_time(self, budget_s: float) -> None:
+        """The time budget is spent: every point still measuring stops with what it has."""
+        from mbtune.sweeping.stopping import TIME_BUDGET
+
+        for point in list(self.unfinished):
+            self._stop(point, TIME_BUDGET, f"the sweep's time budget ({budget_s:g} s) was spent")
 
     def keep_unfinished(self) -> None:
         """Interrupted: the points still measuring keep the repeats they finished (not journaled: a resumed
@@ -149,10 +219,12 @@ class _Points:
         self.unfinished = {}
         self.results.sort(key=lambda r: self.order.get(r.point, len(self.order)))
 
-    def _measuring(self, point: SweepPoint) -> _Measuring:
+    def _measuring(self, point: SweepPoint) -> Measuring:
+        from mbtune.sweeping.repeat import Measuring
+
         peak = self.peak_flops * point.num_processes if self.peak_flops else None
-        return _Measuring(point, self.config, self.device, self.threads, self.workload, peak,
-                          self.balance.block_times_s or None)
+        return Measuring(point, self.config, self.device, self.threads, self.workload, peak,
+                          self.balance.block_times_s or None, self.ranks)
 
     def _finished(self, point: SweepPoint, result: PointResult, detail: str) -> PointResult:
         if self.store and detail != REPLAYED:
@@ -247,148 +319,6 @@ def _balance(config: SweepConfig, points: Sequence[SweepPoint], device: str, thr
                                 seed=config.seed, precision=config.precision, threads=threads,
                                 timeout_s=config.point_timeout_s)
     return Balance(by="time", block_times_s=times, micro_batch_size=size)
-
-
-class _Measuring:
-    """One point's repeats in fresh processes, one at a time: config.repeats of them, or until its throughput
-    is known (sweeping/stopping.py); `result` merges them. Until known, a repeat measured while other
-    processes loaded the machine is run again (at most MAX_BUSY_RERUNS per point); a failed repeat fails the
-    point; the repeats after the first measure enough steps to fill MIN_REPEAT_WINDOW_S each (at most
-    MAX_STEPS); the time cap counts this point's own repeats, not the others' run between them."""
-
-    def __init__(self, point: SweepPoint, config: SweepConfig, device: str, threads: int | None,
-                 workload: WorkloadFacts, peak_total: float | None,
-                 block_times_s: tuple[float, ...] | None = None) -> None:
-        self.point, self.config, self.device, self.threads = point, config, device, threads
-        self.workload, self.peak_total, self.block_times_s = workload, peak_total, block_times_s
-        self.steps = config.measured_steps
-        self.runs: list[PointResult] = []
-        self.reruns, self.spent_s, self.stopped = 0, 0.0, ""
-        self.round = 0  # the round-robin round the next repeat runs in (0: measured on its own)
-        self.rounds: list[int] = []  # the round each kept repeat ran in
-
-    def repeat(self) -> None:
-        import time
-
-        from mbtune.sweeping.stopping import FAILED, FIXED, MAX_BUSY_RERUNS, should_stop
-
-        config, point = self.config, self.point
-        started = time.monotonic()
-        run = _run_point(point, replace(config, measured_steps=self.steps), self.device, self.threads,
-                         self.workload, self.peak_total, self.block_times_s)
-        self.spent_s += time.monotonic() - started
-        # Until known only (fixed repeats run exactly as many as asked), and on one node (across nodes this
-        # host's load is not the point's whole story): elsewhere a busy repeat keeps its warning.
-        if (run.ok and run.load is not None and run.load.busy and self.reruns < MAX_BUSY_RERUNS
-                and config.repeats is None and config.nodes.nnodes == 1):
-            self.reruns += 1
-            log.info("%s: measured while the machine was busy (%s); running it again", point.label, run.load.reason)
-            return
-        self.runs.append(run)
-        self.rounds.append(self.round)
-        if not run.ok:
-            self.stopped = FAILED
-        elif config.repeats is not None:
-            self.stopped = FIXED if len(self.runs) >= config.repeats else ""
-        else:
-            if len(self.runs) == 1:
-                self.steps = steps_to_fill(run.step_times_s, self.steps)
-            self.stopped = should_stop(self._rates(), target_width=config.target_ci, elapsed_s=self.spent_s,
-                                       repeat_s=self.spent_s / (len(self.runs) + self.reruns),
-                                       max_time_s=config.max_time_per_point_s) or ""
-
-    def _rates(self) -> list[float]:
-        return [self.point.global_batch / r.step_time_median_s for r in self.runs if r.step_time_median_s]
-
-    def so_far(self) -> str:
-        """The mean rate so far and its interval, for the progress line (empty before the first)."""
-        from mbtune.sweeping.stopping import interval
-
-        rates = self._rates()
-        if not rates:
-            return ""
-        known = interval(rates, "")
-        spread = f" +-{known.half:.1%}" if known else ""
-        return f" (so far {sum(rates) / len(rates):,.1f} samples/s{spread})"
-
-    def result(self) -> PointResult:
-        from mbtune.sweeping.measured import merge_repeats
-
-        rounds = tuple(self.rounds) if self.round else ()
-        return replace(merge_repeats(self.runs), stopped=self.stopped, busy_reruns=self.reruns, repeat_rounds=rounds)
-
-
-MIN_REPEAT_WINDOW_S = 0.5  # until known, a repeat measures at least this long (the first one calibrates)
-MAX_STEPS = 50
-
-
-def steps_to_fill(step_times_s: Sequence[float], steps: int) -> int:
-    """Measured steps for a repeat to last MIN_REPEAT_WINDOW_S, from one repeat's step times; never fewer
-    than `steps`, never more than MAX_STEPS."""
-    window = sum(step_times_s)
-    if window <= 0:
-        return steps
-    import math
-
-    return max(steps, min(MAX_STEPS, math.ceil(len(step_times_s) * MIN_REPEAT_WINDOW_S / window)))
-
-
-def _run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
-               peak_total: float | None, block_times_s: tuple[float, ...] | None = None) -> PointResult:
-    from mbtune.device.machine_load import LoadMeter, busy_warning
-    from mbtune.device.nvml import NvmlSampler
-    from mbtune.pipeline.launch import run_pipeline_point
-    from mbtune.pipeline.point_spec import PipelineSpec
-    from mbtune.sweeping.measured import summarize_point
-
-    if config.command:
-        import resource
-
-        from mbtune.sweeping.command import run_command_point
-
-        def children_cpu_s() -> float:  # the command's processes, once they were waited for
-            used = resource.getrusage(resource.RUSAGE_CHILDREN)
-            return used.ru_utime + used.ru_stime
-
-        with LoadMeter() as meter:
-            before = children_cpu_s()
-            result = run_command_point(point, config, device)
-            spent = children_cpu_s() - before
-        load = meter.load(rank_cpu_s=spent, num_ranks=point.num_processes)
-        warning = busy_warning(point.label, load)
-        return replace(result, load=load, warnings=result.warnings + ((warning,) if warning else ()))
-    spec = PipelineSpec.for_point(
-        point, workload=config.workload, workload_options=config.workload_options, device=device,
-        warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, seed=config.seed,
-        optimizer=config.optimizer, lr=lr_for(config.optimizer, config.lr), precision=config.precision,
-        threads=threads, balance="time" if block_times_s else "parameters", block_weights=block_times_s,
-        pin_cpus=config.pin_cpus and device == "cpu")
-    # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
-    # are summarised (the ranks report when those ran).
-    gpus = range(spec.world_size) if spec.device == "cuda" else ()
-    with NvmlSampler(cuda_indices=gpus) as sampler, LoadMeter() as meter:
-        if config.launcher == "torchrun":
-            from mbtune.pipeline.torchrun import session
-
-            outcome = session(config.nodes, config.command_line).run_point(spec, timeout_s=config.point_timeout_s)
-        else:
-            outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
-    result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
-                             flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
-    window, uuids = outcome.measured_window_unix_s, outcome.device_uuids
-    load = meter.load(rank_cpu_s=outcome.rank_cpu_time_s, our_pids=outcome.pids, num_ranks=spec.world_size,
-                      gpu_pids=sampler.compute_pids(uuids, window) if gpus else None)
-    warning = busy_warning(point.label, load)
-    backend = "nccl" if spec.device == "cuda" else "gloo"
-    ran_as = f"{spec.world_size} process(es), {backend}"
-    if cores := outcome.pinned_cores:
-        ran_as += ", pinned to cores " + " | ".join(",".join(map(str, c)) for c in cores)
-    if config.launcher == "torchrun":
-        ran_as += f", torchrun on {config.nodes.nnodes} node(s)" if config.nodes.nnodes > 1 else ", torchrun"
-    if spec.data_parallel_size > 1:
-        ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel_size} replicas, gradients all-reduced)"
-    return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
-                   warnings=result.warnings + ((warning,) if warning else ()))
 
 
 def _result_detail(result: PointResult) -> str:

@@ -27,6 +27,20 @@ MAX_BUSY_RERUNS = 3  # repeats run again, per point, because other processes loa
 REPEATS_ENV = "MBTUNE_REPEATS"  # a machine's default --repeats (e.g. 1 for a CI smoke run); unset: until known
 KNOWN, TIME_CAP, MOST_REPEATS, FIXED, FAILED = "known", "time cap", "most repeats", "fixed", "failed"
 INTERRUPTED = "interrupted"  # the sweep was stopped (Ctrl-C) while this point was still measuring
+# The race (sweeping/race.py): a point a 95% test separates from the best leaves it; the best stops once no
+# point is tied with it; every point still measuring stops when the sweep's time budget is spent.
+DROPPED, DECIDED, TIME_BUDGET = "dropped", "decided", "time budget"
+
+# What `qualify --baseline` measures to (qualifying/run.py), and what a sweep made to be a baseline measures
+# to (--as-baseline): the 95% interval a quarter of the tolerance wide, a point measured for up to this long.
+DEFAULT_TOLERANCE = 0.10
+QUALIFY_MAX_TIME_PER_POINT_S = 30.0
+
+
+def qualify_target_ci(tolerance: float) -> float:
+    """The width of the 95% interval a qualification measures each point to, for a tolerance."""
+    return max(tolerance / 4, 0.001)
+
 
 @dataclass(frozen=True)
 class Interval:

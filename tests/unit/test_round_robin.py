@@ -9,13 +9,17 @@ import pytest
 from mbtune.errors import Interrupted
 from mbtune.pipeline.point import SweepPoint
 from mbtune.records import DeviceInfo
-from mbtune.sweeping import run
+from mbtune.sweeping import repeat, run
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.records import Balance, PointResult
 from mbtune.sweeping.stopping import FIXED, INTERRUPTED, KNOWN, TIME_CAP
 
 POINTS = [SweepPoint(schedule="gpipe", num_ranks=2, num_micro_batches=m, grad_accum_steps=1, micro_batch_size=4)
           for m in (2, 4, 8)]
+
+
+# Every point measured until known, as qualify re-measures a baseline's points: none raced, no time budget.
+NOT_RACED = {"points": tuple(POINTS), "time_budget_s": None}
 
 
 class _Machine:
@@ -35,7 +39,7 @@ class _Machine:
 
 
 def _points(monkeypatch, machine: _Machine, **config) -> run._Points:
-    monkeypatch.setattr(run, "_run_point", machine)
+    monkeypatch.setattr(repeat, "run_point", machine)
     monkeypatch.setattr(run, "_balance", lambda *a: Balance())
     return run._Points(SweepConfig(pin_cpus=False, **config), "cpu", 1, None, DeviceInfo(backend="cpu", name="cpu"),
                        None, None, POINTS)
@@ -53,7 +57,7 @@ def test_fixed_repeats_go_round_the_points_not_point_by_point(monkeypatch):
 def test_a_point_known_early_leaves_the_round_and_the_others_go_on(monkeypatch):
     steady, noisy = [0.1] * 20, [0.1, 0.2, 0.1, 0.2, 0.1, 0.2, 0.1, 0.2, 0.1, 0.2] * 2
     machine = _Machine({POINTS[0]: noisy, POINTS[1]: steady, POINTS[2]: noisy})
-    points = _points(monkeypatch, machine, repeats=None, target_ci=0.05, max_time_per_point_s=1e9)
+    points = _points(monkeypatch, machine, repeats=None, target_ci=0.05, max_time_per_point_s=1e9, **NOT_RACED)
     points.run_all(POINTS)
     known = [r for r in points.results if r.point == POINTS[1]][0]
     assert known.stopped == KNOWN and len(known.repeat_step_time_medians_s) == 3
@@ -67,7 +71,7 @@ def test_the_time_cap_counts_the_points_own_repeats(monkeypatch):
     monkeypatch.setattr("time.monotonic", lambda: float(next(clock)))
     noisy = [0.1, 0.2] * 10
     machine = _Machine({p: noisy for p in POINTS})
-    points = _points(monkeypatch, machine, repeats=None, target_ci=0.001, max_time_per_point_s=4.5)
+    points = _points(monkeypatch, machine, repeats=None, target_ci=0.001, max_time_per_point_s=4.5, **NOT_RACED)
     points.run_all(POINTS)
     # Each point's repeats take 1 s of its own; the others' repeats between them do not count against it.
     assert all(r.stopped == TIME_CAP and len(r.repeat_step_time_medians_s) == 4 for r in points.results)

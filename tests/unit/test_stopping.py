@@ -13,7 +13,7 @@ from mbtune.pipeline.rank_device import own_cores
 from mbtune.sweeping.measured import merge_repeats
 from mbtune.sweeping.ranking import MIN_PAIRED_ROUNDS, paired_difference, tied_with_best
 from mbtune.sweeping.records import PointResult
-from mbtune.sweeping.run import MAX_STEPS, MIN_REPEAT_WINDOW_S, steps_to_fill
+from mbtune.sweeping.repeat import MAX_STEPS, MIN_REPEAT_WINDOW_S, steps_to_fill
 from mbtune.sweeping.stopping import (
     KNOWN,
     MIN_REPEATS,

@@ -1,0 +1,179 @@
+"""One sweep point's repeats (Measuring) and one repeat of it (run_point): on mbtune's own launcher, its
+kept rank processes (pipeline/warm.py) or fresh ones, under torchrun, or the user's own command."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from mbtune.pipeline.point import SweepPoint
+from mbtune.settings import lr_for
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.records import PointResult
+
+if TYPE_CHECKING:
+    from mbtune.pipeline.warm import WarmRanks
+    from mbtune.workloads.facts import WorkloadFacts
+
+log = logging.getLogger(__name__)
+
+
+class Measuring:
+    """One point's repeats in fresh processes, one at a time: config.repeats of them, or until its throughput
+    is known (sweeping/stopping.py); `result` merges them. Until known, a repeat measured while other
+    processes loaded the machine is run again (at most MAX_BUSY_RERUNS per point); a failed repeat fails the
+    point; the repeats after the first measure enough steps to fill MIN_REPEAT_WINDOW_S each (at most
+    MAX_STEPS); the time cap counts this point's own repeats, not the others' run between them."""
+
+    def __init__(self, point: SweepPoint, config: SweepConfig, device: str, threads: int | None,
+                 workload: WorkloadFacts, peak_total: float | None,
+                 block_times_s: tuple[float, ...] | None = None, ranks: WarmRanks | None = None) -> None:
+        self.point, self.config, self.device, self.threads, self.ranks = point, config, device, threads, ranks
+        self.workload, self.peak_total, self.block_times_s = workload, peak_total, block_times_s
+        self.steps = config.measured_steps
+        self.runs: list[PointResult] = []
+        self.reruns, self.spent_s, self.stopped = 0, 0.0, ""
+        self.round = 0  # the round-robin round the next repeat runs in (0: measured on its own)
+        self.rounds: list[int] = []  # the round each kept repeat ran in
+        self._merged: tuple[int, PointResult] | None = None  # (repeats merged, their merge)
+
+    def repeat(self) -> None:
+        import time
+
+        from mbtune.sweeping.stopping import FAILED, FIXED, MAX_BUSY_RERUNS, should_stop
+
+        config, point = self.config, self.point
+        started = time.monotonic()
+        run = run_point(point, replace(config, measured_steps=self.steps), self.device, self.threads,
+                         self.workload, self.peak_total, self.block_times_s, self.ranks)
+        self.spent_s += time.monotonic() - started
+        # Until known only (fixed repeats run exactly as many as asked), and on one node (across nodes this
+        # host's load is not the point's whole story): elsewhere a busy repeat keeps its warning.
+        if (run.ok and run.load is not None and run.load.busy and self.reruns < MAX_BUSY_RERUNS
+                and config.repeats is None and config.nodes.nnodes == 1):
+            self.reruns += 1
+            log.info("%s: measured while the machine was busy (%s); running it again", point.label, run.load.reason)
+            return
+        self.runs.append(run)
+        self.rounds.append(self.round)
+        if not run.ok:
+            self.stopped = FAILED
+        elif config.repeats is not None:
+            self.stopped = FIXED if len(self.runs) >= config.repeats else ""
+        else:
+            if len(self.runs) == 1:
+                self.steps = steps_to_fill(run.step_times_s, self.steps)
+            self.stopped = should_stop(self._rates(), target_width=config.target_ci, elapsed_s=self.spent_s,
+                                       repeat_s=self.spent_s / (len(self.runs) + self.reruns),
+                                       max_time_s=config.max_time_per_point_s) or ""
+
+    def _rates(self) -> list[float]:
+        return [self.point.global_batch / r.step_time_median_s for r in self.runs if r.step_time_median_s]
+
+    def rate(self) -> float | None:
+        """The mean rate so far (None before the first repeat)."""
+        rates = self._rates()
+        return sum(rates) / len(rates) if rates else None
+
+    def repeat_s(self) -> float:
+        """How long a repeat of this point has taken, on average so far."""
+        return self.spent_s / max(1, len(self.runs) + self.reruns)
+
+    def so_far(self) -> str:
+        """The mean rate so far and its interval, for the progress line (empty before the first)."""
+        from mbtune.sweeping.stopping import interval
+
+        rates = self._rates()
+        if not rates:
+            return ""
+        known = interval(rates, "")
+        spread = f" +-{known.half:.1%}" if known else ""
+        return f" (so far {sum(rates) / len(rates):,.1f} samples/s{spread})"
+
+    def result(self) -> PointResult:
+        from mbtune.sweeping.measured import merge_repeats
+
+        if self._merged is None or self._merged[0] != len(self.runs):
+            self._merged = (len(self.runs), merge_repeats(self.runs))
+        rounds = tuple(self.rounds) if self.round else ()
+        return replace(self._merged[1], stopped=self.stopped, busy_reruns=self.reruns, repeat_rounds=rounds)
+
+
+MIN_REPEAT_WINDOW_S = 0.5  # until known, a repeat measures at least this long (the first one calibrates)
+MAX_STEPS = 50
+
+
+def steps_to_fill(step_times_s: Sequence[float], steps: int) -> int:
+    """Measured steps for a repeat to last MIN_REPEAT_WINDOW_S, from one repeat's step times; never fewer
+    than `steps`, never more than MAX_STEPS."""
+    window = sum(step_times_s)
+    if window <= 0:
+        return steps
+    import math
+
+    return max(steps, min(MAX_STEPS, math.ceil(len(step_times_s) * MIN_REPEAT_WINDOW_S / window)))
+
+
+def run_point(point: SweepPoint, config: SweepConfig, device: str, threads: int | None, workload: WorkloadFacts,
+               peak_total: float | None, block_times_s: tuple[float, ...] | None = None,
+               ranks: WarmRanks | None = None) -> PointResult:
+    from mbtune.device.machine_load import LoadMeter, busy_warning
+    from mbtune.device.nvml import NvmlSampler
+    from mbtune.pipeline.launch import run_pipeline_point
+    from mbtune.pipeline.point_spec import PipelineSpec
+    from mbtune.sweeping.measured import summarize_point
+
+    if config.command:
+        import resource
+
+        from mbtune.sweeping.command import run_command_point
+
+        def children_cpu_s() -> float:  # the command's processes, once they were waited for
+            used = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return used.ru_utime + used.ru_stime
+
+        with LoadMeter() as meter:
+            before = children_cpu_s()
+            result = run_command_point(point, config, device)
+            spent = children_cpu_s() - before
+        load = meter.load(rank_cpu_s=spent, num_ranks=point.num_processes)
+        warning = busy_warning(point.label, load)
+        return replace(result, load=load, warnings=result.warnings + ((warning,) if warning else ()))
+    spec = PipelineSpec.for_point(
+        point, workload=config.workload, workload_options=config.workload_options, device=device,
+        warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, seed=config.seed,
+        optimizer=config.optimizer, lr=lr_for(config.optimizer, config.lr), precision=config.precision,
+        threads=threads, balance="time" if block_times_s else "parameters", block_weights=block_times_s,
+        pin_cpus=config.pin_cpus and device == "cpu")
+    # Rank r runs on CUDA device r; only those GPUs are sampled, and only the samples of the measured steps
+    # are summarised (the ranks report when those ran).
+    gpus = range(spec.world_size) if spec.device == "cuda" else ()
+    with NvmlSampler(cuda_indices=gpus) as sampler, LoadMeter() as meter:
+        if config.launcher == "torchrun":
+            from mbtune.pipeline.torchrun import session
+
+            outcome = session(config.nodes, config.command_line).run_point(spec, timeout_s=config.point_timeout_s)
+        elif ranks is not None:
+            outcome = ranks.run(spec, timeout_s=config.point_timeout_s)
+        else:
+            outcome = run_pipeline_point(spec, timeout_s=config.point_timeout_s)
+    result = summarize_point(point, outcome, tokens_per_sample=workload.tokens_per_sample,
+                             flops_per_sample=workload.flops_per_sample, peak_flops_total=peak_total)
+    window, uuids = outcome.measured_window_unix_s, outcome.device_uuids
+    # Kept ranks are alive at both ends of the meter: it counts their CPU time itself, as this process's children.
+    rank_cpu_s = 0.0 if ranks is not None and outcome.ok else outcome.rank_cpu_time_s
+    load = meter.load(rank_cpu_s=rank_cpu_s, our_pids=outcome.pids, num_ranks=spec.world_size,
+                      gpu_pids=sampler.compute_pids(uuids, window) if gpus else None)
+    warning = busy_warning(point.label, load)
+    backend = "nccl" if spec.device == "cuda" else "gloo"
+    ran_as = f"{spec.world_size} process(es), {backend}" + (", kept between repeats and points" if ranks else "")
+    if cores := outcome.pinned_cores:
+        ran_as += ", pinned to cores " + " | ".join(",".join(map(str, c)) for c in cores)
+    if config.launcher == "torchrun":
+        ran_as += f", torchrun on {config.nodes.nnodes} node(s)" if config.nodes.nnodes > 1 else ", torchrun"
+    if spec.data_parallel_size > 1:
+        ran_as += f" ({spec.num_ranks} stages x {spec.data_parallel_size} replicas, gradients all-reduced)"
+    return replace(result, nvml=sampler.summary(uuids, window), ran_as=ran_as, load=load,
+                   warnings=result.warnings + ((warning,) if warning else ()))
