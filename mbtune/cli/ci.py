@@ -55,6 +55,7 @@ from mbtune.pipeline.theory import SCHEDULE_NAMES
 def show(
     profile: Annotated[Path, typer.Argument(help="A profile file written by probe (profiles/<device>/<workload>.json).")],
     errors: Annotated[bool, typer.Option("--errors", help="Also print every failed trial's and point's whole error tail (traceback and stderr).")] = False,
+    warnings: Annotated[bool, typer.Option("--warnings", help="Print every sweep point's warnings one by one (by default, one line per cause).")] = False,
     format: Format = "table",
     output: Output = None,
 ) -> None:
@@ -66,7 +67,7 @@ def show(
     fmt = check_output(check_format(format), output)
     loaded = load_profile(profile)
     with printing_to(output):
-        print_profile(make_console(), loaded, fmt, path=str(profile), errors=errors)
+        print_profile(make_console(), loaded, fmt, path=str(profile), errors=errors, warnings=warnings)
 
 
 def qualify(

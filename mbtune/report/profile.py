@@ -24,9 +24,11 @@ def metadata_table(profile: Profile, path: str) -> Table:
     return table
 
 
-def print_profile(console: Console, profile: Profile, fmt: str, *, path: str, errors: bool = False) -> None:
+def print_profile(console: Console, profile: Profile, fmt: str, *, path: str, errors: bool = False,
+                  warnings: bool = False) -> None:
     """Print a saved profile: its environment, then each section it holds; with `errors` (table format),
-    then every failed trial's and point's whole error tail (its traceback and stderr)."""
+    then every failed trial's and point's whole error tail (its traceback and stderr); with `warnings`, every
+    point's warnings one by one (else one line per cause)."""
     if fmt == "json":
         print_json(profile.to_dict())
         return
@@ -35,7 +37,7 @@ def print_profile(console: Console, profile: Profile, fmt: str, *, path: str, er
     if profile.probe is not None:
         print_probe(console, profile.probe, fmt)
     if profile.sweep is not None:
-        print_sweep(console, profile.sweep, fmt)
+        print_sweep(console, profile.sweep, fmt, every_warning=warnings)
     if profile.serve is not None:
         from mbtune.report.serve import print_serve
 

@@ -47,8 +47,10 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     if any(c[0] == "rc" for c in columns):
         notes.append("rc: activation recompute (full: every block's forward runs again in its backward)")
     if report.repeats is None:
-        spread = (f"samples/s: ± the 95% interval over fresh-process repeats, measured until {report.target_ci or 0:.0%} "
-                  "wide (runs: known) or the time cap (cap; --max-time-per-point)")
+        spread = (f"samples/s: ± the 95% interval over repeats, measured until {report.target_ci or 0:.0%} "
+                  "wide (runs: known) or the time cap (cap; --max-time-per-point); raced: every point once, then "
+                  "repeats only for the points tied with the best (dropped: a 95% test separates it from the best; "
+                  "decided: none is tied with the best; budget: --time-budget spent)")
     elif report.repeats > 1:
         spread = f"samples/s: ± the 95% interval over {report.repeats} repeats; bubble: min-max"
     else:
@@ -177,6 +179,8 @@ def _row(position: int, result: PointResult, marks: str, lr: str = "") -> dict[s
                   else _range(result.samples_per_s_min, result.samples_per_s_max, fmt_rate))
     runs = f"{result.num_repeats}" + (f" {_STOPPED.get(result.stopped, result.stopped)}" if result.stopped else "")
     runs += f" (+{result.busy_reruns} busy)" if result.busy_reruns else ""
+    if result.stopped == "dropped":  # left the race: why, beside what it measured
+        row["status"] = f"dropped: {result.stopped_detail}"
     bubble_range = _range(result.bubble_measured_min, result.bubble_measured_max, _bare_pct)
     return {**row, "samples/s": fmt_rate(result.samples_per_s) + rate_range, "runs": runs,
             "tokens/s": fmt_rate(result.tokens_per_s) if result.tokens_per_s else "n/a",
@@ -189,7 +193,8 @@ def _row(position: int, result: PointResult, marks: str, lr: str = "") -> dict[s
             "kernel active": _kernel_active(result)}
 
 
-_STOPPED = {"known": "known", "time cap": "cap", "most repeats": "most", "fixed": "", "failed": ""}
+_STOPPED = {"known": "known", "time cap": "cap", "most repeats": "most", "fixed": "", "failed": "", "dropped": "dropped",
+            "decided": "decided", "time budget": "budget"}
 
 
 def _kernel_active(result: PointResult) -> str:
@@ -333,7 +338,8 @@ def _headroom(report: SweepReport, best: PointResult) -> str:
             f"safe batch {report.safe_batch})")
 
 
-def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: str | None = None) -> None:
+def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: str | None = None,
+                every_warning: bool = False) -> None:
     """Print a sweep report in the chosen format."""
     if fmt == "json":
         print_json(report.to_dict())
@@ -342,6 +348,8 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
         report.to_frame().to_csv(document_stream(), index=False)
         return
     console.print(results_table(report, console=console))
+    if (decided := decision_line(report)) is not None:
+        console.print(decided, highlight=False)
     if report.skipped:
         console.print(skipped_table(report))
     console.print(best_panel(report))
@@ -355,7 +363,7 @@ def print_sweep(console: Console, report: SweepReport, fmt: str, *, saved_to: st
         console.print(timeline_renderable(report.best, fit=console.width))
     for line in failure_lines(report):
         console.print(line)
-    print_warnings(console, list(report.warnings) + [f"{r.point.label}: {w}" for r in report.results for w in r.warnings])
+    print_warnings(console, list(report.warnings) + point_warnings(report, every=every_warning))
     for note in report.notes:
         console.print(f"note: {note}")
     if report.interrupted:
@@ -374,3 +382,47 @@ def write_artifacts(console: Console, report: SweepReport, *, plot_dir: Path | N
         written.append(write_trace(report.best, trace_path))
     for path in written:
         console.print(f"wrote {path}")
+
+
+# A point's warnings by cause (their first words, as sweeping/measured.py and device/machine_load.py word
+# them): the table summarises each cause in one line; `show --warnings` and --format json give them all.
+_CAUSES = {"the machine was busy": "measured while the machine was busy (other processes took its CPUs or GPU)",
+           "step time varies": "measured with step times varying over the stability threshold"}
+
+
+def point_warnings(report: SweepReport, *, every: bool = False) -> list[str]:
+    """The points' warnings: each one with its point's label (every), or one line per cause with how many
+    points it touched (a cause that touched one point keeps its own words)."""
+    lines = [(r.point.label, w) for r in report.results for w in r.warnings]
+    if every:
+        return [f"{label}: {warning}" for label, warning in lines]
+    by_cause: dict[str, list[tuple[str, str]]] = {}
+    for label, warning in lines:
+        cause = next((c for c in _CAUSES if warning.startswith(c)), warning)
+        by_cause.setdefault(cause, []).append((label, warning))
+    summary = []
+    for cause, found in by_cause.items():
+        if len(found) == 1 or cause not in _CAUSES:
+            summary += [f"{label}: {warning}" for label, warning in found]
+        else:
+            summary.append(f"{len({label for label, _ in found})} points {_CAUSES[cause]}: their figures are less "
+                           "certain (mbtune show --warnings lists them)")
+    return summary
+
+
+def decision_line(report: SweepReport) -> str | None:
+    """How decided the answer is: the best alone, or the rows still tied with it, with their intervals."""
+    best = report.best
+    if best is None or report.objective == "memory":
+        return None
+    def figure(result: PointResult) -> str:
+        spread = f" ±{result.ci_half_pct:.1f}%" if result.ci_half_pct is not None else ""
+        return f"{result.point.label} ({fmt_rate(result.samples_per_s)}{spread} samples/s)"
+
+    if not report.ties:
+        return f"decided: {figure(best)} is the best; no other row is tied with it"
+    ranked = {index: position for position, index in enumerate(report.ranking, 1)}
+    tied = "; ".join(f"#{ranked[i]} {figure(report.results[i])}" for i in report.ties)
+    return (f"not decided: {len(report.ties)} row(s) tied with the best, #1 {figure(best)}: {tied} "
+            "(more time, --time-budget, would separate them or show they are alike)")
+

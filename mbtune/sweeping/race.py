@@ -53,4 +53,4 @@ def race_verdict(index: int, results: Sequence[PointResult], *, fixed_global_bat
     best = rivals[ranking[0]]
     assert best.samples_per_s, "a ranked point has a throughput"
     below = 1 - mine.samples_per_s / best.samples_per_s
-    return Verdict(DROPPED, f"{below:.0%} below the best ({best.point.label}), p < 0.05")
+    return Verdict(DROPPED, f"{below:.0%} below the best, p < 0.05")
