@@ -196,7 +196,7 @@ Repeats = Annotated[int | None, typer.Option("--repeats", help="Runs of each poi
 TargetCi = Annotated[float, typer.Option("--target-ci", help="Measure each point until the 95% interval of its samples/s is at most this wide, a share of it (0.05: 5%).")]
 MaxTimePerPoint = Annotated[float, typer.Option("--max-time-per-point", help="Seconds a point is measured for at most, repeats included, when measured until known.")]
 PinCpus = Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, pin each rank process to its own cores.")]
-TimeBudget = Annotated[str | None, typer.Option("--time-budget", help="Time the sweep may measure for, e.g. 3m or 90s (default: 75s): every point is measured once, then repeats go to the points still tied with the best until it is spent. A tune's probe and check come on top.")]
+TimeBudget = Annotated[str | None, typer.Option("--time-budget", help="Time the sweep may measure for, e.g. 3m or 90s (default: 90s): every point is measured once, then repeats go to the points still tied with the best until it is spent. A tune's probe and check come on top.")]
 FreshProcesses = Annotated[bool, typer.Option("--fresh-processes/--warm-processes", help="Start every repeat's rank processes afresh, instead of keeping them (and their process group) for the next repeat and point; a set is always started afresh after a failure.")]
 AsBaseline = Annotated[bool, typer.Option("--as-baseline", help="Measure for a qualify baseline: every point until its 95% interval is a quarter of qualify's default 10% tolerance wide (or 30 s per point), none dropped by the race, no time budget.")]
 

@@ -55,6 +55,10 @@ class PipelineSpec:
     recompute: str = "none"  # "full": every block an activation checkpoint (workloads/recompute.py)
     pg_timeout_s: float = 60.0
     capture_grads: bool = False  # return the last step's gradients (for equivalence tests)
+    # On the CPU, count the point's live tensor bytes over its first step (its peak memory); off for a repeat
+    # on kept processes that counted this very point before (the same program counts the same bytes, and the
+    # count slows the step it watches).
+    count_memory: bool = True
 
     def __post_init__(self) -> None:
         _require(self.num_ranks >= 1, "num_ranks", self.num_ranks, "an integer >= 1")

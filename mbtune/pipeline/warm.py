@@ -4,7 +4,9 @@ A fresh set of processes per repeat pays, every time, a fork, the process group 
 an NCCL communicator: seconds), and the allocator's first growth. `WarmRanks` starts a point's ranks from the
 same torch-preloaded forkserver as pipeline/launch.py, joins them into their group once, and then hands them
 point after point: each point loads the workload and builds its stages afresh, with the memory count (CPU)
-or the allocator's peak statistics (CUDA, its cache emptied first) started from nothing. A set is started
+or the allocator's peak statistics (CUDA, its cache emptied first) started from nothing. On the CPU a point
+the set has counted once runs uncounted after that (the count's per-operator cost would slow its warm-up;
+the same program counts the same bytes): its peak is None there, and the point's is its counted repeat's. A set is started
 afresh where the placement differs (processes, device, threads, pinning), and after any failure: a rank
 that ran out of memory, raised, died or ran past the deadline takes its whole set down with it, since a
 process that caught an out-of-memory measures garbage afterwards.
@@ -67,6 +69,7 @@ class WarmRanks:
         self.messages: Any = None
         self.tmp: tempfile.TemporaryDirectory[str] | None = None
         self.read_to: list[int] = []
+        self.counted: set[PipelineSpec] = set()  # the points this set counted the memory of (CPU)
         self.starts = 0
 
     def __enter__(self) -> WarmRanks:
@@ -88,6 +91,11 @@ class WarmRanks:
         fresh = not self.procs
         if fresh:
             self._start(spec)
+        # On the CPU, a point this set counted before runs uncounted (the count slows the step it watches, and
+        # the same program counts the same bytes): its peak is the counted repeat's.
+        point = replace(spec, warmup_steps=0, measured_steps=1, count_memory=True)
+        if spec.device == "cpu" and point in self.counted:
+            spec = replace(spec, count_memory=False)
         assert self.tmp is not None
         tmp = self.tmp.name
         ranks = Ranks(count=len(self.procs), began=lambda rank: os.path.exists(_stderr_file(tmp, rank)),
@@ -104,6 +112,8 @@ class WarmRanks:
             stderr = self._new_stderr()
             if not outcome.ok:
                 self.close()
+            elif spec.count_memory:
+                self.counted.add(point)
         for text in stderr:
             forward_stderr(text)
         return replace(outcome, wall_s=time.monotonic() - started, exit_codes=codes, pids=pids,
@@ -121,6 +131,7 @@ class WarmRanks:
                                             _stderr_file(self.tmp.name, rank)))
                       for rank in range(spec.world_size)]
         self.read_to = [0] * spec.world_size
+        self.counted = set()
         for proc in self.procs:
             proc.start()
         self.starts += 1

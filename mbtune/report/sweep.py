@@ -387,7 +387,8 @@ def write_artifacts(console: Console, report: SweepReport, *, plot_dir: Path | N
 # A point's warnings by cause (their first words, as sweeping/measured.py and device/machine_load.py word
 # them): the table summarises each cause in one line; `show --warnings` and --format json give them all.
 _CAUSES = {"the machine was busy": "measured while the machine was busy (other processes took its CPUs or GPU)",
-           "step time varies": "measured with step times varying over the stability threshold"}
+           "step time varies": "measured with step times varying over the stability threshold",
+           "throughput varies": "whose throughput varied across repeats over the stability threshold"}
 
 
 def point_warnings(report: SweepReport, *, every: bool = False) -> list[str]:

@@ -204,11 +204,16 @@ class _Points:
         self._finished(point, replace(measuring.result(), stopped_detail=detail), "")
 
     def _out_of_time(self, budget_s: float) -> None:
-        """The time budget is spent: every point still measuring stops with what it has."""
-        from mbtune.sweeping.stopping import TIME_BUDGET
+        """The time budget is spent: every point still measuring stops with what it has (dropped where the race
+        separates it from the best already)."""
+        from mbtune.sweeping.stopping import DROPPED, TIME_BUDGET
 
-        for point in list(self.unfinished):
-            self._stop(point, TIME_BUDGET, f"the sweep's time budget ({budget_s:g} s) was spent")
+        for point in list(self.unfinished):  # what the race can already say of each, it says
+            verdict = self._verdict(point) if self.config.races else None
+            if verdict is not None and verdict.stopped == DROPPED:
+                self._stop(point, DROPPED, verdict.detail)
+            else:
+                self._stop(point, TIME_BUDGET, f"the sweep's time budget ({budget_s:g} s) was spent")
 
     def keep_unfinished(self) -> None:
         """Interrupted: the points still measuring keep the repeats they finished (not journaled: a resumed

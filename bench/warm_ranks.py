@@ -1,0 +1,89 @@
+"""Benchmark: rank processes kept between repeats (pipeline/warm.py) against fresh ones for every repeat, on
+the demo's workload (gpt, 2 stages, global batch 128: the points `make demo` ranks first).
+
+Each repeat is the sweep's own (sweeping/repeat.py run_point: the launch, the NVML sampler, the load meter,
+the summary), timed from the parent. Its overhead is its wall time less its measured steps (the start or the
+hand-over of the processes, the stages' build, the warm-up step, the report). The two modes alternate round
+by round (fresh then kept, kept then fresh), so the machine's drift falls on both alike. Printed: per mode,
+the median overhead per repeat and its range, the share of the wall in measured steps, the ratio kept /
+fresh; per point, the throughput of each mode (median and range over its repeats) and their ratio beside
+the spread between one mode's own repeats, and each mode's peak memory per stage (every distinct one seen).
+
+Run: .venv/bin/python bench/warm_ranks.py [--rounds 4] [--device cpu|cuda] [--stages 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from mbtune.pipeline.point import SweepPoint
+from mbtune.pipeline.warm import WarmRanks
+from mbtune.sweeping.config import SweepConfig
+from mbtune.sweeping.repeat import run_point
+from mbtune.sweeping.run import _placement
+from mbtune.workloads.facts import workload_facts
+
+# The demo's leading points at global batch 128 (mbs x m x accum).
+SHAPES = (("1f1b", 8, 2, 8), ("gpipe", 8, 1, 16), ("gpipe", 4, 1, 32), ("zero-bubble", 8, 2, 8))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args()
+    config = SweepConfig(workload="gpt", device=args.device, num_ranks=args.stages, measured_steps=args.steps,
+                         repeats=1)
+    device = "cuda" if args.device.startswith("cuda") else "cpu"
+    stages, threads, _, _ = _placement(config, device)
+    points = [SweepPoint(schedule=s, num_ranks=stages, num_micro_batches=m, grad_accum_steps=a, micro_batch_size=b,
+                         stages_per_rank=2 if s in ("interleaved-1f1b", "zero-bubble") else None)
+              for s, m, a, b in SHAPES]
+    workload = workload_facts("gpt", ())
+    seen: dict[str, list[tuple[SweepPoint, float, float, float | None, tuple[int | None, ...]]]] = {"fresh": [], "kept": []}
+    with WarmRanks() as ranks:
+        for index in range(args.rounds):
+            for mode in (("fresh", "kept") if index % 2 == 0 else ("kept", "fresh")):
+                for point in points:
+                    started = time.monotonic()
+                    result = run_point(point, config, device, threads, workload, None, None,
+                                       ranks if mode == "kept" else None)
+                    wall = time.monotonic() - started
+                    if not result.ok:
+                        print(f"{mode} {point.label}: {result.status}: {result.error}")
+                        continue
+                    seen[mode].append((point, wall, sum(result.step_times_s), result.samples_per_s,
+                                       result.peak_memory_bytes))
+        starts = ranks.starts
+    print(f"gpt, {stages} stage(s) on {device}, {args.steps} measured steps a repeat, {args.rounds} rounds of "
+          f"{len(points)} points per mode (kept processes: {starts} set(s) started)")
+    print(f"{'mode':<6}{'repeats':>8}{'overhead/repeat':>17}{'range':>16}{'in measured steps':>19}")
+    overheads = {}
+    for mode, rows in seen.items():
+        over = [wall - measured for _, wall, measured, _, _ in rows]
+        overheads[mode] = statistics.median(over)
+        share = sum(m for _, _, m, _, _ in rows) / sum(w for _, w, _, _, _ in rows)
+        print(f"{mode:<6}{len(rows):>8}{overheads[mode]:>16.3f}s{min(over):>7.3f}-{max(over):.3f}s{share:>18.0%}")
+    print(f"overhead per repeat, kept / fresh: {overheads['kept'] / overheads['fresh']:.2f}")
+    print(f"{'point':<40}{'fresh samples/s':>22}{'kept samples/s':>22}{'kept/fresh':>11}{'peak MiB fresh | kept':>28}")
+    for point in points:
+        rates, peaks = {}, {}
+        for mode, rows in seen.items():
+            rates[mode] = [r for p, _, _, r, _ in rows if p == point and r]
+            # Kept processes count a point's memory once (its later repeats run uncounted: None).
+            peaks[mode] = {tuple(peak) for p, _, _, _, peak in rows if p == point and None not in peak}
+        if not rates["fresh"] or not rates["kept"]:
+            continue
+        cells = [f"{statistics.median(v):,.1f} ({min(v):,.0f}-{max(v):,.0f})" for v in (rates["fresh"], rates["kept"])]
+        ratio = statistics.median(rates["kept"]) / statistics.median(rates["fresh"])
+        mib = " | ".join(",".join("/".join(f"{b / 2**20:.1f}" for b in peak if b) for peak in sorted(peaks[m]))
+                         for m in ("fresh", "kept"))
+        print(f"{point.label:<40}{cells[0]:>22}{cells[1]:>22}{ratio:>11.3f}{mib:>28}")
+
+
+if __name__ == "__main__":
+    main()
