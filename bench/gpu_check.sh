@@ -8,13 +8,16 @@
 #   probe-device    bf16 probe of a GPT of realistic size (~400M parameters, seq_len 1024), whole device
 #   probe-budget    the same under --memory-budget 16GiB
 #   sweep           a one-GPU sweep (gpipe and 1f1b, one stage) with NVML sampling
+#   warm-ranks      bench/warm_ranks.py: a repeat's overhead on rank processes kept between points (their CUDA
+#                   context and NCCL group made once) against fresh ones, and the two modes' throughput and
+#                   peak memory side by side
 #   plan-memory     `plan` of an 8B-parameter Llama on 8 stages of 141 GB, no profile: every stage's peak on
 #                   fake tensors, timed on this machine's cores (the built-in GPT at the same sizes where
 #                   transformers is missing or torch is older than 2.13)
 #   summary         one JSON of every figure: ceiling, safe batch, the ceiling predicted on fake tensors before
 #                   any trial, throughput, MFU, NVML kernel-active share, peak memory, CUDA-event against
 #                   wall-clock step time
-# tests/gpu holds the CUDA checks of memory: a trial's predicted peak against its allocated peak,
+# tests/gpu holds the CUDA checks of memory (kept rank processes included: tests/gpu/test_cuda_warm_ranks.py): a trial's predicted peak against its allocated peak,
 # `mbtune confirm` holding a CUDA script to the per-process memory fraction, and `mbtune probe -- COMMAND`
 # probing a CUDA training script under it (tests/gpu/test_cuda_command_probe.py); an hf: trial's peak against
 # the plain transformers loop's, and `mbtune sweep -- COMMAND` of a pipelined script on NCCL
@@ -41,7 +44,7 @@ MODE=auto
 for arg in "$@"; do
   case "$arg" in
     --cpu-dry-run) MODE=cpu ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -79,6 +82,7 @@ if [ "$MODE" = gpu ]; then
   SWEEP=(--schedules gpipe,1f1b -m 4 --accum 1 --micro-batch-size 4 --warmup 2 --steps 10)
   LIMIT_PYTEST=150 LIMIT_DEVICE=130 LIMIT_BUDGET=70 LIMIT_SWEEP=70
   TRIAL_TIMEOUT=60 POINT_TIMEOUT=50
+  WARM=(--device cuda --stages 1 --rounds 2) LIMIT_WARM=90
 else
   DEVICE=cpu
   MODEL=(-O layers=2 -O d_model=32 -O heads=2 -O seq_len=16 -O vocab=128)
@@ -87,6 +91,7 @@ else
   SWEEP=(--schedules gpipe -m 2 --accum 1 --micro-batch-size 2 --warmup 1 --steps 2 --threads 1)
   LIMIT_PYTEST=60 LIMIT_DEVICE=60 LIMIT_BUDGET=60 LIMIT_SWEEP=60
   TRIAL_TIMEOUT=60 POINT_TIMEOUT=50
+  WARM=(--device cpu --stages 1 --rounds 1 --points 1) LIMIT_WARM=60
 fi
 
 STEPS_FILE="$OUT_DIR/steps.tsv"
@@ -121,6 +126,9 @@ run_step probe-budget "$LIMIT_BUDGET" "$OUT_DIR/probe-budget.json" \
   --trial-timeout "$TRIAL_TIMEOUT"
 run_step sweep "$LIMIT_SWEEP" "$OUT_DIR/sweep.json" \
   "${MBTUNE[@]}" sweep "${COMMON[@]}" --stages 1 "${SWEEP[@]}" --point-timeout "$POINT_TIMEOUT"
+
+run_step warm-ranks "$LIMIT_WARM" "$OUT_DIR/warm-ranks.txt" \
+  "$PY" bench/warm_ranks.py "${WARM[@]}" --json "$OUT_DIR/warm-ranks.json"
 
 # hf:llama where it pipelines (transformers installed; torch 2.13 or later, which hands its bool attention mask
 # between stages), else the built-in GPT at the same sizes.
@@ -235,6 +243,8 @@ if os.path.exists(os.path.join(out, "plan-memory.json")):
     errors += [error] if error else []
 sweep, error = load("sweep.json", SweepReport.from_dict)
 errors += [error] if error else []
+warm, error = load("warm-ranks.json", lambda figures: figures)
+errors += [error] if error else []
 devices += [sweep.device] if sweep else []
 device = devices[0] if devices else None
 summary = {
@@ -248,6 +258,7 @@ summary = {
     "sweep": {"points": [point_figures(r) for r in sweep.results],
               "best": sweep.best.point.label if sweep.best else None,
               "warnings": list(sweep.warnings)} if sweep else None,
+    "warm_ranks": warm,
     "plan_memory": {"workload": plan.workload, "seconds": plan.seconds, "cpus": len(os.sched_getaffinity(0)),
                     "rows": [{"label": f"{r.schedule} m{r.num_micro_batches} {r.recompute}",
                               "micro_batch_size": r.micro_batch_size, "binding_rank": r.binding_rank,

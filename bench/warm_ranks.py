@@ -9,7 +9,8 @@ the median overhead per repeat and its range, the share of the wall in measured 
 fresh; per point, the throughput of each mode (median and range over its repeats) and their ratio beside
 the spread between one mode's own repeats, and each mode's peak memory per stage (every distinct one seen).
 
-Run: .venv/bin/python bench/warm_ranks.py [--rounds 4] [--device cpu|cuda] [--stages 2]
+Run: .venv/bin/python bench/warm_ranks.py [--rounds 4] [--device cpu|cuda] [--stages 2] [--points 4]
+     [--json FILE] (the figures as one JSON document too: bench/gpu_check.sh's summary reads it)
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--points", type=int, default=len(SHAPES))
+    parser.add_argument("--json", default=None)
     args = parser.parse_args()
     config = SweepConfig(workload="gpt", device=args.device, num_ranks=args.stages, measured_steps=args.steps,
                          repeats=1)
@@ -42,7 +45,7 @@ def main() -> None:
     stages, threads, _, _ = _placement(config, device)
     points = [SweepPoint(schedule=s, num_ranks=stages, num_micro_batches=m, grad_accum_steps=a, micro_batch_size=b,
                          stages_per_rank=2 if s in ("interleaved-1f1b", "zero-bubble") else None)
-              for s, m, a, b in SHAPES]
+              for s, m, a, b in SHAPES[:args.points]]
     workload = workload_facts("gpt", ())
     seen: dict[str, list[tuple[SweepPoint, float, float, float | None, tuple[int | None, ...]]]] = {"fresh": [], "kept": []}
     with WarmRanks() as ranks:
@@ -68,7 +71,10 @@ def main() -> None:
         overheads[mode] = statistics.median(over)
         share = sum(m for _, _, m, _, _ in rows) / sum(w for _, w, _, _, _ in rows)
         print(f"{mode:<6}{len(rows):>8}{overheads[mode]:>16.3f}s{min(over):>7.3f}-{max(over):.3f}s{share:>18.0%}")
-    print(f"overhead per repeat, kept / fresh: {overheads['kept'] / overheads['fresh']:.2f}")
+    ratio = overheads["kept"] / overheads["fresh"]
+    print(f"overhead per repeat, kept / fresh: {ratio:.2f}")
+    figures: dict[str, object] = {"device": device, "stages": stages, "rounds": args.rounds, "sets_started": starts,
+                                  "overhead_s": overheads, "overhead_kept_over_fresh": ratio, "points": []}
     print(f"{'point':<40}{'fresh samples/s':>22}{'kept samples/s':>22}{'kept/fresh':>11}{'peak MiB fresh | kept':>28}")
     for point in points:
         rates, peaks = {}, {}
@@ -83,6 +89,13 @@ def main() -> None:
         mib = " | ".join(",".join("/".join(f"{b / 2**20:.1f}" for b in peak if b) for peak in sorted(peaks[m]))
                          for m in ("fresh", "kept"))
         print(f"{point.label:<40}{cells[0]:>22}{cells[1]:>22}{ratio:>11.3f}{mib:>28}")
+        figures["points"].append({"point": point.label, "samples_per_s": rates, "kept_over_fresh": ratio,  # type: ignore[attr-defined]
+                                  "peak_memory_bytes": {m: sorted(peaks[m]) for m in peaks}})
+    if args.json:
+        import json
+
+        with open(args.json, "w") as file:
+            json.dump(figures, file, indent=2)
 
 
 if __name__ == "__main__":

@@ -197,6 +197,7 @@ TargetCi = Annotated[float, typer.Option("--target-ci", help="Measure each point
 MaxTimePerPoint = Annotated[float, typer.Option("--max-time-per-point", help="Seconds a point is measured for at most, repeats included, when measured until known.")]
 PinCpus = Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, pin each rank process to its own cores.")]
 TimeBudget = Annotated[str | None, typer.Option("--time-budget", help="Time the sweep may measure for, e.g. 3m or 90s (default: 90s): every point is measured once, then repeats go to the points still tied with the best until it is spent. A tune's probe and check come on top.")]
+Race = Annotated[bool, typer.Option("--race/--no-race", help="Race the grid (the default, measured until known and ranked by throughput): after one repeat of every point, repeats only for the points a 95% test cannot yet separate from the best; --no-race measures every point until known.")]
 FreshProcesses = Annotated[bool, typer.Option("--fresh-processes/--warm-processes", help="Start every repeat's rank processes afresh, instead of keeping them (and their process group) for the next repeat and point; a set is always started afresh after a failure.")]
 AsBaseline = Annotated[bool, typer.Option("--as-baseline", help="Measure for a qualify baseline: every point until its 95% interval is a quarter of qualify's default 10% tolerance wide (or 30 s per point), none dropped by the race, no time budget.")]
 
@@ -245,7 +246,8 @@ MEASURE_OPTIONS = (option("objective", Objective, S.objective), option("strategy
                    option("steps", SweepSteps, S.measured_steps), option("warmup", Warmup, S.warmup_steps),
                    option("repeats", Repeats), option("target_ci", TargetCi, S.target_ci),
                    option("max_time_per_point", MaxTimePerPoint, S.max_time_per_point_s),
-                   option("time_budget", TimeBudget), option("fresh_processes", FreshProcesses, S.fresh_processes),
+                   option("time_budget", TimeBudget), option("race", Race, S.race),
+                   option("fresh_processes", FreshProcesses, S.fresh_processes),
                    option("as_baseline", AsBaseline, S.as_baseline),
                    option("pin_cpus", PinCpus, S.pin_cpus), option("stages_per_rank", StagesPerRank, S.stages_per_rank),
                    option("virtual_stages", FormerVirtualStages),

@@ -61,6 +61,7 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
         # A qualification aims at a narrower interval than a sweep (a quarter of its tolerance) and runs
         # unattended: each point may take longer than a sweep's own cap, and no point is raced.
         sweep_config = dataclasses.replace(sweep_config, target_ci=qualify_target_ci(spec.tolerance), time_budget_s=None,
+                                           race=False,
                                            max_time_per_point_s=max(sweep_config.max_time_per_point_s,
                                                                     QUALIFY_MAX_TIME_PER_POINT_S))
     if sweep_config is not None and launch is not None:

@@ -76,6 +76,9 @@ class SweepConfig:
     # Until known: the seconds the sweep's measuring may take in all (None: no limit). Every point is measured
     # once whatever it says; after that, repeats go where they decide the most until it runs out.
     time_budget_s: float | None = DEFAULT_TIME_BUDGET_S
+    # Race the grid (sweeping/race.py): after one repeat each, repeats only for the points still tied with the
+    # best; False: every point until known.
+    race: bool = True
     # Every repeat in processes of its own (True), or the ranks' processes kept between repeats and points
     # (pipeline/warm.py), started afresh after a failure or where the placement changes.
     fresh_processes: bool = False
@@ -215,7 +218,7 @@ class SweepConfig:
     def races(self) -> bool:
         """Whether the grid is raced (sweeping/race.py): measured until known, ranked by throughput, the grid's
         own points (not a baseline's to re-measure, not the quick strategy's pick), not made for a baseline."""
-        return (self.repeats is None and self.objective == "throughput" and self.points is None
+        return (self.race and self.repeats is None and self.objective == "throughput" and self.points is None
                 and self.strategy == "grid" and not self.as_baseline)
 
     @property

@@ -3,7 +3,8 @@
 Every point is measured once; after that, before each further repeat, the points are ranked on what they
 measured so far, and a point leaves the race once a 95% test separates it from the best one
 (sweeping/ranking.py's tie test: round by round where the rounds allow, else against the spread of a repeat
-pooled over every point) and it is not on the Pareto front of throughput against peak memory (a point
+pooled over every point; nothing is judged before the points have repeats enough to pool, since one repeat's
+steps vary less than repeats do) and it is not on the Pareto front of throughput against peak memory (a point
 cheaper in memory is measured until known, not dropped for being slower alone). The best one stops once
 no point is tied with it and it has the repeats an interval of its own needs (MIN_REPEATS). What is left
 stops as any point does (known, the time cap, the most repeats), or when the sweep's time budget is spent.
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mbtune.sweeping.ranking import rank_results, tied_with_best
+from mbtune.sweeping.ranking import pooled_repeat_spread, rank_results, tied_with_best
 from mbtune.sweeping.records import PointResult
 from mbtune.sweeping.stopping import DECIDED, DROPPED, MIN_REPEATS
 
@@ -40,6 +41,10 @@ def race_verdict(index: int, results: Sequence[PointResult], *, fixed_global_bat
     group = [i for i, r in enumerate(results)
              if not fixed_global_batch or r.point.global_batch == mine.point.global_batch]
     rivals = [results[i] for i in group]
+    # Judged on the spread of repeats alone (one repeat's steps vary less than repeats do): not before the points
+    # have repeats enough to pool.
+    if pooled_repeat_spread(rivals) is None:
+        return STAYS
     ranking, pareto = rank_results(rivals, "throughput")
     if not ranking:
         return STAYS

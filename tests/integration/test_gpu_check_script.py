@@ -33,7 +33,7 @@ def test_cpu_dry_run_writes_every_figure(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert json.loads(result.stdout) == summary
     assert summary["mode"] == "cpu-dry-run" and summary["device"] == "cpu" and summary["ok"]
-    assert set(summary["steps"]) == {"pytest", "probe-device", "probe-budget", "sweep", "plan-memory"}
+    assert set(summary["steps"]) == {"pytest", "probe-device", "probe-budget", "sweep", "warm-ranks", "plan-memory"}
     # The 8B plan's line on a tiny model (a Llama where transformers and torch pipeline it, else the GPT): every
     # stage's peak, the size that fits.
     [row] = summary["plan_memory"]["rows"]
@@ -49,6 +49,11 @@ def test_cpu_dry_run_writes_every_figure(tmp_path):
     assert {"mfu_pct", "step_time_median_s", "cuda_step_time_median_s", "cuda_over_wall", "peak_memory_bytes",
             "nvml", "load"} <= set(point)
     assert point["cuda_step_time_median_s"] is None and not point["nvml"]["available"]  # no GPU in a CPU run
+    # Kept rank processes against fresh ones: the overhead of each, and the same point counting the same bytes.
+    warm = summary["warm_ranks"]
+    assert set(warm["overhead_s"]) == {"fresh", "kept"} and warm["sets_started"] == 1
+    [kept] = warm["points"]
+    assert kept["peak_memory_bytes"]["fresh"] == kept["peak_memory_bytes"]["kept"]
     for name in ("probe-device.json", "probe-budget.json", "sweep.json"):
         json.loads((out / name).read_text())
 

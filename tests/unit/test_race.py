@@ -61,6 +61,11 @@ def _field(slow_peak: int = 200) -> list[PointResult]:
             _result(_point(8), [2.0], peak=slow_peak)]
 
 
+def test_nothing_is_judged_before_the_repeats_can_be_pooled():
+    once = [_result(_point(2), [1.0]), _result(_point(4), [2.0]), _result(_point(8), [4.0])]
+    assert all(race_verdict(i, once, fixed_global_batch=True) == STAYS for i in range(3))
+
+
 def test_a_point_the_test_separates_from_the_best_is_dropped_with_its_figures():
     verdict = race_verdict(2, _field(), fixed_global_batch=True)
     assert verdict.stopped == DROPPED
@@ -172,3 +177,22 @@ def test_point_warnings_come_one_line_per_cause_and_every_one_on_request():
                        "figures are less certain (mbtune show --warnings lists them)",
                        "gpipe p=2 m=16 accum=1 mbs=4: step time varies 14% (over 10%): results unstable"]
     assert len(point_warnings(_report(results), every=True)) == 4
+
+
+def test_a_sweep_made_as_a_baseline_measures_as_qualify_does_and_races_nothing():
+    from mbtune.sweeping.stopping import QUALIFY_MAX_TIME_PER_POINT_S
+
+    made = SweepConfig(as_baseline=True)
+    assert made.target_ci == 0.025 and made.max_time_per_point_s == QUALIFY_MAX_TIME_PER_POINT_S
+    assert made.time_budget_s is None and not made.races
+    raced = SweepConfig(repeats=None)
+    assert raced.races and not SweepConfig(repeats=None, race=False).races and not SweepConfig(repeats=3).races
+    assert not SweepConfig(repeats=None, objective="memory").races
+    assert not SweepConfig(repeats=None, points=tuple(POINTS)).races
+
+
+def test_a_time_budget_must_be_positive():
+    from mbtune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="time_budget"):
+        SweepConfig(time_budget_s=0)
