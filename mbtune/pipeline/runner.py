@@ -82,8 +82,8 @@ def run_joined(spec: PipelineSpec, joined: Joined, *, hang_rank: int | None = No
 
     started_cpu_s = time.process_time()
     device, rank = joined.device, joined.rank
-    if device.type == "cuda":  # a kept process: the previous point's stages gone before this one's peak
-        gc.collect()  # (the CPU's count sees this point's own tensors alone; a collection costs ~0.1 s)
+    gc.collect()  # a kept process: the previous point's stages gone before this one's are built
+    if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     count = count_memory(device) if spec.count_memory else None

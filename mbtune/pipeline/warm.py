@@ -86,8 +86,8 @@ class WarmRanks:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         exit_if_bootstrapping()
         started = time.monotonic()
-        if self.procs and self.placement != Placement.of(spec):
-            self.close()
+        if self.procs and (self.placement != Placement.of(spec) or any(p.exitcode is not None for p in self.procs)):
+            self.close(wait_s=0.0)  # another placement, or a rank that died between points
         fresh = not self.procs
         if fresh:
             self._start(spec)
@@ -108,12 +108,14 @@ class WarmRanks:
             outcome = collect(ranks, self.messages, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
         finally:
             pids = tuple(proc.pid for proc in self.procs if proc.pid is not None)
+            if not outcome.ok:  # its peers wait in collectives: stopped at once, what they wrote read after
+                stop_processes(self.procs, wait_s=0.0, grace_s=self.grace_s)
+            elif spec.count_memory:
+                self.counted.add(point)
             codes = tuple(proc.exitcode for proc in self.procs)
             stderr = self._new_stderr()
             if not outcome.ok:
-                self.close()
-            elif spec.count_memory:
-                self.counted.add(point)
+                self.close(wait_s=0.0)
         for text in stderr:
             forward_stderr(text)
         return replace(outcome, wall_s=time.monotonic() - started, exit_codes=codes, pids=pids,
@@ -151,13 +153,14 @@ class WarmRanks:
             texts.append(data.decode("utf-8", errors="replace"))
         return texts
 
-    def close(self) -> None:
-        """End the kept processes (asked first, then SIGTERM, then SIGKILL) and forget their placement."""
+    def close(self, wait_s: float = EXIT_WAIT_S) -> None:
+        """End the kept processes (asked, given `wait_s` to end, then SIGTERM, then SIGKILL) and forget their
+        placement."""
         if self.procs:
             for inbox, proc in zip(self.inboxes, self.procs):
                 if proc.exitcode is None:
                     inbox.put(None)
-            stop_processes(self.procs, wait_s=EXIT_WAIT_S, grace_s=self.grace_s)
+            stop_processes(self.procs, wait_s=wait_s, grace_s=self.grace_s)
             for queue in (*self.inboxes, self.messages):
                 queue.close()
                 queue.cancel_join_thread()
@@ -180,6 +183,9 @@ def _warm_rank_main(rank: int, store_path: str, inbox: Any, messages: Any, stder
     capture_stderr(stderr_path)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides what happens to ranks
     die_with_parent()
+    import gc
+
+    gc.freeze()  # what the forkserver imported is never garbage: each point's collection skips it
     joined = None
 
     def run(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank: int | None, on_placed: Any) -> Any:

@@ -73,7 +73,7 @@ class SweepConfig:
     # wide (a share of it), or the next repeat would pass max_time_per_point_s.
     target_ci: float = 0.05
     max_time_per_point_s: float = 10.0
-    # Until known: the seconds the sweep's measuring may take in all (None: no limit). Every point is measured
+    # Raced (races): the seconds the sweep's measuring may take in all (None: no limit). Every point is measured
     # once whatever it says; after that, repeats go where they decide the most until it runs out.
     time_budget_s: float | None = DEFAULT_TIME_BUDGET_S
     # Race the grid (sweeping/race.py): after one repeat each, repeats only for the points still tied with the

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mbtune.sweeping.ranking import pooled_repeat_spread, rank_results, tied_with_best
+from mbtune.sweeping.ranking import pooled_repeat_spread, rank_results, throughput_difference, tied_with_best
 from mbtune.sweeping.records import PointResult
 from mbtune.sweeping.stopping import DECIDED, DROPPED, MIN_REPEATS
 
@@ -56,6 +56,9 @@ def race_verdict(index: int, results: Sequence[PointResult], *, fixed_global_bat
     if here in ties or here in pareto:
         return STAYS
     best = rivals[ranking[0]]
+    found = throughput_difference(best, mine, pooled_repeat_spread(rivals))
+    if found is None or found[0] - found[1] <= 0:  # separated, but not as the slower one: it stays
+        return STAYS
     assert best.samples_per_s, "a ranked point has a throughput"
     below = 1 - mine.samples_per_s / best.samples_per_s
     return Verdict(DROPPED, f"{below:.0%} below the best, p < 0.05")

@@ -46,8 +46,15 @@ class Measuring:
 
         config, point = self.config, self.point
         started = time.monotonic()
+        sets = self.ranks.starts if self.ranks is not None else 0
         run = run_point(point, replace(config, measured_steps=self.steps), self.device, self.threads,
                          self.workload, self.peak_total, self.block_times_s, self.ranks)
+        if not run.ok and self.ranks is not None and self.ranks.starts == sets:
+            # It failed on processes kept from earlier points (what they still hold, a rank that died between
+            # points): the point is judged on a fresh set, as it would run alone.
+            log.info("%s failed on kept rank processes (%s); running it on fresh ones", point.label, run.status)
+            run = run_point(point, replace(config, measured_steps=self.steps), self.device, self.threads,
+                            self.workload, self.peak_total, self.block_times_s, self.ranks)
         self.spent_s += time.monotonic() - started
         # Until known only (fixed repeats run exactly as many as asked), and on one node (across nodes this
         # host's load is not the point's whole story): elsewhere a busy repeat keeps its warning.

@@ -84,7 +84,8 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
             from mbtune.pipeline.torchrun import close_session
 
             close_session(config.nodes, 0)
-    report = _sweep_report(config, info, points.results, grid.skipped + not_run, len(grid.points), interrupted,
+    report = _sweep_report(config, info, points.results, grid.skipped + not_run + tuple(points.unmeasured),
+                           len(grid.points), interrupted,
                            warnings, (note,) if note else ())
     return replace(report, balance=points.balance)
 
@@ -112,7 +113,10 @@ class _Points:
         self.order: dict[SweepPoint, int] = {}
         self.unfinished: dict[SweepPoint, Measuring] = {}
         self.standing = ""  # the race's first look, once a round has ended
-        self.done = {r.point: r for r in map(PointResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
+        self.unmeasured: list[SkippedPoint] = []  # points the time budget stopped before a repeat could be kept
+        # A resumed sweep's rounds start again from one: the journaled points' rounds are not this run's.
+        self.done = {r.point: replace(r, repeat_rounds=())
+                     for r in map(PointResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
         # A resumed sweep keeps the split its journaled points ran with.
         replayed = [Balance.from_dict(b) for b in store.replayed(BALANCE)] if store else []
         self.balance = replayed[0] if replayed else _balance(config, points, device, threads)
@@ -145,13 +149,15 @@ class _Points:
             if point in self.done:
                 self._finished(point, self.done[point], REPLAYED)
         self.unfinished = {point: self._measuring(point) for point in points if point not in self.done}
-        deadline = time.monotonic() + config.time_budget_s if config.time_budget_s and config.repeats is None else None
+        deadline = time.monotonic() + config.time_budget_s if config.time_budget_s and config.races else None
         rounds = 0
         while self.unfinished:
             rounds += 1
             visit = list(self.unfinished)
             if config.races and rounds > 1:
                 visit.sort(key=lambda p: -(self.unfinished[p].rate() or 0.0))
+            # Points of one placement one after another: kept rank processes serve them all (a stable sort).
+            visit.sort(key=lambda p: p.num_processes)
             for point in visit:
                 measuring = self.unfinished.get(point)
                 if measuring is None:
@@ -180,8 +186,10 @@ class _Points:
         return [*self.results, *(m.result() for m in self.unfinished.values() if m.runs)]
 
     def _verdict(self, point: SweepPoint) -> Verdict:
-        from mbtune.sweeping.race import race_verdict
+        from mbtune.sweeping.race import STAYS, race_verdict
 
+        if not self.unfinished[point].runs:  # every repeat so far ran while the machine was busy
+            return STAYS
         current = self._current()
         index = next(i for i, r in enumerate(current) if r.point == point)
         return race_verdict(index, current, fixed_global_batch=bool(self.config.global_batches))
@@ -209,8 +217,13 @@ class _Points:
         from mbtune.sweeping.stopping import DROPPED, TIME_BUDGET
 
         for point in list(self.unfinished):  # what the race can already say of each, it says
-            verdict = self._verdict(point) if self.config.races else None
-            if verdict is not None and verdict.stopped == DROPPED:
+            if not self.unfinished[point].runs:  # busy whenever it ran: nothing measured to keep
+                del self.unfinished[point]
+                self.unmeasured.append(SkippedPoint(point=point, reason="not measured: the machine was busy at every "
+                                                    "repeat, and the time budget was spent"))
+                continue
+            verdict = self._verdict(point)
+            if verdict.stopped == DROPPED:
                 self._stop(point, DROPPED, verdict.detail)
             else:
                 self._stop(point, TIME_BUDGET, f"the sweep's time budget ({budget_s:g} s) was spent")

@@ -196,3 +196,36 @@ def test_a_time_budget_must_be_positive():
 
     with pytest.raises(ConfigError, match="time_budget"):
         SweepConfig(time_budget_s=0)
+
+
+def test_a_point_the_test_finds_faster_than_the_leader_is_never_dropped():
+    from dataclasses import replace
+
+    # Ranked by its pooled median, the leader's repeats' own mean says it is the slower of the two.
+    noise = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0]
+    leader = replace(_result(_point(2), [2.0 * s for s in noise]), samples_per_s=200.0)
+    other = _result(_point(4), [1.0 * s for s in noise], peak=150)
+    assert race_verdict(1, [leader, other], fixed_global_batch=True) == STAYS
+
+
+def test_a_point_busy_at_its_first_repeat_is_raced_once_it_has_one(monkeypatch):
+    from dataclasses import replace
+
+    from mbtune.records import MachineLoad
+
+    machine = _Machine({POINTS[0]: 1.0, POINTS[1]: 1.0, POINTS[2]: 3.0})
+    measured = machine.__call__
+    busy = MachineLoad(busy=True, reason="others took 60% of the CPUs", other_cpu_share=0.6, num_cpus=2)
+    calls = []
+
+    def first_busy(point, config, *args, **kwargs):
+        calls.append(point)
+        result = measured(point, config, *args, **kwargs)
+        return replace(result, load=busy) if point == POINTS[2] and calls.count(point) == 1 else result
+
+    points = _points(monkeypatch, machine, repeats=None, target_ci=0.05, max_time_per_point_s=1e9,
+                     time_budget_s=None)
+    monkeypatch.setattr(repeat, "run_point", first_busy)
+    points.run_all(POINTS)
+    slow = next(r for r in points.results if r.point == POINTS[2])
+    assert slow.busy_reruns == 1 and slow.num_repeats >= 1 and slow.stopped in (DROPPED, "known", "time cap")
