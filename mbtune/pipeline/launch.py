@@ -281,9 +281,19 @@ def _rank_main(spec: PipelineSpec, rank: int, store_path: str, messages: Any, ha
     # Ctrl-C reaches the whole terminal process group; the launcher decides what happens to ranks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
+    freeze_imports()
     messages.put(rank_message(spec, rank, store_path, messages.put, hang_rank))
     messages.close()
     messages.join_thread()
+
+
+def freeze_imports() -> None:
+    """Keep what the forkserver imported (torch's whole object graph) out of this process's garbage
+    collections: a full collection over it takes about 0.1 s, and one that fell inside a timed step would add
+    that to it. Fresh and kept ranks (pipeline/warm.py) alike, so both time the same steps."""
+    import gc
+
+    gc.freeze()
 
 
 def rank_message(spec: PipelineSpec, rank: int, store_path: str | None, send: Callable[[Message], None],

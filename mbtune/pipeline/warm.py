@@ -29,6 +29,7 @@ from mbtune.pipeline.launch import (
     Ranks,
     collect,
     failure_detail,
+    freeze_imports,
     hang_rank_from_env,
     rank_message,
     start_context,
@@ -183,9 +184,7 @@ def _warm_rank_main(rank: int, store_path: str, inbox: Any, messages: Any, stder
     capture_stderr(stderr_path)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides what happens to ranks
     die_with_parent()
-    import gc
-
-    gc.freeze()  # what the forkserver imported is never garbage: each point's collection skips it
+    freeze_imports()  # each point's own collection skips what the forkserver imported
     joined = None
 
     def run(spec: PipelineSpec, *, rank: int, store_path: str | None, hang_rank: int | None, on_placed: Any) -> Any:
