@@ -194,7 +194,7 @@ JoinTimeout = Annotated[float, typer.Option("--join-timeout", help="Seconds ever
 
 Repeats = Annotated[int | None, typer.Option("--repeats", help="Runs of each point, every point exactly this many (default: raced, each until its throughput is known or it is beaten, see --target-ci and --time-budget).")]
 TargetCi = Annotated[float, typer.Option("--target-ci", help="Measure each point until the 95% interval of its samples/s is at most this wide, a share of it (0.05: 5%).")]
-MaxTimePerPoint = Annotated[float, typer.Option("--max-time-per-point", help="Seconds a point is measured for at most, repeats included, when measured until known.")]
+MaxTimePerPoint = Annotated[float, typer.Option("--max-time-per-point", help="Seconds a point is measured for at most, repeats included, when measured until known and not raced (the race's --time-budget bounds a raced sweep).")]
 PinCpus = Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, pin each rank process to its own cores.")]
 TimeBudget = Annotated[str | None, typer.Option("--time-budget", help="Time the sweep may measure for, e.g. 3m or 90s (default: 90s): every point is measured once, then repeats go to the points still tied with the best until it is spent. A tune's probe and check come on top.")]
 Race = Annotated[bool, typer.Option("--race/--no-race", help="Race the grid (the default, measured until known and ranked by throughput): after one repeat of every point, repeats only for the points a 95% test cannot yet separate from the best; --no-race measures every point until known.")]

@@ -4,6 +4,7 @@ kept rank processes (pipeline/warm.py) or fresh ones, under torchrun, or the use
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -72,9 +73,11 @@ class Measuring:
         else:
             if len(self.runs) == 1:
                 self.steps = steps_to_fill(run.step_times_s, self.steps)
+            # Raced, the sweep's time budget bounds the measuring, not a point's own cap: a point still tied
+            # with the best goes on until the race decides it.
+            cap = math.inf if config.races else config.max_time_per_point_s
             self.stopped = should_stop(self._rates(), target_width=config.target_ci, elapsed_s=self.spent_s,
-                                       repeat_s=self.spent_s / (len(self.runs) + self.reruns),
-                                       max_time_s=config.max_time_per_point_s) or ""
+                                       repeat_s=self.spent_s / (len(self.runs) + self.reruns), max_time_s=cap) or ""
 
     def _rates(self) -> list[float]:
         return [self.point.global_batch / r.step_time_median_s for r in self.runs if r.step_time_median_s]
@@ -118,7 +121,6 @@ def steps_to_fill(step_times_s: Sequence[float], steps: int) -> int:
     window = sum(step_times_s)
     if window <= 0:
         return steps
-    import math
 
     return max(steps, min(MAX_STEPS, math.ceil(len(step_times_s) * MIN_REPEAT_WINDOW_S / window)))
 

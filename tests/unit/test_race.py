@@ -229,3 +229,16 @@ def test_a_point_busy_at_its_first_repeat_is_raced_once_it_has_one(monkeypatch):
     points.run_all(POINTS)
     slow = next(r for r in points.results if r.point == POINTS[2])
     assert slow.busy_reruns == 1 and slow.num_repeats >= 1 and slow.stopped in (DROPPED, "known", "time cap")
+
+
+def test_raced_points_still_tied_with_the_best_are_not_stopped_by_their_own_time_cap(monkeypatch):
+    from mbtune.sweeping.stopping import MAX_REPEATS, MOST_REPEATS
+
+    clock = iter(range(0, 100_000))  # every reading a second later: a point's own 2 s cap would stop it at once
+    monkeypatch.setattr("time.monotonic", lambda: float(next(clock)))
+    machine = _Machine({POINTS[0]: 1.0, POINTS[1]: 1.0})
+    points = _points(monkeypatch, machine, repeats=None, target_ci=0.0001, max_time_per_point_s=2.0,
+                     time_budget_s=None)
+    points.run_all(POINTS[:2])
+    assert {r.stopped for r in points.results} == {MOST_REPEATS}
+    assert all(r.num_repeats == MAX_REPEATS for r in points.results)
