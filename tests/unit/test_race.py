@@ -155,7 +155,7 @@ def _report(results, ties=(), ranking=None):
 
 
 def test_the_answer_says_how_decided_it_is():
-    from mbtune.report.sweep import decision_line
+    from mbtune.report.sweep_lines import decision_line
 
     field = _field()
     assert decision_line(_report(field)).startswith("decided: gpipe p=2 m=2 accum=1 mbs=32 (")
@@ -167,7 +167,7 @@ def test_the_answer_says_how_decided_it_is():
 def test_point_warnings_come_one_line_per_cause_and_every_one_on_request():
     from dataclasses import replace
 
-    from mbtune.report.sweep import point_warnings
+    from mbtune.report.sweep_lines import point_warnings
 
     busy = "the machine was busy while it ran (other processes took 40% of the CPUs): its figures are less certain"
     results = [replace(r, warnings=(busy,)) for r in _field()] + [
