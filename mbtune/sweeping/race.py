@@ -61,4 +61,7 @@ def race_verdict(index: int, results: Sequence[PointResult], *, fixed_global_bat
         return STAYS
     assert best.samples_per_s, "a ranked point has a throughput"
     below = 1 - mine.samples_per_s / best.samples_per_s
-    return Verdict(DROPPED, f"{below:.0%} below the best, p < 0.05")
+    # Worded for the moment it was taken: the sweep's last word on ties (SweepReport.ties) may differ, with the
+    # best measured further since.
+    repeats = f"{mine.num_repeats} repeat" + ("s" if mine.num_repeats != 1 else "")
+    return Verdict(DROPPED, f"after {repeats}, {below:.0%} below the best then, p < 0.05")

@@ -89,7 +89,7 @@ class PointResult(Outcome):
     ci_half_pct: float | None = None
     ci_basis: str = ""
     stopped: str = ""
-    stopped_detail: str = ""  # why, where the race stopped it: "31% below the best (...), p < 0.05"
+    stopped_detail: str = ""  # why, where the race stopped it: "after 1 repeat, 31% below the best then, p < 0.05"
     busy_reruns: int = 0
 
     @property

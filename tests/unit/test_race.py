@@ -69,7 +69,7 @@ def test_nothing_is_judged_before_the_repeats_can_be_pooled():
 def test_a_point_the_test_separates_from_the_best_is_dropped_with_its_figures():
     verdict = race_verdict(2, _field(), fixed_global_batch=True)
     assert verdict.stopped == DROPPED
-    assert verdict.detail == "50% below the best, p < 0.05"
+    assert verdict.detail == "after 1 repeat, 50% below the best then, p < 0.05"
 
 
 def test_a_slower_point_cheaper_in_memory_stays_in_the_race():
@@ -122,7 +122,7 @@ def test_a_raced_sweep_measures_every_point_once_then_drops_the_beaten(monkeypat
     points.run_all(POINTS)
     assert machine.order[:3] == POINTS  # the first round: every point once
     slow = next(r for r in points.results if r.point == POINTS[2])
-    assert slow.stopped == DROPPED and slow.stopped_detail.endswith("% below the best, p < 0.05")
+    assert slow.stopped == DROPPED and slow.stopped_detail.endswith("% below the best then, p < 0.05")
     assert machine.order.count(POINTS[2]) < machine.order.count(POINTS[0])
 
 
