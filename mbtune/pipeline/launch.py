@@ -64,9 +64,9 @@ class Ranks:
     placed: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
-def _local_ranks(procs: Sequence[BaseProcess], tmp: str) -> Ranks:
+def local_ranks(procs: Sequence[BaseProcess], tmp: str) -> Ranks:
     # A rank made its stderr file first thing: the file says it began.
-    return Ranks(count=len(procs), began=lambda rank: os.path.exists(_stderr_file(tmp, rank)),
+    return Ranks(count=len(procs), began=lambda rank: os.path.exists(stderr_file(tmp, rank)),
                  exitcode=lambda rank: procs[rank].exitcode)
 
 
@@ -95,10 +95,10 @@ def run_pipeline_point(
         procs = [
             context.Process(target=_rank_main, name=f"mbtune-pp-rank{rank}", daemon=True,
                             args=(spec, rank, os.path.join(tmp, "store"), messages, hang_rank,
-                                  _stderr_file(tmp, rank)))
+                                  stderr_file(tmp, rank)))
             for rank in range(spec.world_size)
         ]
-        ranks = _local_ranks(procs, tmp)
+        ranks = local_ranks(procs, tmp)
         outcome = PipelineOutcome(status=ERROR, error="the launcher failed before collecting results")
         try:
             for proc in procs:
@@ -108,7 +108,7 @@ def run_pipeline_point(
             stop_processes(procs, wait_s=EXIT_WAIT_S if outcome.ok else 0.0, grace_s=grace_s)
             messages.close()
             messages.cancel_join_thread()
-        stderr = [read_child_stderr(_stderr_file(tmp, rank))[1] for rank in range(len(procs))]
+        stderr = [read_child_stderr(stderr_file(tmp, rank))[1] for rank in range(len(procs))]
     for text in stderr:
         forward_stderr(text)
     return replace(outcome, wall_s=time.monotonic() - started, exit_codes=tuple(proc.exitcode for proc in procs),
@@ -116,7 +116,7 @@ def run_pipeline_point(
                    error_detail=failure_detail(outcome, stderr))
 
 
-def _stderr_file(tmp: str, rank: int) -> str:
+def stderr_file(tmp: str, rank: int) -> str:
     return os.path.join(tmp, f"rank{rank}.stderr")
 
 

@@ -26,13 +26,14 @@ from typing import Any
 
 from mbtune.pipeline.launch import (
     EXIT_WAIT_S,
-    Ranks,
     collect,
     failure_detail,
     freeze_imports,
     hang_rank_from_env,
+    local_ranks,
     rank_message,
     start_context,
+    stderr_file,
     stop_processes,
 )
 from mbtune.pipeline.point_spec import PipelineSpec
@@ -99,8 +100,7 @@ class WarmRanks:
             spec = replace(spec, count_memory=False)
         assert self.tmp is not None
         tmp = self.tmp.name
-        ranks = Ranks(count=len(self.procs), began=lambda rank: os.path.exists(_stderr_file(tmp, rank)),
-                      exitcode=lambda rank: self.procs[rank].exitcode)
+        ranks = local_ranks(self.procs, tmp)
         hang_rank = hang_rank_from_env()
         outcome = PipelineOutcome(status=ERROR, error="the launcher failed before collecting results")
         try:
@@ -131,7 +131,7 @@ class WarmRanks:
         store = os.path.join(self.tmp.name, "store")
         self.procs = [context.Process(target=_warm_rank_main, name=f"mbtune-warm-rank{rank}", daemon=True,
                                       args=(rank, store, self.inboxes[rank], self.messages,
-                                            _stderr_file(self.tmp.name, rank)))
+                                            stderr_file(self.tmp.name, rank)))
                       for rank in range(spec.world_size)]
         self.read_to = [0] * spec.world_size
         self.counted = set()
@@ -145,7 +145,7 @@ class WarmRanks:
         for rank in range(len(self.procs)):
             assert self.tmp is not None
             try:
-                with open(_stderr_file(self.tmp.name, rank), "rb") as file:
+                with open(stderr_file(self.tmp.name, rank), "rb") as file:
                     file.seek(self.read_to[rank])
                     data = file.read()
             except FileNotFoundError:
@@ -168,10 +168,6 @@ class WarmRanks:
         if self.tmp is not None:
             self.tmp.cleanup()
         self.procs, self.inboxes, self.messages, self.tmp, self.placement = [], [], None, None, None
-
-
-def _stderr_file(tmp: str, rank: int) -> str:
-    return os.path.join(tmp, f"rank{rank}.stderr")
 
 
 def _warm_rank_main(rank: int, store_path: str, inbox: Any, messages: Any, stderr_path: str) -> None:

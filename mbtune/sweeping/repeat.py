@@ -48,14 +48,17 @@ class Measuring:
         config, point = self.config, self.point
         started = time.monotonic()
         sets = self.ranks.starts if self.ranks is not None else 0
-        run = run_point(point, replace(config, measured_steps=self.steps), self.device, self.threads,
-                         self.workload, self.peak_total, self.block_times_s, self.ranks)
+
+        def once() -> PointResult:
+            return run_point(point, replace(config, measured_steps=self.steps), self.device, self.threads,
+                             self.workload, self.peak_total, self.block_times_s, self.ranks)
+
+        run = once()
         if not run.ok and self.ranks is not None and self.ranks.starts == sets:
             # It failed on processes kept from earlier points (what they still hold, a rank that died between
             # points): the point is judged on a fresh set, as it would run alone.
             log.info("%s failed on kept rank processes (%s); running it on fresh ones", point.label, run.status)
-            run = run_point(point, replace(config, measured_steps=self.steps), self.device, self.threads,
-                            self.workload, self.peak_total, self.block_times_s, self.ranks)
+            run = once()
         self.spent_s += time.monotonic() - started
         # Until known only (fixed repeats run exactly as many as asked), and on one node (across nodes this
         # host's load is not the point's whole story): elsewhere a busy repeat keeps its warning.
@@ -77,7 +80,7 @@ class Measuring:
             # with the best goes on until the race decides it.
             cap = math.inf if config.races else config.max_time_per_point_s
             self.stopped = should_stop(self._rates(), target_width=config.target_ci, elapsed_s=self.spent_s,
-                                       repeat_s=self.spent_s / (len(self.runs) + self.reruns), max_time_s=cap) or ""
+                                       repeat_s=self.repeat_s(), max_time_s=cap) or ""
 
     def _rates(self) -> list[float]:
         return [self.point.global_batch / r.step_time_median_s for r in self.runs if r.step_time_median_s]
@@ -95,12 +98,12 @@ class Measuring:
         """The mean rate so far and its interval, for the progress line (empty before the first)."""
         from mbtune.sweeping.stopping import interval
 
-        rates = self._rates()
-        if not rates:
+        rate = self.rate()
+        if rate is None:
             return ""
-        known = interval(rates, "")
+        known = interval(self._rates(), "")
         spread = f" +-{known.half:.1%}" if known else ""
-        return f" (so far {sum(rates) / len(rates):,.1f} samples/s{spread})"
+        return f" (so far {rate:,.1f} samples/s{spread})"
 
     def result(self) -> PointResult:
         from mbtune.sweeping.measured import merge_repeats
