@@ -59,6 +59,10 @@ class PipelineSpec:
     # on kept processes that counted this very point before (the same program counts the same bytes, and the
     # count slows the step it watches).
     count_memory: bool = True
+    # A repeat on kept processes that ran this very point before (CPU): torch's first-step setup is done before
+    # the steps (pipeline/schedules.py prime_schedule), in place of the first warm-up step; the process's
+    # allocator and caches are warm from that point already.
+    primed: bool = False
 
     def __post_init__(self) -> None:
         _require(self.num_ranks >= 1, "num_ranks", self.num_ranks, "an integer >= 1")

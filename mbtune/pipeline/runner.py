@@ -31,7 +31,7 @@ from mbtune.pipeline.rank_device import (
     timing_event,
 )
 from mbtune.pipeline.rank_group import Joined, join_group, leave_group, rank_groups, tie_groups_of
-from mbtune.pipeline.schedules import build_schedule, build_stage, on_forward_chunk, run_schedule_step
+from mbtune.pipeline.schedules import build_schedule, build_stage, on_forward_chunk, prime_schedule, run_schedule_step
 from mbtune.pipeline.split import StageBlocks, split_blocks
 from mbtune.pipeline.theory import stages_of_rank
 from mbtune.pipeline.timeline import StageReport
@@ -183,17 +183,23 @@ class RankRun:
         spec = self.spec
         if hang:
             time.sleep(HANG_S)
+        warmup_steps = spec.warmup_steps
+        if spec.primed:
+            args, target = self._step_inputs(0, 0)
+            if prime_schedule(self.schedule, args, target=target):
+                warmup_steps = max(0, warmup_steps - 1)  # the first warm-up step's work is done
+        total_steps = warmup_steps + spec.measured_steps
         warmup = StepTimes()
         measured = StepTimes()
         grads = None
-        for step in range(spec.total_steps):
-            is_measured = step >= spec.warmup_steps
-            capture = spec.capture_grads and step == spec.total_steps - 1
+        for step in range(total_steps):
+            is_measured = step >= warmup_steps
+            capture = spec.capture_grads and step == total_steps - 1
             step_grads = self._optimizer_step(step, measured if is_measured else warmup,
-                                              timed_step=step - spec.warmup_steps if is_measured else None,
+                                              timed_step=step - warmup_steps if is_measured else None,
                                               capture=capture)
             grads = step_grads if capture else grads
-            if step + 1 >= max(spec.warmup_steps, 1):
+            if step + 1 >= max(warmup_steps, 1):
                 stop_counting(self.count)  # the warmup steps (or the first) held what every step holds
         return self._report(warmup, measured, grads)
 
@@ -239,18 +245,21 @@ class RankRun:
             times.losses.append(loss)
         return grads
 
-    def _pipeline_step(self, step: int, accum: int) -> list[torch.Tensor]:
+    def _step_inputs(self, step: int, accum: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """What this rank's schedule takes for one pipeline step: the inputs on the first stage's rank, the
+        target on the last's."""
         spec = self.spec
-        args: tuple[torch.Tensor, ...] = ()
-        target = None
-        if self.has_first or self.has_last:
-            inputs, targets = step_batch(self.workload, spec.replicas_batch_size, seed=spec.seed,
-                                         step_index=step, accum_index=accum)
-            mine = slice(self.replica * spec.pipeline_batch_size, (self.replica + 1) * spec.pipeline_batch_size)
-            inputs, targets = batch_rows(inputs, mine), targets[mine]
-            inputs = batch_to(inputs, self.device)
-            args = (tuple(inputs) if isinstance(inputs, tuple) else (inputs,)) if self.has_first else ()
-            target = targets.to(self.device) if self.has_last else None
+        if not (self.has_first or self.has_last):
+            return (), None
+        inputs, targets = step_batch(self.workload, spec.replicas_batch_size, seed=spec.seed,
+                                     step_index=step, accum_index=accum)
+        mine = slice(self.replica * spec.pipeline_batch_size, (self.replica + 1) * spec.pipeline_batch_size)
+        inputs, targets = batch_to(batch_rows(inputs, mine), self.device), targets[mine]
+        args = (tuple(inputs) if isinstance(inputs, tuple) else (inputs,)) if self.has_first else ()
+        return args, targets.to(self.device) if self.has_last else None
+
+    def _pipeline_step(self, step: int, accum: int) -> list[torch.Tensor]:
+        args, target = self._step_inputs(step, accum)
         losses: list[torch.Tensor] | None = [] if self.has_last else None
         run_schedule_step(self.schedule, args, target=target, losses=losses)
         return losses or []

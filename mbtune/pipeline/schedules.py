@@ -169,6 +169,33 @@ def run_schedule_step(schedule: Any, args: tuple[torch.Tensor, ...], *, target: 
         raise
 
 
+def prime_schedule(schedule: Any, args: tuple[torch.Tensor, ...], *, target: torch.Tensor | None) -> bool:
+    """Do now, before any timed step, what torch does at the start of a schedule's first step: the ranks'
+    p2p vote, each stage's shape inference (a forward of the first micro-batch on buffers, and the backward's
+    metadata) and the receive buffers; every rank of the pipeline calls it with what its first step takes.
+    The first step then runs as every later one does. False (nothing done) where this torch's schedules set
+    themselves up otherwise: the first step does it, and is a warm-up step's to pay."""
+    import inspect
+
+    try:
+        from torch.distributed.pipelining.schedules import _TARGET_CHUNK_SPEC, _split_tensor
+
+        stages = getattr(schedule, "_stages", None) or [schedule._stage]
+        initialize = getattr(schedule, "_initialize_stages", None) or schedule._initialize_stage
+        has_backward = schedule._has_backward
+        split_inputs, n = schedule._split_inputs, schedule._n_microbatches
+    except (AttributeError, ImportError):
+        return False
+    if list(inspect.signature(initialize).parameters)[:3] != ["args", "kwargs", "target"]:
+        return False
+    for stage in stages:  # as step() sets it before setting up
+        stage.has_backward = has_backward
+    args_split, kwargs_split = split_inputs(args, {})
+    targets = list(_split_tensor(target, _TARGET_CHUNK_SPEC, n)) if target is not None else None
+    initialize(args_split[0], kwargs_split[0], targets[0] if targets else None)
+    return True
+
+
 # What torch before 2.13 raises where a stage receives a tensor that is not floating point: it makes every
 # received tensor require a gradient, and sends a gradient back for every one.
 _INTEGER_HANDOVER = "only Tensors of floating point dtype can require gradients"

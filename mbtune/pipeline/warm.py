@@ -6,8 +6,11 @@ same torch-preloaded forkserver as pipeline/launch.py, joins them into their gro
 point after point: each point loads the workload and builds its stages afresh, with the memory count (CPU)
 or the allocator's peak statistics (CUDA, its cache emptied first) started from nothing. On the CPU a point
 the set has counted once runs uncounted after that (the count's per-operator cost would slow its warm-up;
-the same program counts the same bytes): its peak is None there, and the point's is its counted repeat's. A set is started
-afresh where the placement differs (processes, device, threads, pinning), and after any failure: a rank
+the same program counts the same bytes): its peak is None there, and the point's is its counted repeat's.
+It also runs primed (pipeline/schedules.py prime_schedule): torch's first-step setup done before the steps in
+place of the warm-up step, which in a process that ran the point before adds nothing else (its first step
+measures as the following ones). On CUDA every repeat keeps its warm-up step: the cache emptied for the
+peak's sake is refilled by it. A set is started afresh where the placement differs (processes, device, threads, pinning), and after any failure: a rank
 that ran out of memory, raised, died or ran past the deadline takes its whole set down with it, since a
 process that caught an out-of-memory measures garbage afterwards.
 
@@ -94,10 +97,11 @@ class WarmRanks:
         if fresh:
             self._start(spec)
         # On the CPU, a point this set counted before runs uncounted (the count slows the step it watches, and
-        # the same program counts the same bytes): its peak is the counted repeat's.
-        point = replace(spec, warmup_steps=0, measured_steps=1, count_memory=True)
+        # the same program counts the same bytes): its peak is the counted repeat's. It runs primed too: these
+        # processes ran it before, so torch's first-step setup done ahead is all a warm-up step would add.
+        point = replace(spec, warmup_steps=0, measured_steps=1, count_memory=True, primed=False)
         if spec.device == "cpu" and point in self.counted:
-            spec = replace(spec, count_memory=False)
+            spec = replace(spec, count_memory=False, primed=True)
         assert self.tmp is not None
         tmp = self.tmp.name
         ranks = local_ranks(self.procs, tmp)

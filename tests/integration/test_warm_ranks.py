@@ -5,11 +5,13 @@ and leaves no process of the old one."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
 from mbtune.pipeline.launch import HANG_RANK_ENV, run_pipeline_point
 from mbtune.pipeline.point_spec import PipelineSpec
+from mbtune.pipeline.theory import SCHEDULE_NAMES
 from mbtune.pipeline.warm import WarmRanks
 
 
@@ -49,6 +51,24 @@ def test_points_of_one_placement_run_on_the_same_processes_and_count_what_fresh_
     assert not any(_alive(pid) for pid in pids)  # closed: none left
 
 
+@pytest.mark.parametrize("schedule", SCHEDULE_NAMES)
+def test_a_point_run_again_on_its_processes_is_primed_and_trains_as_a_fresh_one_would(schedule):
+    # The second run of a point on the same processes skips its warm-up step (torch's first-step setup done
+    # before the steps instead), and that setup changes nothing the steps compute: its losses are, bit for bit,
+    # those of fresh processes run without a warm-up step.
+    spec = _spec(schedule=schedule, num_micro_batches=4, workload_options=(("width", 32), ("layers", 8)))
+    with WarmRanks() as ranks:
+        first = ranks.run(spec, timeout_s=120)
+        primed = ranks.run(spec, timeout_s=120)
+    fresh = run_pipeline_point(replace(spec, warmup_steps=0), timeout_s=120)
+    assert first.ok and primed.ok and fresh.ok, (first.error, primed.error, fresh.error)
+    assert [len(r.warmup_step_times_s) for r in first.reports] == [1, 1]
+    assert [len(r.warmup_step_times_s) for r in primed.reports] == [0, 0]
+    assert [len(r.step_times_s) for r in primed.reports] == [2, 2]
+    losses = [r.losses for r in primed.reports if r.losses]
+    assert losses and losses == [r.losses for r in fresh.reports if r.losses]
+
+
 def test_another_placement_starts_a_new_set_and_ends_the_old():
     with WarmRanks() as ranks:
         two = ranks.run(_spec(), timeout_s=120)
@@ -73,3 +93,18 @@ def test_after_a_failure_the_next_point_starts_afresh(monkeypatch):
 def test_a_deadline_must_be_positive(timeout_s):
     with WarmRanks() as ranks, pytest.raises(ValueError, match="timeout_s must be positive"):
         ranks.run(_spec(), timeout_s=timeout_s)
+
+
+def test_a_schedule_torch_sets_up_otherwise_is_not_primed():
+    # Where torch's schedules lack the setup prime_schedule calls, nothing is done and the caller keeps its
+    # warm-up step.
+    from types import SimpleNamespace
+
+    from mbtune.pipeline.schedules import prime_schedule
+
+    assert prime_schedule(SimpleNamespace(_stage=None), (), target=None) is False
+    called = []
+    other = SimpleNamespace(_stage=SimpleNamespace(), _has_backward=True, _n_microbatches=2,
+                            _split_inputs=lambda a, k: ([a, a], [k, k]),
+                            _initialize_stage=lambda inputs, options, *, mode: called.append(mode))
+    assert prime_schedule(other, (), target=None) is False and not called
