@@ -10,9 +10,10 @@ the same program counts the same bytes): its peak is None there, and the point's
 It also runs primed (pipeline/schedules.py prime_schedule): torch's first-step setup done before the steps in
 place of the warm-up step, which in a process that ran the point before adds nothing else (its first step
 measures as the following ones). On CUDA every repeat keeps its warm-up step: the cache emptied for the
-peak's sake is refilled by it. A set is started afresh where the placement differs (processes, device, threads, pinning), and after any failure: a rank
-that ran out of memory, raised, died or ran past the deadline takes its whole set down with it, since a
-process that caught an out-of-memory measures garbage afterwards.
+peak's sake is refilled by it. A set is started afresh where the placement differs (processes, device,
+threads, pinning), and after any failure: a rank that ran out of memory, raised, died or ran past the
+deadline takes its whole set down with it, since a process that caught an out-of-memory measures garbage
+afterwards.
 
 No torch import here, as in pipeline/launch.py.
 """
