@@ -1,5 +1,6 @@
 """Benchmark: does the best configuration repeat? Runs one tune (or sweep) command N times, each a fresh
-process, and prints each run's best row, the rows it names as tied with the best, and across the runs:
+process, and prints each run's best row, the rows it names as tied with the best, its wall time and the share
+of it in measured steps (every repeat's timed steps and the probe's; not the warm-up steps), and across the runs:
 whether every run's best lies in every other run's best-or-tied group, and the rows tied in every run.
 
 Run: .venv/bin/python bench/demo_repeats.py [--runs 5] [-- mbtune tune ...]
@@ -27,7 +28,13 @@ def label(row: dict) -> str:
                                                           else ""))
 
 
-def one_run(args: list[str], keep: str | None) -> tuple[str, list[str], dict, float]:
+def measured_steps_s(sweep: dict, probe: dict | None) -> float:
+    """The run's time in measured steps: every repeat's timed steps, and the probe's trials'."""
+    steps = sum(sum(r.get("step_times_s") or ()) for r in sweep["results"])
+    return steps + sum(sum(t.get("step_times_s") or ()) for t in (probe or {}).get("trials", ()))
+
+
+def one_run(args: list[str], keep: str | None) -> tuple[str, list[str], dict, dict | None, float]:
     started = time.monotonic()
     command = [sys.executable, "-m", "mbtune", *args, "--no-save", "-f", "json"]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -41,7 +48,7 @@ def one_run(args: list[str], keep: str | None) -> tuple[str, list[str], dict, fl
     results, ranking = sweep["results"], sweep["ranking"]
     best = label(results[ranking[0]])
     tied = [label(results[i]) for i in sweep.get("ties", [])]
-    return best, tied, sweep, time.monotonic() - started
+    return best, tied, sweep, out.get("probe"), time.monotonic() - started
 
 
 def main() -> None:
@@ -59,13 +66,16 @@ def main() -> None:
         if args.keep:
             os.makedirs(args.keep, exist_ok=True)
             keep = os.path.join(args.keep, f"run-{index + 1}.json")
-        best, tied, sweep, seconds = one_run(command, keep)
+        best, tied, sweep, probe, seconds = one_run(command, keep)
         rows = len(sweep["results"])
         stopped = sorted({r.get("stopped", "") for r in sweep["results"]})
         halves = sorted(r["ci_half_pct"] for r in sweep["results"] if r.get("ci_half_pct") is not None)
         spread = f"{halves[0]:.1f}-{halves[-1]:.1f}%" if halves else "n/a"
+        measured = measured_steps_s(sweep, probe)
+        repeats = sum(r.get("num_repeats") or 0 for r in sweep["results"])
         print(f"run {index + 1}: best {best}; tied with it {len(tied)} of {rows - 1} rows; intervals +-{spread}; "
-              f"stopped {', '.join(stopped)}; {seconds:.0f} s; load average before {load:.2f}", flush=True)
+              f"stopped {', '.join(stopped)}; {seconds:.0f} s, {measured:.1f} s of it in measured steps "
+              f"({measured / seconds:.0%}; {repeats} repeats); load average before {load:.2f}", flush=True)
         if tied:
             print("   tied: " + "; ".join(tied))
         runs.append((best, set(tied)))

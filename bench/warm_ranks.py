@@ -3,7 +3,9 @@ the demo's workload (gpt, 2 stages, global batch 128: the points `make demo` ran
 
 Each repeat is the sweep's own (sweeping/repeat.py run_point: the launch, the NVML sampler, the load meter,
 the summary), timed from the parent. Its overhead is its wall time less its measured steps (the start or the
-hand-over of the processes, the stages' build, the warm-up step, the report). The two modes alternate round
+hand-over of the processes, the stages' build, the warm-up step, the report; a kept set's repeat of a point it
+ran before is primed instead of warmed up: the ratio of each repeat's first measured step to its later ones
+shows whether that leaves the first step slower). The two modes alternate round
 by round (fresh then kept, kept then fresh), so the machine's drift falls on both alike. Printed: per mode,
 the median overhead per repeat and its range, the share of the wall in measured steps, the ratio kept /
 fresh; per point, the throughput of each mode (median and range over its repeats) and their ratio beside
@@ -48,6 +50,7 @@ def main() -> None:
               for s, m, a, b in SHAPES[:args.points]]
     workload = workload_facts("gpt", ())
     seen: dict[str, list[tuple[SweepPoint, float, float, float | None, tuple[int | None, ...]]]] = {"fresh": [], "kept": []}
+    first_steps: dict[str, list[float]] = {"fresh": [], "kept": []}  # a repeat's first measured step / the rest's
     with WarmRanks() as ranks:
         for index in range(args.rounds):
             for mode in (("fresh", "kept") if index % 2 == 0 else ("kept", "fresh")):
@@ -61,6 +64,8 @@ def main() -> None:
                         continue
                     seen[mode].append((point, wall, sum(result.step_times_s), result.samples_per_s,
                                        result.peak_memory_bytes))
+                    if len(result.step_times_s) > 1:
+                        first_steps[mode].append(result.step_times_s[0] / statistics.median(result.step_times_s[1:]))
         starts = ranks.starts
     print(f"gpt, {stages} stage(s) on {device}, {args.steps} measured steps a repeat, {args.rounds} rounds of "
           f"{len(points)} points per mode (kept processes: {starts} set(s) started)")
@@ -73,8 +78,13 @@ def main() -> None:
         print(f"{mode:<6}{len(rows):>8}{overheads[mode]:>16.3f}s{min(over):>7.3f}-{max(over):.3f}s{share:>18.0%}")
     ratio = overheads["kept"] / overheads["fresh"]
     print(f"overhead per repeat, kept / fresh: {ratio:.2f}")
+    for mode, ratios in first_steps.items():
+        if ratios:
+            print(f"{mode}: a repeat's first measured step / its later ones, median {statistics.median(ratios):.3f} "
+                  f"(range {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} repeats)")
     figures: dict[str, object] = {"device": device, "stages": stages, "rounds": args.rounds, "sets_started": starts,
-                                  "overhead_s": overheads, "overhead_kept_over_fresh": ratio, "points": []}
+                                  "overhead_s": overheads, "overhead_kept_over_fresh": ratio,
+                                  "first_step_over_rest": first_steps, "points": []}
     print(f"{'point':<40}{'fresh samples/s':>22}{'kept samples/s':>22}{'kept/fresh':>11}{'peak MiB fresh | kept':>28}")
     for point in points:
         rates, peaks = {}, {}
