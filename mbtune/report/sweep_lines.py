@@ -37,6 +37,7 @@ def decision_line(report: SweepReport) -> str | None:
     best = report.best
     if best is None or report.objective == "memory":
         return None
+
     def figure(result: PointResult) -> str:
         spread = f" ±{result.ci_half_pct:.1f}%" if result.ci_half_pct is not None else ""
         return f"{result.point.label} ({fmt_rate(result.samples_per_s)}{spread} samples/s)"
@@ -47,4 +48,3 @@ def decision_line(report: SweepReport) -> str | None:
     tied = "; ".join(f"#{ranked[i]} {figure(report.results[i])}" for i in report.ties)
     return (f"not decided: {len(report.ties)} row(s) tied with the best, #1 {figure(best)}: {tied} "
             "(more time, --time-budget, would separate them or show they are alike)")
-
