@@ -91,7 +91,7 @@ else
   SWEEP=(--schedules gpipe -m 2 --accum 1 --micro-batch-size 2 --warmup 1 --steps 2 --threads 1)
   LIMIT_PYTEST=60 LIMIT_DEVICE=60 LIMIT_BUDGET=60 LIMIT_SWEEP=60
   TRIAL_TIMEOUT=60 POINT_TIMEOUT=50
-  WARM=(--device cpu --stages 1 --rounds 1 --points 1) LIMIT_WARM=60
+  WARM=(--device cpu --stages 1 --rounds 1 --points 1 "${MODEL[@]}") LIMIT_WARM=60
 fi
 
 STEPS_FILE="$OUT_DIR/steps.tsv"

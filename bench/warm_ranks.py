@@ -11,7 +11,7 @@ the median overhead per repeat and its range, the share of the wall in measured 
 fresh; per point, the throughput of each mode (median and range over its repeats) and their ratio beside
 the spread between one mode's own repeats, and each mode's peak memory per stage (every distinct one seen).
 
-Run: .venv/bin/python bench/warm_ranks.py [--rounds 4] [--device cpu|cuda] [--stages 2] [--points 4]
+Run: .venv/bin/python bench/warm_ranks.py [--rounds 4] [--device cpu|cuda] [--stages 2] [--points 4] [-O KEY=VALUE]
      [--json FILE] (the figures as one JSON document too: bench/gpu_check.sh's summary reads it)
 """
 
@@ -26,6 +26,7 @@ from mbtune.pipeline.warm import WarmRanks
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.repeat import run_point
 from mbtune.sweeping.run import _placement
+from mbtune.units import parse_options
 from mbtune.workloads.facts import workload_facts
 
 # The demo's leading points at global batch 128 (mbs x m x accum).
@@ -40,15 +41,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--points", type=int, default=len(SHAPES))
     parser.add_argument("--json", default=None)
+    parser.add_argument("-O", dest="options", action="append", default=[], help="a gpt option, KEY=VALUE")
     args = parser.parse_args()
-    config = SweepConfig(workload="gpt", device=args.device, num_ranks=args.stages, measured_steps=args.steps,
-                         repeats=1)
+    options = parse_options(args.options)
+    config = SweepConfig(workload="gpt", workload_options=options, device=args.device, num_ranks=args.stages,
+                         measured_steps=args.steps, repeats=1)
     device = "cuda" if args.device.startswith("cuda") else "cpu"
     stages, threads, _, _ = _placement(config, device)
     points = [SweepPoint(schedule=s, num_ranks=stages, num_micro_batches=m, grad_accum_steps=a, micro_batch_size=b,
                          stages_per_rank=2 if s in ("interleaved-1f1b", "zero-bubble") else None)
               for s, m, a, b in SHAPES[:args.points]]
-    workload = workload_facts("gpt", ())
+    workload = workload_facts("gpt", options)
     seen: dict[str, list[tuple[SweepPoint, float, float, float | None, tuple[int | None, ...]]]] = {"fresh": [], "kept": []}
     first_steps: dict[str, list[float]] = {"fresh": [], "kept": []}  # a repeat's first measured step / the rest's
     with WarmRanks() as ranks:
