@@ -208,7 +208,7 @@ def _current_names(given: Mapping[str, Any], spelled: Callable[[str], str],
 
 def _coerced(name: str, hint: Any, value: Any, label: str) -> Any:
     """A setting's value as its field holds it (see build)."""
-    from mbtune.units import parse_bytes, parse_duration, parse_list, parse_options, parse_rate
+    from mbtune.units import parse_bytes, parse_duration, parse_fraction, parse_list, parse_options, parse_rate
 
     if name == "grid":  # a sweep's own settings of a command: checked by SweepConfig (sweeping/command.py)
         return tuple(value.items()) if isinstance(value, Mapping) else tuple(value) if isinstance(value, list) else value
@@ -233,7 +233,18 @@ def _coerced(name: str, hint: Any, value: Any, label: str) -> Any:
         return parse_bytes(value, name=label, at_most=MAX_BUDGET_BYTES)
     if name.endswith("_s"):
         return parse_duration(value, name=label)
+    if _is_float(hint):  # a number, a share as 0.03 or 3%
+        if value.strip().endswith("%"):
+            return parse_fraction(value, name=label)
+        try:
+            return float(value)
+        except ValueError:
+            return value  # the config names what it wanted
     return value
+
+
+def _is_float(hint: Any) -> bool:
+    return hint is float or hint == "float" or (isinstance(hint, str) and hint.replace(" ", "") == "float")
 
 
 def _is_tuple(hint: Any) -> bool:

@@ -198,6 +198,8 @@ MaxTimePerPoint = Annotated[float, typer.Option("--max-time-per-point", help="Se
 PinCpus = Annotated[bool, typer.Option("--pin-cpus/--no-pin-cpus", help="On the CPU, pin each rank process to its own cores.")]
 TimeBudget = Annotated[str | None, typer.Option("--time-budget", help="Time the sweep may measure for, e.g. 3m or 90s (default: 90s): every point is measured once, then repeats go to the points still tied with the best until it is spent. A tune's probe and check come on top.")]
 Race = Annotated[bool, typer.Option("--race/--no-race", help="Race the grid (the default, measured until known and ranked by throughput): after one repeat of every point, repeats only for the points a 95% test cannot yet separate from the best; --no-race measures every point until known.")]
+Equivalence = Annotated[str, typer.Option("--equivalence", help="The smallest difference in throughput worth your attention, e.g. 3%: rows a 95% equivalence test shows within it of the best are equivalent to it, and the answer is decided.")]
+MeasureAll = Annotated[bool, typer.Option("--measure-all", help="Measure every point of the grid; by default a raced sweep measures a few points first and races only those the simulator's prediction cannot rule out (the rest are shown as predicted).")]
 FreshProcesses = Annotated[bool, typer.Option("--fresh-processes/--warm-processes", help="Start every repeat's rank processes afresh, instead of keeping them (and their process group) for the next repeat and point; a set is always started afresh after a failure.")]
 AsBaseline = Annotated[bool, typer.Option("--as-baseline", help="Measure for a qualify baseline: every point until its 95% interval is a quarter of qualify's default 10% tolerance wide (or 30 s per point), none dropped by the race, no time budget.")]
 
@@ -247,6 +249,8 @@ MEASURE_OPTIONS = (option("objective", Objective, S.objective), option("strategy
                    option("repeats", Repeats), option("target_ci", TargetCi, S.target_ci),
                    option("max_time_per_point", MaxTimePerPoint, S.max_time_per_point_s),
                    option("time_budget", TimeBudget), option("race", Race, S.race),
+                   option("equivalence", Equivalence, f"{S.equivalence:.0%}"),
+                   option("measure_all", MeasureAll, S.measure_all),
                    option("fresh_processes", FreshProcesses, S.fresh_processes),
                    option("as_baseline", AsBaseline, S.as_baseline),
                    option("pin_cpus", PinCpus, S.pin_cpus), option("stages_per_rank", StagesPerRank, S.stages_per_rank),

@@ -40,6 +40,7 @@ from mbtune.planning.records import (
 )
 from mbtune.saving.profiles import Profile
 from mbtune.sweeping.records import PointResult, SweepReport
+from mbtune.sweeping.screen import Predictor
 
 
 def block_facts(workload: str, workload_options: Sequence[tuple[str, Any]] | dict[str, Any] = ()) -> BlockFacts:
@@ -303,6 +304,34 @@ def recommended_timeline(report: PlanReport) -> Prediction | None:
                    link=Link(bandwidth_bytes_per_s=report.link_bandwidth_bytes_per_s, latency_s=report.link_latency_s,
                              ranks_per_node=report.ranks_per_node),
                    keep_timeline=True, seed=best.seed)
+
+
+def grid_predictor(*, workload: str, workload_options: Sequence[tuple[str, Any]] | dict[str, Any] = (),
+                   optimizer: str = "adamw", block_times_s: Sequence[float] = ()) -> Predictor:
+    """A raced sweep's predictor (sweeping/screen.py): the simulator calibrated on the points measured so far
+    predicts each point's samples/s and its busiest rank's peak memory. `block_times_s`: the sweep balances
+    stages by these (see SweepReport.balance)."""
+    from mbtune.planning.calibrate import calibrate, usable
+    from mbtune.planning.planner import predict
+
+    facts = with_balance(block_facts(workload, workload_options), block_times_s)
+
+    def predict_points(results: Sequence[PointResult],
+                       points: Sequence[SweepPoint]) -> list[tuple[float, float | None] | None]:
+        if not usable(results):
+            raise ValueError("no point ran ok yet")
+        model = calibrate(results, facts, workload=workload, optimizer=optimizer)
+        found: list[tuple[float, float | None] | None] = []
+        for point in points:
+            try:
+                prediction = predict(model, point)
+            except ValueError:
+                found.append(None)
+                continue
+            found.append((prediction.samples_per_s, prediction.max_memory_bytes or None))
+        return found
+
+    return predict_points
 
 
 def quick_sweep(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint], PointResult], *, workload: str,

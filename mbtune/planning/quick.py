@@ -10,14 +10,12 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 
 from mbtune.pipeline.point import SweepPoint
-from mbtune.pipeline.theory import SCHEDULES
 from mbtune.planning.records import BlockFacts, QuickResult, QuickRound
 from mbtune.sweeping.records import PointResult
+from mbtune.sweeping.screen import calibration_points
 
 # (results measured so far, candidate points) -> predicted samples/s per candidate (None: cannot tell)
 Predictor = Callable[[Sequence[PointResult], Sequence[SweepPoint]], Sequence[float | None]]
-
-SPLIT_BACKWARD = tuple(name for name, info in SCHEDULES.items() if info.splits_backward)
 
 
 def quick_search(points: Sequence[SweepPoint], run_point: Callable[[SweepPoint], PointResult], *,
@@ -135,39 +133,6 @@ def _pick(hopeful: dict[SweepPoint, float], state: _Search, per_round: int) -> l
     chosen += sorted(near - set(chosen), key=lambda p: -hopeful[p])
     chosen += [p for p in ranked if p not in chosen]
     return chosen[:per_round]
-
-
-def calibration_points(points: Sequence[SweepPoint], count: int) -> list[SweepPoint]:
-    """`count` points spread over the grid: the j-th takes the j-th of `count` evenly spaced values of the
-    micro-batch size, a shifted spacing of micro-batches, accumulation and replicas, and the schedules in
-    turn, so the first fit sees several sizes, depths, replica counts and schedules; with fewer points than schedules, a split-backward
-    schedule (zero-bubble, zb-h1, zbv, dualpipev) is among them where the grid has one, so its input and weight parts get
-    measured."""
-    if count <= 0 or not points:
-        return []
-    schedules = list(dict.fromkeys(p.schedule for p in points))
-    split = [s for s in schedules if s in SPLIT_BACKWARD]
-    if split and not any(s in SPLIT_BACKWARD for s in schedules[:count]):
-        schedules = schedules[:count - 1] + split[:1]
-    dims = ("micro_batch_size", "num_micro_batches", "grad_accum_steps", "data_parallel_size")
-    values = {d: sorted({getattr(p, d) for p in points}) for d in dims}
-    chosen: list[SweepPoint] = []
-    for j in range(count):
-        target = {d: _spread(values[d], (j + shift) % count, count) for shift, d in enumerate(dims)}
-        wanted = schedules[j % len(schedules)]
-        remaining = [p for p in points if p not in chosen]
-        if not remaining:
-            break
-        chosen.append(min(remaining, key=lambda p: (p.schedule != wanted, sum(
-            abs(values[d].index(getattr(p, d)) - values[d].index(target[d])) for d in dims))))
-    return chosen
-
-
-def _spread(values: list[int], j: int, count: int) -> int:
-    """The j-th of `count` evenly spaced picks from sorted values, largest first."""
-    if count == 1:
-        return values[-1]
-    return values[::-1][round(j * (len(values) - 1) / (count - 1))]
 
 
 def neighbours(point: SweepPoint, candidates: Sequence[SweepPoint]) -> list[SweepPoint]:

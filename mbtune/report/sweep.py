@@ -15,7 +15,8 @@ from rich.text import Text
 from mbtune.report import document_stream, fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
 from mbtune.report.probe import cause_line
 from mbtune.report.sweep_lines import decision_line, point_warnings
-from mbtune.sweeping.records import PointResult, SweepReport
+from mbtune.report.sweep_tradeoffs import recompute_table, tradeoff_table
+from mbtune.sweeping.records import PointResult, PredictedPoint, SweepReport
 
 
 def _pct(value: float | None, scale: float = 100.0) -> str:
@@ -29,6 +30,7 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
     order = _row_order(report)
     rows = [_row(position, report.results[i], _marks(report, i), _lr_cell(report, report.results[i]))
             for position, i in enumerate(order, 1)]
+    rows += [_predicted_row(predicted) for predicted in sorted(report.predicted, key=lambda p: -p.samples_per_s)]
     columns = [c for c in _COLUMNS if any(row[c[0]] not in ("", "n/a", "unknown", "ok") for row in rows)
                and (c[0] != "dp" or any(row["dp"] not in ("", "1") for row in rows))
                and (c[0] != "rc" or any(row["rc"] not in ("", "none") for row in rows))]
@@ -51,14 +53,18 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
         spread = (f"samples/s: ± the 95% interval over repeats, measured until {report.target_ci or 0:.0%} "
                   "wide (runs: known) or the time cap (cap; --max-time-per-point); raced: every point once, then "
                   "repeats only for the points tied with the best (dropped: a 95% test separates it from the best; "
-                  "decided: none is tied with the best; budget: --time-budget spent)")
+                  "equal: a 95% equivalence test puts it within the declared size of the best; decided: every "
+                  "other is told apart or equal; budget: --time-budget spent)")
     elif report.repeats > 1:
         spread = f"samples/s: ± the 95% interval over {report.repeats} repeats; bubble: min-max"
     else:
         spread = "ranges: the 95% interval and min-max over one run's measured steps (narrower than between runs)"
+    predicted = ["~ predicted, not measured: the simulator calibrated on the measured rows (status says why it "
+                 "was left out; --measure-all measures every point)"] if report.predicted else []
     table.caption = "  ".join(["bubble: measured / theoretical", spread, "* Pareto front (throughput vs peak memory)",
-                               "= tied with the best (a 95% test of the difference cannot tell them apart)",
-                               "! see warnings", *_global_batch_note(report),
+                               "= equivalent to the best (within the declared size, 95% equivalence test)",
+                               "? not yet told apart from the best nor shown equivalent",
+                               "! see warnings", *predicted, *_global_batch_note(report),
                                *_lr_caption(report), *notes])
     return table
 
@@ -129,14 +135,29 @@ def _build_table(report: SweepReport, rows: list[dict[str, str]], order: list[in
     for header, justify in columns:
         table.add_column(header, justify=justify, no_wrap=True)
     best = report.ranking[0] if report.ranking else None
-    for row, index in zip(rows, order):
-        table.add_row(*(row[header] for header, _ in columns), style="bold green" if index == best else "")
+    for row, index in zip(rows, [*order, *([None] * (len(rows) - len(order)))]):
+        table.add_row(*(row[header] for header, _ in columns),
+                      style="bold green" if index == best else "dim" if index is None else "")
     return table
 
 
 def _marks(report: SweepReport, index: int) -> str:
-    return (("*" if index in report.pareto else "") + ("=" if index in report.ties else "")
+    decision = report.decision
+    equal = decision is not None and index in decision.group
+    still = index in decision.open if decision is not None else index in report.ties
+    return (("*" if index in report.pareto else "") + ("=" if equal else "") + ("?" if still else "")
             + ("!" if report.results[index].warnings else ""))
+
+
+def _predicted_row(predicted: PredictedPoint) -> dict[str, str]:
+    """A point left out of the race: its predicted figures, marked, and why it was not measured."""
+    point = predicted.point
+    return {**{h: "" for h, _ in _COLUMNS}, "#": "~", "schedule": point.schedule, "p": str(point.num_ranks),
+            "m": str(point.num_micro_batches), "acc": str(point.grad_accum_steps), "dp": str(point.data_parallel_size),
+            "rc": point.recompute, "mbs": str(point.micro_batch_size), "global": str(point.global_batch),
+            "samples/s": f"~{fmt_rate(predicted.samples_per_s)} ±{predicted.error:.0%}", "runs": "0",
+            "peak mem": f"~{fmt_bytes(predicted.peak_memory_bytes)}" if predicted.peak_memory_bytes else "",
+            "status": "predicted: " + predicted.reason.split(";")[0]}
 
 
 def _range(low: float | None, high: float | None, fmt) -> str:  # noqa: ANN001 - a formatter
@@ -180,8 +201,8 @@ def _row(position: int, result: PointResult, marks: str, lr: str = "") -> dict[s
                   else _range(result.samples_per_s_min, result.samples_per_s_max, fmt_rate))
     runs = f"{result.num_repeats}" + (f" {_STOPPED.get(result.stopped, result.stopped)}" if result.stopped else "")
     runs += f" (+{result.busy_reruns} busy)" if result.busy_reruns else ""
-    if result.stopped == "dropped":  # left the race: why, beside what it measured
-        row["status"] = f"dropped: {result.stopped_detail}"
+    if result.stopped in ("dropped", "equivalent"):  # left the race: why, beside what it measured
+        row["status"] = f"{_STOPPED[result.stopped]}: {result.stopped_detail}"
     bubble_range = _range(result.bubble_measured_min, result.bubble_measured_max, _bare_pct)
     return {**row, "samples/s": fmt_rate(result.samples_per_s) + rate_range, "runs": runs,
             "tokens/s": fmt_rate(result.tokens_per_s) if result.tokens_per_s else "n/a",
@@ -195,7 +216,7 @@ def _row(position: int, result: PointResult, marks: str, lr: str = "") -> dict[s
 
 
 _STOPPED = {"known": "known", "time cap": "cap", "most repeats": "most", "fixed": "", "failed": "", "dropped": "dropped",
-            "decided": "decided", "time budget": "budget"}
+            "decided": "decided", "equivalent": "equal", "time budget": "budget"}
 
 
 def _kernel_active(result: PointResult) -> str:
@@ -240,12 +261,10 @@ def best_panel(report: SweepReport) -> Panel:
     grid.add_row("bubble", f"measured {_pct(best.bubble_measured)}"
                  + _range(best.bubble_measured_min, best.bubble_measured_max, _bare_pct)
                  + f", theory {_pct(best.bubble_theoretical)}")
-    if report.ties:
-        tied = ", ".join(report.results[i].point.label for i in report.ties[:3])
-        more = f" and {len(report.ties) - 3} more" if len(report.ties) > 3 else ""
-        grid.add_row("tied with", f"{tied}{more}: a 95% test of the difference (round by round where they were "
-                                  "measured in the same rounds) cannot tell them from this one, so this ranking is "
-                                  "not certain (a longer --max-time-per-point, or more --repeats, narrows them)")
+    if report.decision is not None and report.decision.group:
+        equal = ", ".join(report.results[i].point.label for i in report.decision.group)
+        grid.add_row("equivalent", f"{equal}: within {report.decision.size:.0%} of this one (95% equivalence "
+                                   "test), least memory first: any of them is as good an answer")
     if best.idle is not None:
         grid.add_row("bubble, by cause", f"{_pct(best.idle.schedule)} schedule + {_pct(best.idle.transfer)} transfer"
                      f" + {_pct(best.idle.overhead)} overhead")
@@ -257,64 +276,6 @@ def best_panel(report: SweepReport) -> Panel:
     if report.check is not None or report.check_error:
         grid.add_row("check", _check_line(report))
     return Panel(grid, title=f"Best configuration ({report.objective})", title_align="left", expand=False)
-
-
-def tradeoff_table(report: SweepReport) -> Table:
-    """The best row beside its neighbours in micro-batch size (same schedule and global batch): why a bigger
-    micro-batch won or lost. Under it, where more micro-batches with fewer accumulation steps won at the
-    same micro-batch size, the figures that say so."""
-    best = report.results[report.ranking[0]]
-    table = Table(title=f"The trade-off at global batch {best.point.global_batch} ({best.point.schedule}): bigger "
-                        "micro-batches compute a sample faster, more of them leave a smaller bubble",
-                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    rows = list(report.tradeoff) + [i for i in report.padding if i not in report.tradeoff]
-    replicas = any(report.results[i].point.data_parallel_size > 1 for i in rows)
-    for header in ("mbs", "m x acc x dp" if replicas else "m x acc", "samples/s", "bubble", "compute/sample",
-                   "peak mem", ""):
-        table.add_column(header, justify="left" if header == "" else "right", no_wrap=True)
-    for index in rows:
-        r = report.results[index]
-        split = f"{r.point.num_micro_batches} x {r.point.grad_accum_steps}"
-        table.add_row(str(r.point.micro_batch_size), split + (f" x {r.point.data_parallel_size}" if replicas else ""),
-                      fmt_rate(r.samples_per_s), _pct(r.bubble_measured), _per_sample(r.compute_per_sample_s),
-                      fmt_bytes(r.max_peak_memory_bytes), "best" if index == report.ranking[0] else "",
-                      style="bold green" if index == report.ranking[0] else "")
-    if report.padding:
-        won, lost = (report.results[i] for i in report.padding)
-        table.caption = (f"m={won.point.num_micro_batches} x accum={won.point.grad_accum_steps} beats "
-                         f"m={lost.point.num_micro_batches} x accum={lost.point.grad_accum_steps} at the same "
-                         f"micro-batch size: one pipeline step of more micro-batches fills the drain that the next "
-                         f"accumulation step's would leave idle (bubble {_pct(won.bubble_measured)} against "
-                         f"{_pct(lost.bubble_measured)}, {fmt_rate(won.samples_per_s)} against "
-                         f"{fmt_rate(lost.samples_per_s)} samples/s, peak memory {fmt_bytes(won.max_peak_memory_bytes)} "
-                         f"against {fmt_bytes(lost.max_peak_memory_bytes)})")
-    return table
-
-
-def recompute_table(report: SweepReport) -> Table:
-    """Per point that ran with and without full recompute: what recompute cost in throughput and saved in
-    peak memory (the busiest stage's)."""
-    table = Table(title="Recompute: what full recompute costs and saves, point by point", title_justify="left",
-                  box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for header in ("point", "samples/s none -> full", "change", "peak mem none -> full", "change"):
-        table.add_column(header, justify="left" if header == "point" else "right", no_wrap=True)
-    for plain_index, full_index in report.recompute_pairs:
-        plain, full = report.results[plain_index], report.results[full_index]
-        table.add_row(plain.point.label, f"{fmt_rate(plain.samples_per_s)} -> {fmt_rate(full.samples_per_s)}",
-                      _change(plain.samples_per_s, full.samples_per_s),
-                      f"{fmt_bytes(plain.max_peak_memory_bytes)} -> {fmt_bytes(full.max_peak_memory_bytes)}",
-                      _change(plain.max_peak_memory_bytes, full.max_peak_memory_bytes))
-    return table
-
-
-def _change(before: float | None, after: float | None) -> str:
-    return "n/a" if not before or after is None else f"{after / before - 1:+.0%}"
-
-
-def _per_sample(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    return f"{seconds * 1e6:.1f} us" if seconds < 1e-3 else fmt_seconds(seconds)
 
 
 def _check_line(report: SweepReport) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mbtune.report import fmt_rate
-from mbtune.sweeping.records import PointResult, SweepReport
+from mbtune.sweeping.records import SweepReport
 
 # A point's warnings by cause (their first words, as sweeping/measured.py and device/machine_load.py word
 # them): the table summarises each cause in one line; `show --warnings` and --format json give them all.
@@ -33,18 +33,25 @@ def point_warnings(report: SweepReport, *, every: bool = False) -> list[str]:
 
 
 def decision_line(report: SweepReport) -> str | None:
-    """How decided the answer is: the best alone, or the rows still tied with it, with their intervals."""
-    best = report.best
-    if best is None or report.objective == "memory":
+    """How decided the answer is, in one line: `decided`, `equivalent` (the group and the size) or `not
+    decided` (how many rows are open, and the repeats and time that would settle them)."""
+    best, decision = report.best, report.decision
+    if best is None or decision is None or report.objective == "memory":
         return None
-
-    def figure(result: PointResult) -> str:
-        spread = f" ±{result.ci_half_pct:.1f}%" if result.ci_half_pct is not None else ""
-        return f"{result.point.label} ({fmt_rate(result.samples_per_s)}{spread} samples/s)"
-
-    if not report.ties:
-        return f"decided: {figure(best)} is the best; no other row is tied with it"
+    size = f"{decision.size * 100:g}%"
     ranked = {index: position for position, index in enumerate(report.ranking, 1)}
-    tied = "; ".join(f"#{ranked[i]} {figure(report.results[i])}" for i in report.ties)
-    return (f"not decided: {len(report.ties)} row(s) tied with the best, #1 {figure(best)}: {tied} "
-            "(more time, --time-budget, would separate them or show they are alike)")
+    head = f"{best.point.label} ({fmt_rate(best.samples_per_s)} samples/s)"
+    if decision.state == "decided":
+        return f"decided: {head} is the best; every other row is told apart from it (95% test)"
+    group = ", ".join(f"#{ranked[i]} {report.results[i].point.label}" for i in decision.group)
+    if decision.state == "equivalent":
+        return (f"equivalent: {head} and {group}, within {size} of each other (95% equivalence test; least memory "
+                "first); the rest are told apart")
+    settle = ""
+    if decision.more_repeats is not None and decision.more_time_s is not None:
+        settle = (f"; about {decision.more_repeats} more repeat(s) each, ~{decision.more_time_s:.0f} s, would settle "
+                  f"them (--time-budget)")
+    why = f" ({decision.why})" if decision.why else ""
+    also = f"; {group} shown within {size}" if group else ""
+    return (f"not decided{why}: best so far {head}, {len(decision.open)} row(s) neither told apart from it nor "
+            f"shown within {size}{also}{settle}")

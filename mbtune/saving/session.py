@@ -120,14 +120,15 @@ def run_sweep(config: SweepConfig, progress: TrialProgress | None = None, *, pro
     `from_profile`, else by this device's saved probe of the workload in `probes_dir` (default:
     `profiles_dir`), if any (with_saved_limits). Across nodes, node 0 leads and any other node follows it
     (`followed`)."""
-    from mbtune.planning.api import quick_sweep
+    from mbtune.planning.api import grid_predictor, quick_sweep
 
     config = with_saved_limits(config, from_profile=from_profile,
                                profiles_dir=probes_dir if probes_dir is not None else profiles_dir)
     if (code := lead_or_follow(config.launch, say)) is not None:
         return RunOutcome(followed=code)
     return saved_run("sweep", {"sweep": config}, config.workload, config.device, profiles_dir, resume,
-                     config.command_line, lambda store: (None, sweep_workload(config, progress, store, quick=quick_sweep)))
+                     config.command_line, lambda store: (None, sweep_workload(config, progress, store, quick=quick_sweep,
+                                                                          predictor=grid_predictor)))
 
 
 def run_tune(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None, *,
@@ -135,14 +136,14 @@ def run_tune(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: Tri
              say: Callable[[str], None] = log.info) -> RunOutcome:
     """tune_workload, journaled and saved: the probe and the sweep into one profile. Across nodes, node 0
     leads and any other node follows it (`followed`)."""
-    from mbtune.planning.api import quick_sweep
+    from mbtune.planning.api import grid_predictor, quick_sweep
 
     if (code := lead_or_follow(sweep_config.launch, say)) is not None:
         return RunOutcome(followed=code)
     return saved_run("tune", {"probe": probe_config, "sweep": sweep_config}, probe_config.workload,
                      probe_config.device, profiles_dir, resume, probe_config.command_line,
                      lambda store: tune_workload(probe_config, sweep_config, progress, store, check=check,
-                                                quick=quick_sweep))
+                                                quick=quick_sweep, predictor=grid_predictor))
 
 
 def lead_or_follow(nodes: Nodes | None, say: Callable[[str], None] = log.info) -> int | None:

@@ -24,6 +24,7 @@ from mbtune.settings import (
     check_seed,
     check_timeout,
 )
+from mbtune.sweeping.equivalence import DEFAULT_EQUIVALENCE
 from mbtune.sweeping.stopping import default_repeats
 from mbtune.units import parse_device
 from mbtune.validation import check_types, require_unique
@@ -79,6 +80,12 @@ class SweepConfig:
     # Race the grid (sweeping/race.py): after one repeat each, repeats only for the points still tied with the
     # best; False: every point until known.
     race: bool = True
+    # Equal is an answer (sweeping/equivalence.py): rows whose throughput a 95% equivalence test shows within this
+    # share of the best one's are equivalent to it.
+    equivalence: float = DEFAULT_EQUIVALENCE
+    # Raced: measure every point of the grid (True), or a few first, then only those the simulator's prediction
+    # cannot rule out (sweeping/screen.py).
+    measure_all: bool = False
     # Every repeat in processes of its own (True), or the ranks' processes kept between repeats and points
     # (pipeline/warm.py), started afresh after a failure or where the placement changes.
     fresh_processes: bool = False
@@ -152,6 +159,7 @@ class SweepConfig:
         _require(self.measured_steps >= 1, "measured_steps", self.measured_steps, "an integer >= 1")
         _require(self.repeats is None or self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
         _require(0 < self.target_ci < 1, "target_ci", self.target_ci, "a share between 0% and 100%")
+        _require(0 < self.equivalence < 0.5, "equivalence", self.equivalence, "a share between 0% and 50%, e.g. 3%")
         _require(self.max_time_per_point_s > 0, "max_time_per_point_s", self.max_time_per_point_s, "a duration > 0")
         _require(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s", self.time_budget_s,
                  "a duration > 0")
@@ -220,6 +228,13 @@ class SweepConfig:
         own points (not a baseline's to re-measure, not the quick strategy's pick), not made for a baseline."""
         return (self.race and self.repeats is None and self.objective == "throughput" and self.points is None
                 and self.strategy == "grid" and not self.as_baseline)
+
+    @property
+    def screens(self) -> bool:
+        """Whether a raced grid measures a few points first and races only those the simulator's prediction cannot
+        rule out (sweeping/screen.py): not with measure_all, not for a command (the simulator needs the blocks
+        mbtune splits)."""
+        return self.races and not self.measure_all and not self.command
 
     @property
     def nodes(self) -> Nodes:

@@ -1,13 +1,15 @@
 """The race: which points of a sweep still deserve a repeat. Pure.
 
-Every point is measured once; after that, before each further repeat, the points are ranked on what they
-measured so far, and a point leaves the race once a 95% test separates it from the best one
-(sweeping/ranking.py's tie test: round by round where the rounds allow, else against the spread of a repeat
-pooled over every point; nothing is judged before the points have repeats enough to pool, since one repeat's
-steps vary less than repeats do) and it is not on the Pareto front of throughput against peak memory (a point
-cheaper in memory is measured until known, not dropped for being slower alone). The best one stops once
-no point is tied with it and it has the repeats an interval of its own needs (MIN_REPEATS). What is left
-stops as any point does (known, the time cap, the most repeats), or when the sweep's time budget is spent.
+Every point in the race is measured once (the contenders, where the simulator's prediction left the rest out:
+sweeping/screen.py); after that, before each further repeat, the points are ranked on what they measured so
+far, and a point leaves the race once a 95% test separates it from the best one (sweeping/ranking.py's test:
+round by round where the rounds allow, else against the spread of a repeat pooled over every point; nothing
+is judged before the points have repeats enough to pool, since one repeat's steps vary less than repeats do)
+and it is not on the Pareto front of throughput against peak memory (a point cheaper in memory is measured
+until known, not dropped for being slower alone), or once a 95% equivalence test shows it within the declared
+size of the best (sweeping/equivalence.py: equal is an answer). The best stops once every other point is
+told apart from it or shown equal to it, and it has the repeats an interval of its own needs (MIN_REPEATS).
+What is left stops as any point does (known, the most repeats), or when the sweep's time budget is spent.
 With global batches held fixed, each global batch races on its own (another global batch is another recipe).
 """
 
@@ -16,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mbtune.sweeping.ranking import pooled_repeat_spread, rank_results, throughput_difference, tied_with_best
+from mbtune.sweeping.equivalence import APART, EQUAL, NOT_DECIDED, decide, standing
+from mbtune.sweeping.ranking import pooled_repeat_spread, rank_results, throughput_difference
 from mbtune.sweeping.records import PointResult
-from mbtune.sweeping.stopping import DECIDED, DROPPED, MIN_REPEATS
+from mbtune.sweeping.stopping import DECIDED, DROPPED, EQUIVALENT, MIN_REPEATS
 
 
 @dataclass(frozen=True)
@@ -32,9 +35,9 @@ class Verdict:
 STAYS = Verdict()
 
 
-def race_verdict(index: int, results: Sequence[PointResult], *, fixed_global_batch: bool) -> Verdict:
+def race_verdict(index: int, results: Sequence[PointResult], *, fixed_global_batch: bool, size: float) -> Verdict:
     """Whether results[index] leaves the race, judged against the best of its global batch (every global
-    batch alike, where it varies) on everything measured so far."""
+    batch alike, where it varies) on everything measured so far; `size`: the declared equivalence size."""
     mine = results[index]
     if not mine.ok or mine.samples_per_s is None:
         return STAYS
@@ -49,19 +52,23 @@ def race_verdict(index: int, results: Sequence[PointResult], *, fixed_global_bat
     if not ranking:
         return STAYS
     here = group.index(index)
-    ties = tied_with_best(rivals, ranking, "throughput")
-    if here == ranking[0]:  # decided once none is tied with it, with an interval of its own worth the name
-        decided = not ties and mine.num_repeats >= MIN_REPEATS
-        return Verdict(DECIDED, "no other point is tied with it") if decided else STAYS
-    if here in ties or here in pareto:
-        return STAYS
+    repeats = f"{mine.num_repeats} repeat" + ("s" if mine.num_repeats != 1 else "")
+    within = f"{size * 100:g}%"
+    if here == ranking[0]:  # decided once every other is told apart or shown equal, with an interval of its own
+        decision = decide(rivals, ranking, size)
+        if decision is None or decision.state == NOT_DECIDED or mine.num_repeats < MIN_REPEATS:
+            return STAYS
+        equal = f"; {len(decision.group)} shown within {within} of it" if decision.group else ""
+        return Verdict(DECIDED, f"every other point told apart from it{equal}")
     best = rivals[ranking[0]]
     found = throughput_difference(best, mine, pooled_repeat_spread(rivals))
-    if found is None or found[0] - found[1] <= 0:  # separated, but not as the slower one: it stays
-        return STAYS
+    where = standing(found, size)
     assert best.samples_per_s, "a ranked point has a throughput"
     below = 1 - mine.samples_per_s / best.samples_per_s
-    # Worded for the moment it was taken: the sweep's last word on ties (SweepReport.ties) may differ, with the
-    # best measured further since.
-    repeats = f"{mine.num_repeats} repeat" + ("s" if mine.num_repeats != 1 else "")
+    # Worded for the moment it was taken: the sweep's decision (SweepReport.decision) is taken again on
+    # everything measured.
+    if where == EQUAL:
+        return Verdict(EQUIVALENT, f"after {repeats}, {below:+.1%} against the best then, within {within} (p < 0.05)")
+    if where != APART or here in pareto or found is None or found.mean - found.half <= 0:
+        return STAYS  # open, cheaper in memory, or separated but not as the slower one
     return Verdict(DROPPED, f"after {repeats}, {below:.0%} below the best then, p < 0.05")

@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from mbtune.intervals import t975
 from mbtune.sweeping.records import PointResult, SweepReport
 
 
@@ -59,8 +60,7 @@ def _tied(best: PointResult, other: PointResult, objective: str, pooled: tuple[f
     if objective == "throughput":
         found = throughput_difference(best, other, pooled)
         if found is not None:
-            mean, half = found
-            return abs(mean) <= half
+            return not found.separated
         if best.ci_half_pct is not None and other.ci_half_pct is not None and best.samples_per_s \
                 and other.samples_per_s:
             bound = math.hypot(best.samples_per_s * best.ci_half_pct, other.samples_per_s * other.ci_half_pct) / 100
@@ -69,24 +69,42 @@ def _tied(best: PointResult, other: PointResult, objective: str, pooled: tuple[f
     return mine is not None and theirs is not None and theirs[0] <= mine[1] and mine[0] <= theirs[1]
 
 
+@dataclass(frozen=True)
+class Difference:
+    """The log ratio of one point's throughput over another's: its mean, its standard error and the degrees of
+    freedom of that error (Student's t)."""
+
+    mean: float
+    se: float
+    dof: int
+
+    @property
+    def half(self) -> float:
+        """Half the 95% two-sided interval of the mean."""
+        return t975(self.dof) * self.se
+
+    @property
+    def separated(self) -> bool:
+        """Whether a 95% test tells the two apart (the interval excludes no difference)."""
+        return abs(self.mean) > self.half
+
+
 def throughput_difference(a: PointResult, b: PointResult,
-                          pooled: tuple[float, int] | None) -> tuple[float, float] | None:
-    """The log ratio of a's throughput over b's and its 95% half-interval: round by round where both were
-    measured round-robin in MIN_PAIRED_ROUNDS shared rounds or more (the machine's drift over the run cancels
-    in each round's ratio); else the difference of their repeats' mean log throughputs, against the spread of
-    one repeat pooled over every point (`pooled`: pooled_repeat_spread's), so that a point measured once or
-    twice is compared as soundly as the machine's noise allows; None where neither can be had."""
+                          pooled: tuple[float, int] | None) -> Difference | None:
+    """The log ratio of a's throughput over b's: round by round where both were measured round-robin in
+    MIN_PAIRED_ROUNDS shared rounds or more (the machine's drift over the run cancels in each round's ratio);
+    else the difference of their repeats' mean log throughputs, against the spread of one repeat pooled over
+    every point (`pooled`: pooled_repeat_spread's), so that a point measured once or twice is compared as
+    soundly as the machine's noise allows; None where neither can be had."""
     paired = paired_difference(a, b)
     if paired is not None or pooled is None:
         return paired
     mine, theirs = _log_rates(a), _log_rates(b)
     if not mine or not theirs:
         return None
-    from mbtune.intervals import t975
-
     spread, dof = pooled
-    half = t975(dof) * spread * math.sqrt(1 / len(mine) + 1 / len(theirs))
-    return statistics.fmean(mine) - statistics.fmean(theirs), half
+    return Difference(statistics.fmean(mine) - statistics.fmean(theirs),
+                      spread * math.sqrt(1 / len(mine) + 1 / len(theirs)), dof)
 
 
 # Degrees of freedom a pooled spread needs before it compares points (t(0.975, 5) = 2.57).
@@ -118,11 +136,9 @@ def _log_rates(result: PointResult) -> list[float]:
 MIN_PAIRED_ROUNDS = 5
 
 
-def paired_difference(a: PointResult, b: PointResult) -> tuple[float, float] | None:
-    """The mean log ratio of a's throughput over b's, round by round over the rounds both measured, and its 95%
-    half-interval (Student's t); None under MIN_PAIRED_ROUNDS shared rounds."""
-    from mbtune.intervals import t975
-
+def paired_difference(a: PointResult, b: PointResult) -> Difference | None:
+    """The mean log ratio of a's throughput over b's, round by round over the rounds both measured, and its
+    standard error; None under MIN_PAIRED_ROUNDS shared rounds."""
     mine = dict(zip(a.repeat_rounds, a.repeat_step_time_medians_s, strict=False))
     theirs = dict(zip(b.repeat_rounds, b.repeat_step_time_medians_s, strict=False))
     shared = sorted(set(mine) & set(theirs))
@@ -130,7 +146,7 @@ def paired_difference(a: PointResult, b: PointResult) -> tuple[float, float] | N
         return None
     # Throughput is the global batch over the step time.
     ratios = [math.log(a.point.global_batch / mine[k]) - math.log(b.point.global_batch / theirs[k]) for k in shared]
-    return statistics.fmean(ratios), t975(len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
+    return Difference(statistics.fmean(ratios), statistics.stdev(ratios) / math.sqrt(len(ratios)), len(ratios) - 1)
 
 
 def rank_results(results: Sequence[PointResult], objective: str,

@@ -33,6 +33,32 @@ class SkippedPoint(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PredictedPoint(Record):
+    """A grid point the simulator's prediction left out of the race (sweeping/screen.py): what it was predicted
+    to do, not a measurement."""
+
+    point: SweepPoint
+    samples_per_s: float  # predicted
+    peak_memory_bytes: int | None = None  # predicted, on the busiest rank
+    error: float  # the prediction's stated error: its largest miss on a measured point it had not seen
+    reason: str  # why it was not measured
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision(Record):
+    """How decided a sweep's answer is (sweeping/equivalence.py): `decided` (every other row told apart from the
+    best), `equivalent` (the rest shown equal to it within the declared size) or `not decided`."""
+
+    state: str
+    size: float  # the declared size: a difference in throughput within it is equal
+    group: tuple[int, ...] = ()  # rows shown equal to the best, by peak memory then simplicity (indices into results)
+    open: tuple[int, ...] = ()  # not decided: rows neither told apart from the best nor shown equal to it
+    more_repeats: int | None = None  # not decided: about how many more repeats each of those (and the best) needs
+    more_time_s: float | None = None  # and about how long they would take, at each point's pace so far
+    why: str = ""  # not decided: what stopped the measuring first
+
+
+@dataclass(frozen=True, kw_only=True)
 class PointResult(Outcome):
     """What one sweep point measured."""
 
@@ -189,7 +215,9 @@ class SweepReport(Record):
     skipped: tuple[SkippedPoint, ...] = ()
     ranking: tuple[int, ...] = ()  # indices into results, best first (ok points only)
     pareto: tuple[int, ...] = ()  # indices of the throughput-vs-peak-memory Pareto front
-    ties: tuple[int, ...] = ()  # indices whose throughput range overlaps the best's (tied with it)
+    ties: tuple[int, ...] = ()  # indices a 95% test cannot tell from the best (tied with it)
+    decision: Decision | None = None  # how decided the answer is (throughput objective)
+    predicted: tuple[PredictedPoint, ...] = ()  # grid points left out of the race on their prediction, not measured
     global_batches: tuple[int, ...] = ()  # held fixed, rows ranked within each; empty: the global batch varies
     global_batch_default: bool = False  # the global batch is the default rule's (config.default_global_batch)
     tradeoff: tuple[int, ...] = ()  # the best row and its neighbours in micro-batch size (grid.tradeoff)

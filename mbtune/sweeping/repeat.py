@@ -21,20 +21,43 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class LoadStreak:
+    """How many repeats in a row, over every point of a sweep, ran while other processes loaded the machine: a
+    load that lasts is the machine's state, not a moment to wait out."""
+
+    LASTING = 2  # busy repeats in a row from which the load is taken to last
+
+    def __init__(self) -> None:
+        self.busy = 0
+
+    def saw(self, busy: bool) -> None:
+        self.busy = self.busy + 1 if busy else 0
+
+    @property
+    def lasting(self) -> bool:
+        return self.busy >= self.LASTING
+
+
 class Measuring:
     """One point's repeats in fresh processes, one at a time: config.repeats of them, or until its throughput
     is known (sweeping/stopping.py); `result` merges them. Until known, a repeat measured while other
-    processes loaded the machine is run again (at most MAX_BUSY_RERUNS per point); a failed repeat fails the
-    point; the repeats after the first measure enough steps to fill MIN_REPEAT_WINDOW_S each (at most
-    MAX_STEPS); the time cap counts this point's own repeats, not the others' run between them."""
+    processes loaded the machine is run again (at most MAX_BUSY_RERUNS per point) while the load looks
+    passing; once it lasts (LoadStreak), busy repeats are kept, marked with the load they saw, and a point
+    never measured quietly keeps its busy repeats: a busy machine's figures come with a caveat, never as
+    nothing. A failed repeat fails the point; the repeats after the first measure enough steps to fill
+    MIN_REPEAT_WINDOW_S each (at most MAX_STEPS); the time cap counts this point's own repeats, not the
+    others' run between them."""
 
     def __init__(self, point: SweepPoint, config: SweepConfig, device: str, threads: int | None,
                  workload: WorkloadFacts, peak_total: float | None,
-                 block_times_s: tuple[float, ...] | None = None, ranks: WarmRanks | None = None) -> None:
+                 block_times_s: tuple[float, ...] | None = None, ranks: WarmRanks | None = None,
+                 load: LoadStreak | None = None) -> None:
         self.point, self.config, self.device, self.threads, self.ranks = point, config, device, threads, ranks
         self.workload, self.peak_total, self.block_times_s = workload, peak_total, block_times_s
+        self.load = load or LoadStreak()
         self.steps = config.measured_steps
         self.runs: list[PointResult] = []
+        self.busy: list[PointResult] = []  # busy repeats run again: the point's figure while it has no other
         self.reruns, self.spent_s, self.stopped = 0, 0.0, ""
         self.round = 0  # the round-robin round the next repeat runs in (0: measured on its own)
         self.rounds: list[int] = []  # the round each kept repeat ran in
@@ -62,9 +85,14 @@ class Measuring:
         self.spent_s += time.monotonic() - started
         # Until known only (fixed repeats run exactly as many as asked), and on one node (across nodes this
         # host's load is not the point's whole story): elsewhere a busy repeat keeps its warning.
-        if (run.ok and run.load is not None and run.load.busy and self.reruns < MAX_BUSY_RERUNS
-                and config.repeats is None and config.nodes.nnodes == 1):
+        busy = run.ok and run.load is not None and run.load.busy
+        lasting = self.load.lasting
+        self.load.saw(busy)
+        if (busy and not lasting and self.reruns < MAX_BUSY_RERUNS and config.repeats is None
+                and config.nodes.nnodes == 1):
+            assert run.load is not None
             self.reruns += 1
+            self.busy.append(run)
             log.info("%s: measured while the machine was busy (%s); running it again", point.label, run.load.reason)
             return
         self.runs.append(run)
@@ -82,8 +110,16 @@ class Measuring:
             self.stopped = should_stop(self._rates(), target_width=config.target_ci, elapsed_s=self.spent_s,
                                        repeat_s=self.repeat_s(), max_time_s=cap) or ""
 
+    @property
+    def measured(self) -> bool:
+        """Whether the point has a figure (a busy one, if nothing else)."""
+        return bool(self.runs or self.busy)
+
+    def _kept(self) -> list[PointResult]:
+        return self.runs or self.busy
+
     def _rates(self) -> list[float]:
-        return [self.point.global_batch / r.step_time_median_s for r in self.runs if r.step_time_median_s]
+        return [self.point.global_batch / r.step_time_median_s for r in self._kept() if r.step_time_median_s]
 
     def rate(self) -> float | None:
         """The mean rate so far (None before the first repeat)."""
@@ -108,9 +144,10 @@ class Measuring:
     def result(self) -> PointResult:
         from mbtune.sweeping.measured import merge_repeats
 
-        if self._merged is None or self._merged[0] != len(self.runs):
-            self._merged = (len(self.runs), merge_repeats(self.runs))
-        rounds = tuple(self.rounds) if self.round else ()
+        kept = self._kept()
+        if self._merged is None or self._merged[0] != len(kept) + len(self.runs):
+            self._merged = (len(kept) + len(self.runs), merge_repeats(kept))
+        rounds = tuple(self.rounds) if self.round and self.runs else ()
         return replace(self._merged[1], stopped=self.stopped, busy_reruns=self.reruns, repeat_rounds=rounds)
 
 

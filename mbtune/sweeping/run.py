@@ -17,9 +17,10 @@ from mbtune.journal import REPLAYED
 from mbtune.pipeline.point import SweepPoint
 from mbtune.progress import TrialProgress
 from mbtune.records import DeviceInfo
-from mbtune.settings import lr_for
+from mbtune.sweeping.answer import sweep_report
 from mbtune.sweeping.config import SweepConfig
-from mbtune.sweeping.records import Balance, PointResult, SkippedPoint, SweepReport
+from mbtune.sweeping.records import Balance, PointResult, PredictedPoint, SkippedPoint, SweepReport
+from mbtune.sweeping.repeat import LoadStreak
 from mbtune.sweeping.stopping import INTERRUPTED
 
 if TYPE_CHECKING:
@@ -27,22 +28,28 @@ if TYPE_CHECKING:
     from mbtune.pipeline.warm import WarmRanks
     from mbtune.sweeping.race import Verdict
     from mbtune.sweeping.repeat import Measuring
+    from mbtune.sweeping.screen import Predictor
     from mbtune.workloads.facts import WorkloadFacts
 
 log = logging.getLogger(__name__)
 # The planner's quick search (planning.api.quick_sweep): (points, run_point, *, workload, ...) -> its result.
 QuickSweep = Callable[..., Any]
+# The planner's predictor for a raced grid (planning.api.grid_predictor): (*, workload, workload_options, optimizer,
+# block_times_s) -> a sweeping.screen.Predictor.
+GridPredictor = Callable[..., Any]
 SWEEP_POINT, BALANCE = "sweep_point", "balance"  # journal kinds: a point's result, the blocks' split
 
 
 def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
-                   store: Journal | None = None, *, quick: QuickSweep | None = None) -> SweepReport:
+                   store: Journal | None = None, *, quick: QuickSweep | None = None,
+                   predictor: GridPredictor | None = None) -> SweepReport:
     """Run the sweep grid as real pipelines, one fresh process per stage, and rank what they measured.
 
     Ctrl-C (Interrupted) starts nothing new: the report keeps every finished point, marked interrupted.
     With a store, every finished point is journaled and points journaled earlier are not run again. The
     quick strategy needs `quick`, the planner's search (planning.api.quick_sweep, which session.run_sweep
-    passes): the planner calibrates on sweeps, so the sweep is handed it rather than importing it.
+    passes): the planner calibrates on sweeps, so the sweep is handed it rather than importing it. A raced
+    grid is screened (sweeping/screen.py) where `predictor` (planning.api.grid_predictor) is given.
     """
     from mbtune.device import resolve_device
     from mbtune.settings import MAX_PROCESSES
@@ -66,6 +73,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
                      nnodes=config.nodes.nnodes)
     refuse_unrunnable(config, num_blocks=workload.num_blocks, grid=grid)
     points = _Points(config, device, threads, workload, info, progress, store, grid.points)
+    points.predictor = predictor
     interrupted, note = False, ""
     not_run: tuple[SkippedPoint, ...] = ()
     try:
@@ -84,10 +92,10 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
             from mbtune.pipeline.torchrun import close_session
 
             close_session(config.nodes, 0)
-    report = _sweep_report(config, info, points.results, grid.skipped + not_run + tuple(points.unmeasured),
+    report = sweep_report(config, info, points.results, grid.skipped + not_run + tuple(points.unmeasured),
                            len(grid.points), interrupted,
-                           warnings, (note,) if note else ())
-    return replace(report, balance=points.balance)
+                           warnings, tuple(n for n in (note, points.screen_note) if n), points.stopped_by)
+    return replace(report, balance=points.balance, predicted=tuple(points.predicted.values()))
 
 
 class _Points:
@@ -114,6 +122,14 @@ class _Points:
         self.unfinished: dict[SweepPoint, Measuring] = {}
         self.standing = ""  # the race's first look, once a round has ended
         self.unmeasured: list[SkippedPoint] = []  # points the time budget stopped before a repeat could be kept
+        self.predictor: GridPredictor | None = None  # the planner's, where a raced grid is screened
+        self.predict: Predictor | None = None  # what it gave for this sweep's workload
+        self.waiting: dict[SweepPoint, Measuring] = {}  # not measured yet, until the first points predict them
+        self.predicted: dict[SweepPoint, PredictedPoint] = {}  # left out of the race on their prediction
+        self.screen_note = ""
+        self.screens = 0
+        self.stopped_by = ""  # what stopped the measuring before the race ended, if anything did
+        self.load = LoadStreak()
         # A resumed sweep's rounds start again from one: the journaled points' rounds are not this run's.
         self.done = {r.point: replace(r, repeat_rounds=())
                      for r in map(PointResult.from_dict, store.replayed(SWEEP_POINT))} if store else {}
@@ -138,21 +154,31 @@ class _Points:
         """Every point, measured round-robin: one repeat of each point still measuring, then the next round,
         until each has stopped. A machine whose speed drifts over minutes then slows every point alike, and
         the points compare as they would side by side; one measured to its end before the next would carry
-        the speed of its own minutes alone. Raced (config.races, sweeping/race.py): after the first round,
-        each round visits the points best first, and a point leaves once the race says so; every round after
-        the first ends early once the time budget is spent."""
+        the speed of its own minutes alone. Raced (config.races, sweeping/race.py): screened where a predictor
+        is given (the first round measures a few points, then the simulator's prediction leaves out those that
+        could be neither better than the best nor equal to it: sweeping/screen.py), after the first round each
+        round visits the points best first, and a point leaves once the race says so; once the time budget is
+        spent, only points not yet measured at all run, and then every point stops."""
         import time
+
+        from mbtune.sweeping.screen import MIN_SCREENED_GRID, calibration_points, first_count
 
         config = self.config
         self.order = {point: index for index, point in enumerate(points)}
         for point in points:
             if point in self.done:
                 self._finished(point, self.done[point], REPLAYED)
-        self.unfinished = {point: self._measuring(point) for point in points if point not in self.done}
+        todo = [point for point in points if point not in self.done]
+        self.unfinished = {point: self._measuring(point) for point in todo}
+        if self.predictor is not None and config.screens and len(points) >= MIN_SCREENED_GRID:
+            first = set(calibration_points(todo, first_count(points)))
+            self.waiting = {p: self.unfinished.pop(p) for p in todo if p not in first}
         deadline = time.monotonic() + config.time_budget_s if config.time_budget_s and config.races else None
         rounds = 0
-        while self.unfinished:
+        while self.unfinished or self.waiting:
             rounds += 1
+            if rounds > 1 and (self.waiting or (self.predicted and self.screens < 2)):
+                self._screen()
             visit = list(self.unfinished)
             if config.races and rounds > 1:
                 visit.sort(key=lambda p: -(self.unfinished[p].rate() or 0.0))
@@ -162,10 +188,10 @@ class _Points:
                 measuring = self.unfinished.get(point)
                 if measuring is None:
                     continue
-                if rounds > 1 and deadline is not None and time.monotonic() + measuring.repeat_s() > deadline:
-                    self._out_of_time(config.time_budget_s or 0.0)
-                    break
-                if rounds > 1 and config.races:
+                # Past the time budget, only a point never measured runs (every point in the race has a figure).
+                if deadline is not None and measuring.measured and time.monotonic() + measuring.repeat_s() > deadline:
+                    continue
+                if rounds > 1 and config.races and measuring.measured:
                     verdict = self._verdict(point)
                     if verdict.stopped:
                         self._stop(point, verdict.stopped, verdict.detail)
@@ -177,22 +203,53 @@ class _Points:
                 measuring.repeat()
                 if measuring.stopped:
                     self._stop(point, measuring.stopped)
+            if deadline is not None and time.monotonic() >= deadline and self.unfinished and not self.waiting:
+                self._out_of_time(config.time_budget_s or 0.0)
             if config.races:
                 self.standing = self._standing(rounds)
         self.results.sort(key=lambda r: self.order.get(r.point, len(self.order)))
 
+    def _screen(self) -> None:
+        """The simulator, calibrated on every point measured so far, predicts the points not measured yet: those
+        it leaves out wait as predicted, the rest join the race (a point left out earlier comes back where a
+        later prediction no longer rules it out)."""
+        from mbtune.sweeping.screen import left_out
+
+        self.screens += 1
+        config = self.config
+        current = self._current()
+        pending = {**self.waiting, **{p: self._measuring(p) for p in self.predicted}}
+        assert self.predictor is not None, "screened only where the planner's predictor was given"
+        if self.predict is None:
+            self.predict = self.predictor(workload=config.workload, workload_options=config.workload_options,
+                                          optimizer=config.optimizer, block_times_s=self.balance.block_times_s)
+        error, out = left_out(list(pending), current, self.predict, size=config.equivalence,
+                              fixed_global_batch=bool(config.global_batches))
+        self.predicted = {p.point: p for p in out}
+        self.unfinished |= {p: m for p, m in pending.items() if p not in self.predicted}
+        self.waiting = {}
+        measured = len({r.point for r in current})
+        if error is None:
+            self.screen_note = (f"measured every point: the simulator, calibrated on the first {measured}, could not "
+                                "state its error on them")
+        else:
+            self.screen_note = (f"predicted the grid from {measured} measured points (the simulator's largest miss on a "
+                                f"point it had not seen: {error:.0%}); {len(self.predicted)} point(s) left out as "
+                                "predicted, the rest raced (--measure-all measures every point)")
+
     def _current(self) -> list[PointResult]:
         """What every point measured so far: the finished ones' results, then those still measuring."""
-        return [*self.results, *(m.result() for m in self.unfinished.values() if m.runs)]
+        return [*self.results, *(m.result() for m in self.unfinished.values() if m.measured)]
 
     def _verdict(self, point: SweepPoint) -> Verdict:
         from mbtune.sweeping.race import STAYS, race_verdict
 
-        if not self.unfinished[point].runs:  # every repeat so far ran while the machine was busy
+        if not self.unfinished[point].measured:
             return STAYS
         current = self._current()
         index = next(i for i, r in enumerate(current) if r.point == point)
-        return race_verdict(index, current, fixed_global_batch=bool(self.config.global_batches))
+        return race_verdict(index, current, fixed_global_batch=bool(self.config.global_batches),
+                            size=self.config.equivalence)
 
     def _standing(self, rounds: int) -> str:
         """The first look, for the progress line: the best so far and how many points are still in the race."""
@@ -216,12 +273,9 @@ class _Points:
         separates it from the best already)."""
         from mbtune.sweeping.stopping import DROPPED, TIME_BUDGET
 
+        load = ", ".join(sorted({r.load.reason for r in self._current() if r.load is not None and r.load.busy}))
+        self.stopped_by = f"the time budget ({budget_s:g} s) was spent" + (f" (measured under load: {load})" if load else "")
         for point in list(self.unfinished):  # what the race can already say of each, it says
-            if not self.unfinished[point].runs:  # busy whenever it ran: nothing measured to keep
-                del self.unfinished[point]
-                self.unmeasured.append(SkippedPoint(point=point, reason="not measured: the machine was busy at every "
-                                                    "repeat, and the time budget was spent"))
-                continue
             verdict = self._verdict(point)
             if verdict.stopped == DROPPED:
                 self._stop(point, DROPPED, verdict.detail)
@@ -232,7 +286,7 @@ class _Points:
         """Interrupted: the points still measuring keep the repeats they finished (not journaled: a resumed
         sweep measures them anew)."""
         for measuring in self.unfinished.values():
-            if measuring.runs:
+            if measuring.measured:
                 self.results.append(replace(measuring.result(), stopped=INTERRUPTED))
         self.unfinished = {}
         self.results.sort(key=lambda r: self.order.get(r.point, len(self.order)))
@@ -242,7 +296,7 @@ class _Points:
 
         peak = self.peak_flops * point.num_processes if self.peak_flops else None
         return Measuring(point, self.config, self.device, self.threads, self.workload, peak,
-                          self.balance.block_times_s or None, self.ranks)
+                          self.balance.block_times_s or None, self.ranks, self.load)
 
     def _finished(self, point: SweepPoint, result: PointResult, detail: str) -> PointResult:
         if self.store and detail != REPLAYED:
@@ -252,34 +306,6 @@ class _Points:
             self.progress.start_trial(point.label)
             self.progress.end_trial(result.status, detail or _result_detail(result))
         return result
-
-
-def _sweep_report(config: SweepConfig, info: DeviceInfo, results: list[PointResult],
-                  skipped: tuple[SkippedPoint, ...], num_grid_points: int, interrupted: bool,
-                  warnings: list[str], notes: tuple[str, ...]) -> SweepReport:
-    from mbtune.sweeping.lr import lr_advice
-    from mbtune.sweeping.ranking import rank_results, recompute_pairs, tied_with_best, tradeoff
-
-    fixed = config.global_batches
-    ranking, pareto = rank_results(results, config.objective, fixed)
-    rows, padding = tradeoff(results, ranking)
-    advice = lr_advice(config.optimizer, (r.point.global_batch for r in results if r.ok), lr=config.lr,
-                       reference_batch=config.reference_batch)
-    return SweepReport(
-        workload=config.workload, workload_options=dict(config.workload_options), device=info,
-        objective=config.objective, precision=config.precision, optimizer=config.optimizer,
-        lr=lr_for(config.optimizer, config.lr), results=tuple(results), skipped=skipped, ranking=ranking, pareto=pareto,
-        ties=tied_with_best(results, ranking, config.objective, same_global_batch=bool(fixed)),
-        global_batches=fixed, global_batch_default=config.global_batch is None and bool(fixed),
-        tradeoff=rows, padding=padding or (), recompute_pairs=recompute_pairs(results),
-        repeats=config.repeats, target_ci=config.target_ci if config.repeats is None else None,
-        strategy=config.strategy,
-        num_grid_points=num_grid_points, ceiling=config.ceiling,
-        safe_batch=config.safe_batch, ceiling_peak_memory_bytes=config.ceiling_peak_memory_bytes,
-        warmup_steps=config.warmup_steps, measured_steps=config.measured_steps, interrupted=interrupted,
-        warnings=tuple(warnings), notes=notes, lr_advice=advice, command=config.command,
-        steps_from_output=config.steps_from_output, grid=config.grid,
-    )
 
 
 def _quick(quick_sweep: QuickSweep, points: tuple[SweepPoint, ...], run_one: Callable[[SweepPoint], PointResult],

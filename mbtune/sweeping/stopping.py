@@ -29,7 +29,8 @@ KNOWN, TIME_CAP, MOST_REPEATS, FIXED, FAILED = "known", "time cap", "most repeat
 INTERRUPTED = "interrupted"  # the sweep was stopped (Ctrl-C) while this point was still measuring
 # The race (sweeping/race.py): a point a 95% test separates from the best leaves it; the best stops once no
 # point is tied with it; every point still measuring stops when the sweep's time budget is spent.
-DROPPED, DECIDED, TIME_BUDGET = "dropped", "decided", "time budget"
+# A point a 95% equivalence test shows within the declared size of the best leaves it too (equal is an answer).
+DROPPED, DECIDED, EQUIVALENT, TIME_BUDGET = "dropped", "decided", "equivalent", "time budget"
 
 # What `qualify --baseline` measures to (qualifying/run.py), and what a sweep made to be a baseline measures
 # to (--as-baseline): the 95% interval a quarter of the tolerance wide, a point measured for up to this long.

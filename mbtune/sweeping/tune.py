@@ -17,20 +17,20 @@ from mbtune.settings import FORMER_NAMES, build, param_for, setting_names
 from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.limits import sweep_limits
 from mbtune.sweeping.records import SweepReport
-from mbtune.sweeping.run import QuickSweep, sweep_workload
+from mbtune.sweeping.run import GridPredictor, QuickSweep, sweep_workload
 
 if TYPE_CHECKING:
     from mbtune.journal import Journal
 
 
 def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress: TrialProgress | None = None,
-                  store: Journal | None = None, *, check: bool = True,
-                  quick: QuickSweep | None = None) -> tuple[ProbeResult, SweepReport]:
+                  store: Journal | None = None, *, check: bool = True, quick: QuickSweep | None = None,
+                  predictor: GridPredictor | None = None) -> tuple[ProbeResult, SweepReport]:
     """Probe, then sweep around the probed safe batch, then (with `check`) check the best row's update
     against the plain model's."""
     probe = probe_workload(probe_config, progress, store)
     sweep_config = replace(sweep_config, **sweep_limits(probe))
-    sweep = sweep_workload(sweep_config, progress, store, quick=quick)
+    sweep = sweep_workload(sweep_config, progress, store, quick=quick, predictor=predictor)
     if check and sweep.best is not None and not sweep.interrupted:
         sweep = _checked(sweep, sweep_config, progress)
     return probe, sweep

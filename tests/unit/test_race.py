@@ -16,7 +16,7 @@ from mbtune.sweeping.config import SweepConfig
 from mbtune.sweeping.race import STAYS, race_verdict
 from mbtune.sweeping.ranking import MIN_POOLED_DOF, pooled_repeat_spread, throughput_difference
 from mbtune.sweeping.records import Balance, PointResult
-from mbtune.sweeping.stopping import DECIDED, DROPPED, FIXED, TIME_BUDGET
+from mbtune.sweeping.stopping import DECIDED, DROPPED, EQUIVALENT, FIXED, TIME_BUDGET
 
 GLOBAL = 64
 
@@ -49,9 +49,9 @@ def test_no_pooled_spread_under_its_degrees_of_freedom():
 
 def test_a_point_measured_once_is_compared_against_the_pooled_spread():
     best, other = _result(_point(2), [1.0, 1.0]), _result(_point(4), [2.0])
-    mean, half = throughput_difference(best, other, (0.05, 10))
-    assert mean == pytest.approx(math.log(2))  # twice as fast
-    assert half == pytest.approx(2.228 * 0.05 * math.sqrt(1 / 2 + 1 / 1))
+    found = throughput_difference(best, other, (0.05, 10))
+    assert found.mean == pytest.approx(math.log(2))  # twice as fast
+    assert found.dof == 10 and found.half == pytest.approx(2.228 * 0.05 * math.sqrt(1 / 2 + 1 / 1), rel=1e-3)
 
 
 def _field(slow_peak: int = 200) -> list[PointResult]:
@@ -63,31 +63,41 @@ def _field(slow_peak: int = 200) -> list[PointResult]:
 
 def test_nothing_is_judged_before_the_repeats_can_be_pooled():
     once = [_result(_point(2), [1.0]), _result(_point(4), [2.0]), _result(_point(8), [4.0])]
-    assert all(race_verdict(i, once, fixed_global_batch=True) == STAYS for i in range(3))
+    assert all(race_verdict(i, once, fixed_global_batch=True, size=0.03) == STAYS for i in range(3))
 
 
 def test_a_point_the_test_separates_from_the_best_is_dropped_with_its_figures():
-    verdict = race_verdict(2, _field(), fixed_global_batch=True)
+    verdict = race_verdict(2, _field(), fixed_global_batch=True, size=0.03)
     assert verdict.stopped == DROPPED
     assert verdict.detail == "after 1 repeat, 50% below the best then, p < 0.05"
 
 
 def test_a_slower_point_cheaper_in_memory_stays_in_the_race():
-    assert race_verdict(2, _field(slow_peak=50), fixed_global_batch=True) == STAYS  # on the Pareto front
+    assert race_verdict(2, _field(slow_peak=50), fixed_global_batch=True, size=0.03) == STAYS  # on the Pareto front
 
 
 def test_a_point_tied_with_the_best_stays_and_so_does_the_best():
     field = _field()
-    assert race_verdict(1, field, fixed_global_batch=True) == STAYS
-    assert race_verdict(0, field, fixed_global_batch=True) == STAYS
+    # 1% apart, +-2% a repeat: not told apart, and not shown within 0.5% either.
+    assert race_verdict(1, field, fixed_global_batch=True, size=0.005) == STAYS
+    assert race_verdict(0, field, fixed_global_batch=True, size=0.005) == STAYS
+
+
+def test_a_point_shown_within_the_declared_size_leaves_as_equivalent_and_the_best_is_decided():
+    field = _field()
+    # The same 1% is shown within 3% (the 90% interval of the log ratio inside +-log 1.03): equal is an answer.
+    verdict = race_verdict(1, field, fixed_global_batch=True, size=0.03)
+    assert verdict.stopped == EQUIVALENT and "within 3% (p < 0.05)" in verdict.detail
+    best = race_verdict(0, field, fixed_global_batch=True, size=0.03)
+    assert best.stopped == DECIDED and "1 shown within 3% of it" in best.detail
 
 
 def test_the_best_is_decided_once_nothing_is_tied_with_it_and_it_has_three_repeats():
     field = _field()
     alone = [field[0], field[2]]
-    assert race_verdict(0, alone, fixed_global_batch=True).stopped == DECIDED
+    assert race_verdict(0, alone, fixed_global_batch=True, size=0.03).stopped == DECIDED
     twice = _result(_point(2), [1.0, 1.01])
-    assert race_verdict(0, [twice, _result(_point(8), [2.0, 2.02, 1.98, 2.0])], fixed_global_batch=True) == STAYS
+    assert race_verdict(0, [twice, _result(_point(8), [2.0, 2.02, 1.98, 2.0])], fixed_global_batch=True, size=0.03) == STAYS
 
 
 POINTS = [_point(m) for m in (2, 4, 8)]
@@ -146,22 +156,27 @@ def test_the_time_budget_stops_the_race_but_every_point_is_measured_once(monkeyp
     assert all("time budget (2 s) was spent" in r.stopped_detail for r in points.results)
 
 
-def _report(results, ties=(), ranking=None):
+def _report(results, ties=(), ranking=None, size=0.03):
+    from mbtune.sweeping.equivalence import decide
     from mbtune.sweeping.records import SweepReport
 
+    ranking = tuple(range(len(results))) if ranking is None else ranking
     return SweepReport(workload="mlp", device=DeviceInfo(backend="cpu", name="cpu"), objective="throughput",
-                       results=tuple(results), ranking=tuple(range(len(results))) if ranking is None else ranking,
-                       ties=tuple(ties), repeats=None)
+                       results=tuple(results), ranking=ranking, ties=tuple(ties), repeats=None,
+                       decision=decide(results, ranking, size))
 
 
-def test_the_answer_says_how_decided_it_is():
+def test_the_answer_says_how_decided_it_is_in_one_line():
     from mbtune.report.sweep_lines import decision_line
 
     field = _field()
-    assert decision_line(_report(field)).startswith("decided: gpipe p=2 m=2 accum=1 mbs=32 (")
-    line = decision_line(_report(field, ties=(1,)))
-    assert line.startswith("not decided: 1 row(s) tied with the best, #1 gpipe p=2 m=2")
-    assert "#2 gpipe p=2 m=4 accum=1 mbs=16 (" in line
+    assert decision_line(_report([field[0], field[2]])).startswith("decided: gpipe p=2 m=2 accum=1 mbs=32 (")
+    line = decision_line(_report(field))
+    assert line.startswith("equivalent: gpipe p=2 m=2 accum=1 mbs=32 (") and "#2 gpipe p=2 m=4 accum=1 mbs=16" in line
+    line = decision_line(_report(field, size=0.005))
+    assert line.startswith("not decided: best so far gpipe p=2 m=2 accum=1 mbs=32 (")
+    assert "1 row(s) neither told apart from it nor shown within 0.5%" in line and "\n" not in line
+    assert "more repeat(s) each" in line
 
 
 def test_point_warnings_come_one_line_per_cause_and_every_one_on_request():
@@ -205,7 +220,7 @@ def test_a_point_the_test_finds_faster_than_the_leader_is_never_dropped():
     noise = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0]
     leader = replace(_result(_point(2), [2.0 * s for s in noise]), samples_per_s=200.0)
     other = _result(_point(4), [1.0 * s for s in noise], peak=150)
-    assert race_verdict(1, [leader, other], fixed_global_batch=True) == STAYS
+    assert race_verdict(1, [leader, other], fixed_global_batch=True, size=0.03) == STAYS
 
 
 def test_a_point_busy_at_its_first_repeat_is_raced_once_it_has_one(monkeypatch):
@@ -238,7 +253,7 @@ def test_raced_points_still_tied_with_the_best_are_not_stopped_by_their_own_time
     monkeypatch.setattr("time.monotonic", lambda: float(next(clock)))
     machine = _Machine({POINTS[0]: 1.0, POINTS[1]: 1.0})
     points = _points(monkeypatch, machine, repeats=None, target_ci=0.0001, max_time_per_point_s=2.0,
-                     time_budget_s=None)
+                     time_budget_s=None, equivalence=0.001)  # the 2% jitter never shows them within 0.1%
     points.run_all(POINTS[:2])
     assert {r.stopped for r in points.results} == {MOST_REPEATS}
     assert all(r.num_repeats == MAX_REPEATS for r in points.results)
