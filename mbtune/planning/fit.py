@@ -23,7 +23,8 @@ def trimmed_mean(values: Sequence[float], trim: float = TRIM_FRACTION) -> float:
 
 
 def fit_line(by_size: Mapping[int, float], *, proportional_when_single: bool = True) -> LinearCost:
-    """seconds = fixed + per_sample x size, least squares over the measured sizes.
+    """seconds = fixed + per_sample x size, least squares over the measured sizes (the line, for sizes beyond
+    them), with the measured seconds kept for the sizes between them (LinearCost.at).
 
     With one size the two terms cannot be told apart: the cost is taken as proportional to the size
     (compute), or as a fixed latency when `proportional_when_single` is False (hand-overs of small tensors).
@@ -37,12 +38,13 @@ def fit_line(by_size: Mapping[int, float], *, proportional_when_single: bool = T
         return LinearCost(per_sample_s=value / size) if proportional_when_single else LinearCost(fixed_s=value)
     xs = [float(s) for s in sizes]
     ys = [by_size[s] for s in sizes]
+    measured = tuple((size, by_size[size]) for size in sizes)
     slope, fixed = statistics.linear_regression(xs, ys)
     if slope < 0:
-        return LinearCost(fixed_s=max(0.0, statistics.fmean(ys)))
+        return LinearCost(fixed_s=max(0.0, statistics.fmean(ys)), measured=measured)
     if fixed < 0:
-        return LinearCost(per_sample_s=statistics.linear_regression(xs, ys, proportional=True).slope)
-    return LinearCost(fixed_s=fixed, per_sample_s=slope)
+        return LinearCost(per_sample_s=statistics.linear_regression(xs, ys, proportional=True).slope, measured=measured)
+    return LinearCost(fixed_s=fixed, per_sample_s=slope, measured=measured)
 
 
 def fit_samples(samples: Mapping[int, list[float]], *, proportional_when_single: bool = True) -> LinearCost:

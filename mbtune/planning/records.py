@@ -31,22 +31,33 @@ class OrderedAction(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class LinearCost(Record):
-    """seconds = fixed_s + per_sample_s x micro-batch size."""
+    """seconds = fixed_s + per_sample_s x micro-batch size, the line; between the smallest and the largest size
+    measured, the measured seconds themselves, joined by straight lines (a CPU's cost per sample can rise with
+    the micro-batch as it outgrows the caches, which no line through the origin's side follows)."""
 
     fixed_s: float = 0.0
     per_sample_s: float = 0.0
+    measured: tuple[tuple[int, float], ...] = ()  # (micro-batch size, seconds), ascending; () where not kept
 
     def at(self, micro_batch_size: int) -> float:
         """Seconds at this micro-batch size (never negative)."""
+        table = self.measured
+        if len(table) >= 2 and table[0][0] <= micro_batch_size <= table[-1][0]:
+            for (low, low_s), (high, high_s) in zip(table, table[1:]):
+                if low <= micro_batch_size <= high:
+                    return max(0.0, low_s + (high_s - low_s) * (micro_batch_size - low) / (high - low))
         return max(0.0, self.fixed_s + self.per_sample_s * micro_batch_size)
 
     def scaled(self, factor: float) -> LinearCost:
-        """Both terms times `factor`."""
-        return LinearCost(fixed_s=self.fixed_s * factor, per_sample_s=self.per_sample_s * factor)
+        """Both terms (and what was measured) times `factor`."""
+        return LinearCost(fixed_s=self.fixed_s * factor, per_sample_s=self.per_sample_s * factor,
+                          measured=tuple((size, seconds * factor) for size, seconds in self.measured))
 
     def plus(self, other: LinearCost) -> LinearCost:
         """The cost of doing both."""
-        return LinearCost(fixed_s=self.fixed_s + other.fixed_s, per_sample_s=self.per_sample_s + other.per_sample_s)
+        sizes = sorted({size for size, _ in self.measured} | {size for size, _ in other.measured})
+        return LinearCost(fixed_s=self.fixed_s + other.fixed_s, per_sample_s=self.per_sample_s + other.per_sample_s,
+                          measured=tuple((size, self.at(size) + other.at(size)) for size in sizes))
 
 
 @dataclass(frozen=True, kw_only=True)

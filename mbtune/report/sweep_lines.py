@@ -51,7 +51,7 @@ def decision_line(report: SweepReport) -> str | None:
     if decision.more_repeats is not None and decision.more_time_s is not None:
         settle = (f"; about {decision.more_repeats} more repeat(s) each, ~{decision.more_time_s:.0f} s, would settle "
                   f"them (--time-budget)")
-    why = f" ({decision.why})" if decision.why else ""
+    why = f"; stopped: {decision.why}" if decision.why else ""
     also = f"; {group} shown within {size}" if group else ""
-    return (f"not decided{why}: best so far {head}, {len(decision.open)} row(s) neither told apart from it nor "
-            f"shown within {size}{also}{settle}")
+    return (f"not decided: best so far {head}, {len(decision.open)} row(s) neither told apart from it nor "
+            f"shown within {size}{also}{settle}{why}")

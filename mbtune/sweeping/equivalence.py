@@ -33,13 +33,14 @@ def shown_equivalent(found: Difference, size: float) -> bool:
 
 
 def standing(found: Difference | None, size: float) -> str:
-    """APART where a 95% test tells the two apart, EQUAL where the equivalence test shows them within the
-    size, OPEN otherwise (or where nothing compares them yet)."""
+    """EQUAL where the equivalence test shows the two within the size (a difference too small to be worth
+    attention, told apart or not), else APART where a 95% test tells them apart, OPEN otherwise (or where
+    nothing compares them yet)."""
     if found is None:
         return OPEN
-    if found.separated:
-        return APART
-    return EQUAL if shown_equivalent(found, size) else OPEN
+    if shown_equivalent(found, size):
+        return EQUAL
+    return APART if found.separated else OPEN
 
 
 def settling_factor(found: Difference, size: float) -> float | None:
@@ -66,8 +67,8 @@ def simplicity(point: SweepPoint) -> tuple[int, ...]:
 def decide(results: Sequence[PointResult], ranking: Sequence[int], size: float, *,
            same_global_batch: bool = False, why: str = "") -> Decision | None:
     """The sweep's decision on throughput: `decided` where every other row of the best one's global batch
-    (every row, where it varies) is told apart from it, `equivalent` where the rest are shown equal to it
-    within `size` (the group ordered by peak memory, then simplicity), `not decided` where some are still
+    (every row, where it varies) is told apart from it by more than `size`, `equivalent` where the rest are
+    shown equal to it within `size` (the group ordered by peak memory, then simplicity), `not decided` where some are still
     open, with the repeats and time that would settle them at their pace so far; `why`: what stopped the
     measuring first, for a decision left open. None without a ranked row."""
     if not ranking:

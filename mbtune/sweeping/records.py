@@ -188,7 +188,7 @@ class SweepReport(Record):
                 "stopped_detail": r.stopped_detail, "busy_reruns": r.busy_reruns,
                 "samples_per_s": r.samples_per_s, "samples_per_s_ci_half_pct": r.ci_half_pct, "ci_basis": r.ci_basis,
                 "samples_per_s_min": r.samples_per_s_min, "samples_per_s_max": r.samples_per_s_max,
-                "tied_with_best": index in self.ties, "pareto": index in self.pareto,
+                "tied_with_best": index in self.ties, "decision": self._standing(index), "pareto": index in self.pareto,
                 "tokens_per_s": r.tokens_per_s, "step_time_median_s": r.step_time_median_s,
                 "step_time_cv_pct": r.step_time_cv_pct, "allreduce_s": r.allreduce_s,
                 "stage_imbalance": r.stage_imbalance,
@@ -247,6 +247,18 @@ class SweepReport(Record):
     @property
     def best(self) -> PointResult | None:
         return self.results[self.ranking[0]] if self.ranking else None
+
+    def _standing(self, index: int) -> str:
+        """A row against the decision: best, equivalent (shown within the size), open (neither told apart nor
+        shown within it), apart (told apart) or "" (no decision, or a row that did not run)."""
+        decision = self.decision
+        if decision is None or index not in self.ranking:
+            return ""
+        if index == self.ranking[0]:
+            return "best"
+        if self.global_batches and self.results[index].point.global_batch != self.results[self.ranking[0]].point.global_batch:
+            return ""  # another global batch, another recipe: not compared
+        return "equivalent" if index in decision.group else "open" if index in decision.open else "apart"
 
     def advice_for(self, global_batch: int) -> LrAdvice | None:
         """The learning-rate advice of one global batch, if the sweep ran it."""

@@ -161,7 +161,7 @@ class _Points:
         spent, only points not yet measured at all run, and then every point stops."""
         import time
 
-        from mbtune.sweeping.screen import MIN_SCREENED_GRID, calibration_points, first_count
+        from mbtune.sweeping.screen import MIN_SCREENED_GRID, first_points
 
         config = self.config
         self.order = {point: index for index, point in enumerate(points)}
@@ -171,7 +171,7 @@ class _Points:
         todo = [point for point in points if point not in self.done]
         self.unfinished = {point: self._measuring(point) for point in todo}
         if self.predictor is not None and config.screens and len(points) >= MIN_SCREENED_GRID:
-            first = set(calibration_points(todo, first_count(points)))
+            first = set(first_points(points))
             self.waiting = {p: self.unfinished.pop(p) for p in todo if p not in first}
         deadline = time.monotonic() + config.time_budget_s if config.time_budget_s and config.races else None
         rounds = 0
@@ -273,8 +273,7 @@ class _Points:
         separates it from the best already)."""
         from mbtune.sweeping.stopping import DROPPED, TIME_BUDGET
 
-        load = ", ".join(sorted({r.load.reason for r in self._current() if r.load is not None and r.load.busy}))
-        self.stopped_by = f"the time budget ({budget_s:g} s) was spent" + (f" (measured under load: {load})" if load else "")
+        self.stopped_by = f"the time budget ({budget_s:g} s) was spent" + load_seen(self._current())
         for point in list(self.unfinished):  # what the race can already say of each, it says
             verdict = self._verdict(point)
             if verdict.stopped == DROPPED:
@@ -363,6 +362,16 @@ def _balance(config: SweepConfig, points: Sequence[SweepPoint], device: str, thr
                                 seed=config.seed, precision=config.precision, threads=threads,
                                 timeout_s=config.point_timeout_s)
     return Balance(by="time", block_times_s=times, micro_batch_size=size)
+
+
+def load_seen(results: Sequence[PointResult]) -> str:
+    """How loaded the machine was while these were measured, where other processes loaded it at all."""
+    busy = [r.load for r in results if r.load is not None and r.load.busy]
+    if not busy:
+        return ""
+    shares = [b.other_cpu_share for b in busy if b.other_cpu_share is not None]
+    most = f", other processes taking up to {max(shares):.0%} of the CPUs" if shares else ""
+    return f", with the machine busy in {len(busy)} of {len(results)} points{most}"
 
 
 def _result_detail(result: PointResult) -> str:

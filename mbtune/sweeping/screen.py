@@ -20,17 +20,32 @@ from mbtune.sweeping.records import PointResult, PredictedPoint
 # rank), None where it cannot tell; raises ValueError where nothing measured can calibrate it yet.
 Predictor = Callable[[Sequence[PointResult], Sequence[SweepPoint]], Sequence[tuple[float, float | None] | None]]
 
-MIN_SCREENED_GRID = 10  # a grid smaller than this is measured whole: its first points would be most of it
+MIN_SCREENED_GRID = 12  # a grid smaller than this is measured whole: its first points would be most of it
 MIN_HELD_OUT = 4  # measured points the stated error needs (each predicted from the others)
 MIN_ERROR = 0.05  # the stated error is never taken below this: a repeat's own noise on this kind of machine
 SPLIT_BACKWARD = tuple(name for name, info in SCHEDULES.items() if info.splits_backward)
 
 
-def first_count(points: Sequence[SweepPoint]) -> int:
-    """How many points a screened grid measures before it predicts: two more than its schedules (every one
-    measured, the calibration's fit over-determined), at least MIN_HELD_OUT, at most half the grid."""
-    schedules = len({p.schedule for p in points})
-    return min(max(schedules + 2, MIN_HELD_OUT), len(points) // 2)
+def first_points(points: Sequence[SweepPoint]) -> list[SweepPoint]:
+    """The points a screened grid measures before it predicts: picked one at a time, each covering the most
+    settings not yet measured (schedule, micro-batch size, micro-batches, accumulation steps, replicas,
+    recompute), until every setting the grid uses is measured once (the rest is then predicted between
+    measured sizes, not beyond them), and at least two more than the grid's schedules (the calibration
+    over-determined) and MIN_HELD_OUT; at most half the grid."""
+    def settings(point: SweepPoint) -> set[tuple[str, object]]:
+        return {("schedule", point.schedule), ("mbs", point.micro_batch_size), ("m", point.num_micro_batches),
+                ("accum", point.grad_accum_steps), ("dp", point.data_parallel_size), ("rc", point.recompute)}
+
+    grid = list(dict.fromkeys(points))
+    wanted = set().union(*map(settings, grid)) if grid else set()
+    least = max(MIN_HELD_OUT, len({p.schedule for p in grid}) + 2)
+    chosen: list[SweepPoint] = []
+    covered: set[tuple[str, object]] = set()
+    while len(chosen) < len(grid) // 2 and (covered != wanted or len(chosen) < least):
+        pick = max((p for p in grid if p not in chosen), key=lambda p: len(settings(p) - covered))
+        chosen.append(pick)
+        covered |= settings(pick)
+    return chosen
 
 
 def held_out_error(predict: Predictor, results: Sequence[PointResult]) -> float | None:
@@ -85,7 +100,7 @@ def left_out(points: Sequence[SweepPoint], results: Sequence[PointResult], predi
         rate, memory = found
         out.append(PredictedPoint(
             point=point, samples_per_s=rate, peak_memory_bytes=None if memory is None else int(memory), error=error,
-            reason=f"predicted {1 - rate / bar:.0%} below the best measured; with its error ({error:.0%}) it could "
+            reason=f"{1 - rate / bar:.0%} below the best measured; with its error ({error:.0%}) it could "
                    f"be neither better nor within {size:.0%}, and it is not on the throughput-memory front"))
     return error, tuple(out)
 

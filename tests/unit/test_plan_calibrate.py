@@ -148,10 +148,23 @@ def test_calibrating_nothing_is_an_error() -> None:
 def test_fit_line_trimmed_mean_and_quantiles() -> None:
     assert quantiles(list(range(100)), count=4) == (12, 37, 62, 87)
     assert quantiles([5.0], count=3) == (5.0, 5.0, 5.0) and quantiles([]) == ()
-    assert fit_line({4: 0.5, 8: 0.9}) == LinearCost(fixed_s=pytest.approx(0.1), per_sample_s=pytest.approx(0.1))
+    assert fit_line({4: 0.5, 8: 0.9}) == LinearCost(fixed_s=pytest.approx(0.1), per_sample_s=pytest.approx(0.1),
+                                                    measured=((4, 0.5), (8, 0.9)))
     assert fit_line({4: 0.4}) == LinearCost(per_sample_s=0.1)
     assert fit_line({4: 0.4}, proportional_when_single=False) == LinearCost(fixed_s=0.4)
-    assert fit_line({4: 0.9, 8: 0.5}) == LinearCost(fixed_s=pytest.approx(0.7))  # noise: no negative slope
+    flat = fit_line({4: 0.9, 8: 0.5})
+    assert flat.fixed_s == pytest.approx(0.7) and flat.per_sample_s == 0.0  # noise: no negative slope
+
+
+def test_a_cost_follows_what_was_measured_between_the_sizes_and_the_line_beyond() -> None:
+    # Per sample 0.1 s at size 4 and 8, 0.2 s at 16 (past the caches): a line cannot follow both; the measured
+    # seconds are kept and joined between sizes, and the fitted line carries on beyond them.
+    cost = fit_line({4: 0.4, 8: 0.8, 16: 3.2})
+    assert cost.at(4) == pytest.approx(0.4) and cost.at(8) == pytest.approx(0.8) and cost.at(16) == pytest.approx(3.2)
+    assert cost.at(12) == pytest.approx(2.0)  # halfway between 0.8 and 3.2
+    assert cost.at(32) == pytest.approx(cost.fixed_s + cost.per_sample_s * 32)
+    both = cost.plus(fit_line({4: 0.1, 16: 0.4}))
+    assert both.at(8) == pytest.approx(0.8 + 0.2) and cost.scaled(2.0).at(12) == pytest.approx(4.0)
     assert trimmed_mean([1.0] * 9 + [100.0]) == 1.0
     assert trimmed_mean([2.0, 4.0]) == 3.0
 
