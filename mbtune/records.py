@@ -146,3 +146,18 @@ def frame(rows: Iterable[dict[str, Any]]) -> Any:
         if all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
             out[column] = out[column].astype(float)
     return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision(Record):
+    """How decided an answer is: `decided` (every other candidate told apart from the best), `equivalent` (the
+    rest shown equal to it within the declared size) or `not decided` (sweeping/equivalence.py for a sweep's
+    rows, serving/answers.py for serve's configurations)."""
+
+    state: str
+    size: float  # the declared size: a difference in throughput within it is equal
+    group: tuple[int, ...] = ()  # shown equal to the best, cheapest first (indices: a sweep's results, serve's answers)
+    open: tuple[int, ...] = ()  # not decided: neither told apart from the best nor shown equal to it
+    more_repeats: int | None = None  # not decided: about how many more repeats each of those (and the best) needs
+    more_time_s: float | None = None  # and about how long they would take, at each point's pace so far
+    why: str = ""  # not decided: what stopped the measuring first

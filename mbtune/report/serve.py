@@ -158,7 +158,17 @@ def summary_panel(report: ServeReport) -> Panel:
     grid.add_row("best", f"[bold green]{winner.config.label}[/]: {winner.max_rate_per_s:g} requests/s within the "
                          f"budget (p99 {fmt_seconds(winner.p99_at_max_s)})" if winner and winner.max_rate_per_s
                  else "[red]no configuration met the budget at any rate it ran[/]")
-    if report.ties:
+    decision = report.decision
+    if decision is not None:
+        size = f"{decision.size * 100:g}%"
+        equal = ", ".join(report.answers[i].config.label for i in decision.group)
+        still = ", ".join(report.answers[i].config.label for i in decision.open)
+        grid.add_row("decision", {"decided": "decided: no other configuration is tied with it",
+                                  "equivalent": f"equivalent: {equal}, highest rates within {size} of its own on the "
+                                                "same arrivals (any of them is as good an answer)"}.get(
+            decision.state, f"not decided: {still} tied with it, its highest rate more than {size} below"
+                            + (f"; {equal} within {size}" if equal else "")))
+    elif report.ties:
         tied = ", ".join(report.answers[i].config.label for i in report.ties)
         grid.add_row("tied with", f"{tied}: where each one's highest rate lies overlaps the best one's (a p99 near "
                                   "the budget counts either way), so a second run could name either")

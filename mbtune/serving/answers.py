@@ -10,6 +10,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from mbtune.records import Decision
 from mbtune.serving import simulate
 from mbtune.serving.config import ServeConfig
 from mbtune.serving.records import BatchConfig, ConfigAnswer, ConfigRun, LoadResult
@@ -138,3 +139,22 @@ def tied_with_best(answers: Sequence[ConfigAnswer], best: int | None) -> tuple[i
     return tuple(i for i, a in enumerate(answers) if i != best and a.ran
                  and below(a.bracket_low_per_s, top.bracket_high_per_s)
                  and below(top.bracket_low_per_s, a.bracket_high_per_s))
+
+
+def decide(answers: Sequence[ConfigAnswer], best: int | None, size: float) -> Decision | None:
+    """serve's decision by the sweep's rule (equal within a declared size is an answer): `decided` where no
+    configuration is tied with the best (tied_with_best), `equivalent` where every tied one sustained a highest
+    rate within `size` of the best one's (every arrival sequence the same, seed for seed, so the rates compare
+    configuration for configuration), listed least waiting, then least holding first; `not decided` where a
+    tied one's highest rate lies further below. None where nothing met the budget."""
+    if best is None or answers[best].max_rate_per_s is None:
+        return None
+    top = answers[best].max_rate_per_s or 0.0
+    tied = tied_with_best(answers, best)
+    group = tuple(sorted((i for i in tied if (answers[i].max_rate_per_s or 0.0) >= top * (1 - size)),
+                         key=lambda i: (answers[i].config.max_queue_delay_s, answers[i].config.max_batch_size)))
+    still = tuple(i for i in tied if i not in group)
+    state = "not decided" if still else "equivalent" if group else "decided"
+    return Decision(state=state, size=size, group=group, open=still,
+                    why="a tied configuration's highest rate lies further below the best one's than the size; "
+                        "more --rates between them, or a second look, would settle it" if still else "")

@@ -67,6 +67,9 @@ def pin_process(cores: tuple[int, ...]) -> None:
         os.sched_setaffinity(0, cores)
 
 
+SERVE_EQUIVALENCE = 0.10
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServeConfig:
     """Settings of `mbtune serve`: find the dynamic-batching configuration that sustains the highest
@@ -97,6 +100,9 @@ class ServeConfig:
     strategy: str = "grid"  # grid: every configuration; quick: those the simulator finds promising
     recheck: bool = True  # measure the loads that decide the choice a second time (serving/answers.py to_confirm)
     seed: int = 0
+    # Equal is an answer: configurations tied with the best whose highest rates lie within this share of its
+    # own are equivalent to it (the default rate ladder's rungs lie about 10% apart: neighbours are equal).
+    equivalence: float = SERVE_EQUIVALENCE
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     command_line: str = ""
@@ -108,6 +114,7 @@ class ServeConfig:
                 object.__setattr__(self, name, (value,))
         check_types(self)
         object.__setattr__(self, "device", parse_device(self.device))
+        _require(0 < self.equivalence < 0.5, "equivalence", self.equivalence, "a share between 0% and 50%, e.g. 10%")
         _require(math.isfinite(self.p99_budget_s) and self.p99_budget_s > 0, "p99_budget_s", self.p99_budget_s,
                  "a duration above 0 (e.g. 50ms)")
         _require(self.rates is None or (bool(self.rates) and all(math.isfinite(r) and r > 0 for r in self.rates)),

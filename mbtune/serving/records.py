@@ -10,7 +10,7 @@ from typing import Any
 
 from mbtune.probing.records import ProbeResult
 from mbtune.recordio import Record
-from mbtune.records import DeviceInfo, MachineLoad, frame, pct
+from mbtune.records import Decision, DeviceInfo, MachineLoad, frame, pct
 from mbtune.serving.traffic import LOAD_KINDS, POISSON
 from mbtune.validation import require
 
@@ -225,6 +225,7 @@ class ServeReport(Record):
     answers: tuple[ConfigAnswer, ...] = ()
     best: int | None = None  # index into answers: the configuration that sustains the highest rate
     ties: tuple[int, ...] = ()  # answers whose bracket overlaps the best one's: on this evidence, tied with it
+    decision: Decision | None = None  # how decided the choice is (serving/answers.py decide)
     strategy: str = "grid"
     simulator: SimulatorCheck | None = None
     skipped: tuple[str, ...] = ()  # configurations and rates not run, each with its reason

@@ -20,7 +20,7 @@ from mbtune.errors import ConfigError, Interrupted, TrialFailedError
 from mbtune.probing.records import ProbeResult, TrialOutcome
 from mbtune.records import OK
 from mbtune.serving import simulate
-from mbtune.serving.answers import answer, best_answer, measured, tied_with_best, to_confirm
+from mbtune.serving.answers import answer, best_answer, decide, measured, tied_with_best, to_confirm
 from mbtune.serving.config import DEFAULT_MAX_BATCH_SIZES, DEFAULT_RATE_SHARES, ServeConfig
 from mbtune.serving.records import (
     BatchConfig,
@@ -89,7 +89,8 @@ def serve_workload(config: ServeConfig, progress: TrialProgress | None = None,
     return ServeReport(
         workload=config.workload, workload_options=dict(config.workload_options), device=ceiling.device,
         precision=config.precision, p99_budget_s=config.p99_budget_s, ceiling=ceiling, curve=curve,
-        runs=tuple(runs), answers=answers, best=best, ties=tied_with_best(answers, best), strategy=config.strategy,
+        runs=tuple(runs), answers=answers, best=best, ties=tied_with_best(answers, best),
+        decision=decide(answers, best, config.equivalence), strategy=config.strategy,
         simulator=_validation(runs, curve, fit), skipped=tuple(skipped), warnings=tuple(warnings),
         threads=curve.threads, interrupted=interrupted, queue_timeout_s=config.queue_timeout,
         generator_capacity_per_s=generator)

@@ -10,7 +10,7 @@ from mbtune.pipeline.point import SweepPoint
 from mbtune.recordio import (
     Record,
 )
-from mbtune.records import OK, DeviceInfo, IdleShares, MachineLoad, NvmlSummary, Outcome, TimelineAction, frame, pct
+from mbtune.records import OK, Decision, DeviceInfo, IdleShares, MachineLoad, NvmlSummary, Outcome, TimelineAction, frame, pct
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,20 +42,6 @@ class PredictedPoint(Record):
     peak_memory_bytes: int | None = None  # predicted, on the busiest rank
     error: float  # the prediction's stated error: its largest miss on a measured point it had not seen
     reason: str  # why it was not measured
-
-
-@dataclass(frozen=True, kw_only=True)
-class Decision(Record):
-    """How decided a sweep's answer is (sweeping/equivalence.py): `decided` (every other row told apart from the
-    best), `equivalent` (the rest shown equal to it within the declared size) or `not decided`."""
-
-    state: str
-    size: float  # the declared size: a difference in throughput within it is equal
-    group: tuple[int, ...] = ()  # rows shown equal to the best, by peak memory then simplicity (indices into results)
-    open: tuple[int, ...] = ()  # not decided: rows neither told apart from the best nor shown equal to it
-    more_repeats: int | None = None  # not decided: about how many more repeats each of those (and the best) needs
-    more_time_s: float | None = None  # and about how long they would take, at each point's pace so far
-    why: str = ""  # not decided: what stopped the measuring first
 
 
 @dataclass(frozen=True, kw_only=True)

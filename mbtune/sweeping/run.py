@@ -230,8 +230,9 @@ class _Points:
         self.waiting = {}
         measured = len({r.point for r in current})
         if error is None:
+            busy = any(r.load is not None and r.load.busy for r in current)
             self.screen_note = (f"measured every point: the simulator, calibrated on the first {measured}, could not "
-                                "state its error on them")
+                                "state its error on them" + (" (measured while the machine was busy)" if busy else ""))
         else:
             self.screen_note = (f"predicted the grid from {measured} measured points (the simulator's largest miss on a "
                                 f"point it had not seen: {error:.0%}); {len(self.predicted)} point(s) left out as "

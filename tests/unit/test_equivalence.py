@@ -162,6 +162,12 @@ def test_a_prediction_that_misses_more_than_the_gap_leaves_nothing_out():
     assert held_out_error(truth, measured) == pytest.approx(0.15)
     assert left_out(GRID, measured, truth, size=0.03, fixed_global_batch=True)[1] == ()
     assert held_out_error(truth, measured[:3]) is None  # too few to state an error: nothing is left out
+    # A point measured while the machine was busy: no error is stated on loaded figures, nothing is left out.
+    from dataclasses import replace
+
+    loaded = [replace(measured[0], load=MachineLoad(busy=True, reason="other processes took 50% of the CPUs")),
+              *measured[1:]]
+    assert held_out_error(_Truth(rates, memory), loaded) is None
 
 
 class _Machine:

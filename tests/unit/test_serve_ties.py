@@ -50,6 +50,21 @@ def test_configurations_whose_brackets_overlap_the_best_ones_are_tied_with_it():
     assert tied_with_best(answers, None) == ()
 
 
+def test_serve_decides_by_the_sweeps_rule_equal_within_a_declared_size_is_an_answer():
+    from mbtune.serving.answers import decide
+
+    # The best sustains 400/s; configuration 2 is tied with it at 400/s too (the same rung): equal within 10%.
+    same = [_answer(1, 400, 500), _answer(2, 400, 500), _answer(4, 200, 300)]
+    decision = decide(same, 0, 0.10)
+    assert decision.state == "equivalent" and decision.group == (1,) and decision.open == ()
+    # Tied at 300/s, a quarter below: within the brackets' noise, but not within 10%: not decided.
+    apart = [_answer(1, 400, 500), _answer(2, 300, 500)]
+    assert decide(apart, 0, 0.10).state == "not decided" and decide(apart, 0, 0.10).open == (1,)
+    assert decide(apart, 0, 0.30).state == "equivalent"  # a declared 30% holds it
+    assert decide([_answer(1, 400, 500), _answer(2, 100, 200)], 0, 0.10).state == "decided"
+    assert decide(same, None, 0.10) is None
+
+
 def test_the_p99_interval_is_the_order_statistics_a_binomial_count_puts_it_between():
     from mbtune.serving.traffic import percentile, quantile_interval, relative_half
 
