@@ -146,7 +146,14 @@ class Measuring:
 
         kept = self._kept()
         if self._merged is None or self._merged[0] != len(kept) + len(self.runs):
-            self._merged = (len(kept) + len(self.runs), merge_repeats(kept))
+            merged = merge_repeats(kept)
+            if not any(b is not None for b in merged.peak_memory_bytes):
+                # The repeat that counted memory ran while the machine was busy and was run again uncounted: a
+                # CPU load moves time, not the bytes held, so its count stands.
+                counted = next((r for r in self.busy if any(b is not None for b in r.peak_memory_bytes)), None)
+                if counted is not None:
+                    merged = replace(merged, peak_memory_bytes=counted.peak_memory_bytes)
+            self._merged = (len(kept) + len(self.runs), merged)
         rounds = tuple(self.rounds) if self.round and self.runs else ()
         return replace(self._merged[1], stopped=self.stopped, busy_reruns=self.reruns, repeat_rounds=rounds)
 

@@ -230,3 +230,23 @@ def test_a_machine_busy_throughout_keeps_every_points_figures(monkeypatch):
     assert all(r.ok and r.samples_per_s and r.warnings for r in points.results)
     # A lasting load is the machine's state: busy repeats are kept, not run again and again.
     assert sum(r.busy_reruns for r in points.results) <= repeat.LoadStreak.LASTING
+
+
+def test_memory_counted_by_a_busy_repeat_run_again_stands(monkeypatch):
+    from dataclasses import replace
+
+    grid = [_point(2), _point(4)]
+    machine = _Machine({p: 100.0 for p in grid})
+    calls = iter(range(1000))
+
+    def first_busy_and_counted(point, config, *args, **kwargs):
+        result = machine(point, config, *args, **kwargs)
+        if next(calls) == 0:  # the first repeat counts memory, while the machine was busy
+            return replace(result, load=MachineLoad(busy=True, reason="a moment's load"), peak_memory_bytes=(123,))
+        return replace(result, peak_memory_bytes=(None,))  # kept processes count memory once
+
+    points = _points(monkeypatch, machine, grid, time_budget_s=None)
+    monkeypatch.setattr(repeat, "run_point", first_busy_and_counted)
+    points.run_all(grid)
+    first = next(r for r in points.results if r.point == grid[0])
+    assert first.busy_reruns == 1 and first.peak_memory_bytes == (123,)
