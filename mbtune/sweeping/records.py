@@ -10,7 +10,18 @@ from mbtune.pipeline.point import SweepPoint
 from mbtune.recordio import (
     Record,
 )
-from mbtune.records import OK, Decision, DeviceInfo, IdleShares, MachineLoad, NvmlSummary, Outcome, TimelineAction, frame, pct
+from mbtune.records import (
+    OK,
+    Decision,
+    DeviceInfo,
+    IdleShares,
+    MachineLoad,
+    NvmlSummary,
+    Outcome,
+    TimelineAction,
+    frame,
+    pct,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
