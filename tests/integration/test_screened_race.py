@@ -35,6 +35,6 @@ def test_a_screened_race_measures_or_predicts_every_point_and_decides_on_what_it
 
 def test_measure_all_measures_every_point(monkeypatch):
     monkeypatch.delenv("MBTUNE_REPEATS", raising=False)
-    report = mbtune.sweep(**GRID, measure_all=True, time_budget="5s")
+    report = mbtune.sweep(**{**GRID, "time_budget": "5s"}, measure_all=True)
     assert not report.predicted and len(report.results) == 12
     assert report.decision is not None

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from mbtune.intervals import t95, t975
+from mbtune.intervals import Z95, t95, t975
 from mbtune.pipeline.point import SweepPoint
 from mbtune.pipeline.rank_device import own_cores
 from mbtune.sweeping.measured import merge_repeats
@@ -31,6 +31,10 @@ POINT = SweepPoint(schedule="gpipe", num_ranks=2, num_micro_batches=2, grad_accu
 def test_t_quantiles_match_the_published_table_and_approach_the_normal():
     assert t975(1) == pytest.approx(12.706, abs=5e-4) and t975(4) == pytest.approx(2.776, abs=5e-4)
     assert t975(30) == pytest.approx(2.042, abs=5e-4) and t95(10) == pytest.approx(1.812, abs=5e-4)
+    from scipy import stats
+
+    assert Z95 == pytest.approx(stats.norm.ppf(0.975), rel=1e-12)
+    assert all(t975(d) == pytest.approx(stats.t.ppf(0.975, d), rel=1e-9) for d in (1, 2, 5, 30, 200))
     assert t975(60) == pytest.approx(2.000, abs=0.002) and t975(120) == pytest.approx(1.980, abs=0.002)
     assert all(t975(d) > t975(d + 1) > 1.959964 for d in range(1, 200))
     with pytest.raises(ValueError):
