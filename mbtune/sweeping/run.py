@@ -184,6 +184,7 @@ class _Points:
                 visit.sort(key=lambda p: -(self.unfinished[p].rate() or 0.0))
             # Points of one placement one after another: kept rank processes serve them all (a stable sort).
             visit.sort(key=lambda p: p.num_processes)
+            ran = False  # whether this round ran a repeat (not every point was held back by the time budget)
             for point in visit:
                 measuring = self.unfinished.get(point)
                 if measuring is None:
@@ -201,9 +202,11 @@ class _Points:
                     self.progress.working(f"{self.standing}{point.label}, repeat {len(measuring.runs) + 1}"
                                           f"{measuring.so_far()}")
                 measuring.repeat()
+                ran = True
                 if measuring.stopped:
                     self._stop(point, measuring.stopped)
-            if deadline is not None and time.monotonic() >= deadline and self.unfinished and not self.waiting:
+            if (deadline is not None and self.unfinished and not self.waiting
+                    and (not ran or time.monotonic() >= deadline)):
                 self._out_of_time(config.time_budget_s or 0.0)
             if config.races:
                 self.standing = self._standing(rounds)

@@ -250,3 +250,27 @@ def test_memory_counted_by_a_busy_repeat_run_again_stands(monkeypatch):
     points.run_all(grid)
     first = next(r for r in points.results if r.point == grid[0])
     assert first.busy_reruns == 1 and first.peak_memory_bytes == (123,)
+
+
+def test_a_round_that_the_budget_holds_back_entirely_ends_the_race(monkeypatch):
+    # Each repeat takes 10 s of the clock and nothing else moves it: after the first round (30 s of a 35 s
+    # budget) every next repeat would end past the budget, though the budget is not yet spent.
+    grid = [_point(m) for m in (2, 4, 8)]
+    machine = _Machine({p: 100.0 + p.num_micro_batches for p in grid})
+    now = {"t": 0.0, "reads": 0}
+
+    def clock() -> float:
+        now["reads"] += 1
+        assert now["reads"] < 10_000, "the race spun without measuring"
+        return now["t"]
+
+    def ten_seconds(point, config, *args, **kwargs):
+        now["t"] += 10.0
+        return machine(point, config, *args, **kwargs)
+
+    monkeypatch.setattr("time.monotonic", clock)
+    points = _points(monkeypatch, machine, grid, time_budget_s=35.0)
+    monkeypatch.setattr(repeat, "run_point", ten_seconds)
+    points.run_all(grid)
+    assert len(machine.order) == 3 and {r.stopped for r in points.results} <= {"time budget", "dropped"}
+    assert "time budget (35 s) was spent" in points.stopped_by
