@@ -49,9 +49,16 @@ def decision_line(report: SweepReport) -> str | None:
                 "first); the rest are told apart")
     settle = ""
     if decision.more_repeats is not None and decision.more_time_s is not None:
-        settle = (f"; about {decision.more_repeats} more repeat(s) each, ~{decision.more_time_s:.0f} s, would settle "
-                  f"them (--time-budget)")
+        settle = (f"; about {decision.more_repeats} more repeat(s) each, ~{_duration(decision.more_time_s)}, would "
+                  f"settle them (--time-budget)")
     why = f"; stopped: {decision.why}" if decision.why else ""
     also = f"; {group} shown within {size}" if group else ""
     return (f"not decided: best so far {head}, {len(decision.open)} row(s) neither told apart from it nor "
             f"shown within {size}{also}{settle}{why}")
+
+
+def _duration(seconds: float) -> str:
+    """A wait in the unit that reads best: seconds, minutes or hours."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 2 * 3600 else f"{seconds / 3600:.1f} h"
