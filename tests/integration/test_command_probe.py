@@ -109,7 +109,10 @@ MANUAL = str(Path(__file__).parents[1] / "fixtures" / "train_scripts" / "manual_
 
 def test_a_script_without_a_torch_optimizer_is_stepped_by_the_line_it_prints() -> None:
     command = (sys.executable, MANUAL, "--batch-size", "{batch}")
-    unseen = run_command_trial(CommandTrial(command=command, memory_budget_bytes=BUDGET, timeout_s=5), 8)
+    # Long enough for a loaded machine to start python and torch and allocate (5 s was not, once), and steps
+    # enough that the script is still training when the deadline ends it.
+    endless = (*command, "--steps", "100000000")
+    unseen = run_command_trial(CommandTrial(command=endless, memory_budget_bytes=BUDGET, timeout_s=20), 8)
     assert unseen.status == TIMEOUT and "0 optimizer step(s) of the 3" in unseen.error
     assert "--steps-from-output REGEX" in unseen.error and unseen.peak_memory_bytes  # reported when stopped
     printed = run_command_trial(CommandTrial(command=command, memory_budget_bytes=BUDGET,
@@ -139,8 +142,9 @@ def _running(marker: str) -> list[str]:
 def test_a_hung_script_is_stopped_at_its_time_with_what_it_made_and_nothing_left_running(tmp_path: Path) -> None:
     marker = str(tmp_path / "hang-marker")  # an argument no other process has
     command = (sys.executable, MANUAL, "--batch-size", "{batch}", "--optimizer", "--hang-at", "1", "--tag", marker)
-    hung = run_command_trial(CommandTrial(command=command, memory_budget_bytes=BUDGET, timeout_s=6), 8)
-    assert hung.status == TIMEOUT and "still running after 6 s (--trial-timeout), 1 optimizer step(s) of the 3" \
+    # Long enough for a loaded machine to start python and torch and make its one step before it hangs.
+    hung = run_command_trial(CommandTrial(command=command, memory_budget_bytes=BUDGET, timeout_s=15), 8)
+    assert hung.status == TIMEOUT and "still running after 15 s (--trial-timeout), 1 optimizer step(s) of the 3" \
         in hung.error
-    assert hung.peak_memory_bytes and hung.wall_s < 6 + 10
+    assert hung.peak_memory_bytes and hung.wall_s < 15 + 10
     assert _running(marker) == []
