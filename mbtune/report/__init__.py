@@ -52,6 +52,11 @@ def fmt_seconds(value: float | None) -> str:
     return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
+def fmt_pct(value: float | None, scale: float = 100.0) -> str:
+    """A share as a percentage with one decimal ("n/a" for none)."""
+    return "n/a" if value is None else f"{value * scale:.1f}%"
+
+
 def fmt_rate(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.1f}"
 

@@ -12,15 +12,20 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from mbtune.report import document_stream, fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
+from mbtune.report import (
+    document_stream,
+    fmt_bytes,
+    fmt_pct,
+    fmt_rate,
+    fmt_seconds,
+    key_value_grid,
+    print_json,
+    print_warnings,
+)
 from mbtune.report.probe import cause_line
 from mbtune.report.sweep_lines import decision_line, point_warnings
 from mbtune.report.sweep_tradeoffs import recompute_table, tradeoff_table
 from mbtune.sweeping.records import PointResult, PredictedPoint, SweepReport
-
-
-def _pct(value: float | None, scale: float = 100.0) -> str:
-    return "n/a" if value is None else f"{value * scale:.1f}%"
 
 
 def results_table(report: SweepReport, *, console: Console | None = None) -> Table:
@@ -209,7 +214,7 @@ def _row(position: int, result: PointResult, marks: str, lr: str = "") -> dict[s
             "step (cv)": fmt_seconds(result.step_time_median_s) + cv,
             "all-reduce": fmt_seconds(result.allreduce_s) if result.allreduce_s is not None else "",
             "imbal": f"{result.stage_imbalance:.2f}x" if result.stage_imbalance is not None else "",
-            "bubble": f"{_pct(result.bubble_measured)}{bubble_range} / {_pct(result.bubble_theoretical)}",
+            "bubble": f"{fmt_pct(result.bubble_measured)}{bubble_range} / {fmt_pct(result.bubble_theoretical)}",
             "peak mem": fmt_bytes(result.max_peak_memory_bytes),
             "MFU": "unknown" if result.mfu_pct is None else f"{result.mfu_pct:.1f}%",
             "kernel active": _kernel_active(result)}
@@ -258,16 +263,16 @@ def best_panel(report: SweepReport) -> Panel:
                 else _range(best.samples_per_s_min, best.samples_per_s_max, fmt_rate))
     grid.add_row("throughput", f"{fmt_rate(best.samples_per_s)} samples/s" + interval
                  + (f", {fmt_rate(best.tokens_per_s)} tokens/s" if best.tokens_per_s else ""))
-    grid.add_row("bubble", f"measured {_pct(best.bubble_measured)}"
+    grid.add_row("bubble", f"measured {fmt_pct(best.bubble_measured)}"
                  + _range(best.bubble_measured_min, best.bubble_measured_max, _bare_pct)
-                 + f", theory {_pct(best.bubble_theoretical)}")
+                 + f", theory {fmt_pct(best.bubble_theoretical)}")
     if report.decision is not None and report.decision.group:
         equal = ", ".join(report.results[i].point.label for i in report.decision.group)
         grid.add_row("equivalent", f"{equal}: within {report.decision.size:.0%} of this one (95% equivalence "
                                    "test), least memory first: any of them is as good an answer")
     if best.idle is not None:
-        grid.add_row("bubble, by cause", f"{_pct(best.idle.schedule)} schedule + {_pct(best.idle.transfer)} transfer"
-                     f" + {_pct(best.idle.overhead)} overhead")
+        grid.add_row("bubble, by cause", f"{fmt_pct(best.idle.schedule)} schedule + {fmt_pct(best.idle.transfer)} transfer"
+                     f" + {fmt_pct(best.idle.overhead)} overhead")
     if best.allreduce_s is not None and best.step_time_median_s:
         grid.add_row("all-reduce", f"{fmt_seconds(best.allreduce_s)} per step over {point.data_parallel_size} "
                      f"replicas ({best.allreduce_s / best.step_time_median_s:.0%} of the step)")

@@ -6,12 +6,8 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from mbtune.report import fmt_bytes, fmt_rate, fmt_seconds
+from mbtune.report import fmt_bytes, fmt_pct, fmt_rate, fmt_seconds
 from mbtune.sweeping.records import SweepReport
-
-
-def _pct(value: float | None, scale: float = 100.0) -> str:
-    return "n/a" if value is None else f"{value * scale:.1f}%"
 
 
 def tradeoff_table(report: SweepReport) -> Table:
@@ -31,7 +27,7 @@ def tradeoff_table(report: SweepReport) -> Table:
         r = report.results[index]
         split = f"{r.point.num_micro_batches} x {r.point.grad_accum_steps}"
         table.add_row(str(r.point.micro_batch_size), split + (f" x {r.point.data_parallel_size}" if replicas else ""),
-                      fmt_rate(r.samples_per_s), _pct(r.bubble_measured), _per_sample(r.compute_per_sample_s),
+                      fmt_rate(r.samples_per_s), fmt_pct(r.bubble_measured), _per_sample(r.compute_per_sample_s),
                       fmt_bytes(r.max_peak_memory_bytes), "best" if index == report.ranking[0] else "",
                       style="bold green" if index == report.ranking[0] else "")
     if report.padding:
@@ -39,8 +35,8 @@ def tradeoff_table(report: SweepReport) -> Table:
         table.caption = (f"m={won.point.num_micro_batches} x accum={won.point.grad_accum_steps} beats "
                          f"m={lost.point.num_micro_batches} x accum={lost.point.grad_accum_steps} at the same "
                          f"micro-batch size: one pipeline step of more micro-batches fills the drain that the next "
-                         f"accumulation step's would leave idle (bubble {_pct(won.bubble_measured)} against "
-                         f"{_pct(lost.bubble_measured)}, {fmt_rate(won.samples_per_s)} against "
+                         f"accumulation step's would leave idle (bubble {fmt_pct(won.bubble_measured)} against "
+                         f"{fmt_pct(lost.bubble_measured)}, {fmt_rate(won.samples_per_s)} against "
                          f"{fmt_rate(lost.samples_per_s)} samples/s, peak memory {fmt_bytes(won.max_peak_memory_bytes)} "
                          f"against {fmt_bytes(lost.max_peak_memory_bytes)})")
     return table
