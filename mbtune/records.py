@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mbtune.recordio import (  # noqa: F401 - the loader's names are part of this module's interface
@@ -93,6 +93,42 @@ class MachineLoad(Record):
     other_gpu_processes: tuple[str, ...] = ()  # NVML: processes on the point's GPUs that are not the point's
     busy: bool = False
     reason: str = ""  # why it counts as busy
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuState(Record):
+    """One GPU's state over a run, from NVML: clocks, the clock-event (throttle) reasons and the share of
+    samples each was active in, temperature, power, ECC error counts and the PCIe link."""
+
+    uuid: str
+    name: str = ""
+    num_samples: int = 0
+    sm_clock_mhz_median: float | None = None
+    sm_clock_mhz_max: float | None = None  # the highest SM clock the GPU can run at
+    memory_clock_mhz_median: float | None = None
+    throttle_shares: dict[str, float] = field(default_factory=dict)  # reason -> share of samples it was active
+    temperature_c_max: float | None = None
+    power_w_median: float | None = None
+    power_limit_w: float | None = None
+    ecc_corrected: int | None = None  # volatile counts, since the driver last loaded
+    ecc_uncorrected: int | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_max_generation: int | None = None
+    pcie_max_width: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MachineState(Record):
+    """The state a measurement ran in: the CPUs' load, steal time and frequency where the kernel gives them,
+    each GPU's NVML state, and the versions of what ran it."""
+
+    num_samples: int = 0
+    load_avg_1m_median: float | None = None
+    steal_pct: float | None = None  # CPU time a neighbouring virtual machine took, share of all CPU time
+    cpu_mhz_median: float | None = None
+    gpus: tuple[GpuState, ...] = ()
+    versions: dict[str, str] = field(default_factory=dict)  # mbtune, torch, cuda, driver where known
 
 
 @dataclass(frozen=True, kw_only=True)
