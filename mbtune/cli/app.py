@@ -37,5 +37,5 @@ def _root(
 
 
 # The commands, in the order --help lists them; each module declares its commands' options and nothing else.
-for command in (train.probe, train.confirm, train.sweep, train.tune, serve.serve, ci.show, ci.qualify, ci.compare, plan.plan, ci.check):
+for command in (train.probe, train.confirm, train.sweep, train.tune, serve.serve, ci.show, ci.qualify, ci.history, ci.compare, plan.plan, ci.check):
     app.command()(command)

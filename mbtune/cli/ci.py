@@ -79,6 +79,7 @@ def qualify(
     junit: Annotated[Path | None, typer.Option("--junit", help="Write a JUnit XML file: one testcase per check.")] = None,
     profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = PROFILES / "qualify-runs",
     save: Save = True,
+    history: Annotated[bool, typer.Option(help="Add this run to the history of this machine against this baseline (or spec) in --profiles-dir/history, and name the latest step of each gating check's series (see mbtune history).")] = True,
     resume: Resume = False,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
     launcher: Launcher = S.launcher,
@@ -114,13 +115,36 @@ def qualify(
                               allow_different_device=allow_different_device, command_line=command_line(),
                               said=note_on_stderr)
     verdict = with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=target_folder(profiles_dir, save),
-                                                               repeats=repeats, launch=launch, resume=resume))
+                                                               repeats=repeats, launch=launch, resume=resume,
+                                                               history_dir=profiles_dir if history and save else None,
+                                                               against=str(baseline or spec)))
     if junit is not None:
         write_junit(verdict, junit)
     print_verdict(make_console(), verdict, fmt)
     if verdict.sweep is not None and verdict.sweep.interrupted:  # a verdict on part of the points is no verdict
         raise typer.Exit(interrupted_exit_code())
     raise typer.Exit(exit_code(verdict.status))
+
+
+def history(
+    profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="The folder qualify's --profiles-dir wrote to; its histories are under history/.")] = PROFILES / "qualify-runs",
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG per history into this folder: each gating check's series, its steps marked (needs matplotlib).")] = None,
+    format: Format = "table",
+    output: Output = None,
+) -> None:
+    """Show every qualification run kept, each gating check's series, and the steps found in them."""
+    from mbtune.qualifying.history import read_histories
+    from mbtune.report import make_console
+    from mbtune.report.history import print_histories, write_history_plots
+
+    fmt = check_output(check_format(format), output)
+    check_outputs(plot_dir=plot)
+    shown = read_histories(profiles_dir)
+    with printing_to(output):
+        print_histories(make_console(), shown, fmt)
+    if plot is not None:
+        for path in write_history_plots(shown, plot):
+            say_on_stderr(f"wrote {path}")
 
 
 def compare(

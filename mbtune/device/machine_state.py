@@ -93,6 +93,16 @@ def steal_pct(first: tuple[int, int] | None, last: tuple[int, int] | None) -> fl
     return 100.0 * (last[0] - first[0]) / (last[1] - first[1])
 
 
+def run_versions() -> dict[str, str]:
+    """The versions a run records: mbtune's, torch's and the CUDA torch was built with (NVML adds the
+    driver's)."""
+    import torch
+
+    from mbtune.version import __version__
+
+    return {"mbtune": __version__, "torch": torch.__version__, "cuda": torch.version.cuda or ""}
+
+
 class StateSampler:
     """Context manager: samples the machine's state every `interval_s` until it exits; `state()` after.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mbtune.probing.records import ProbeResult
-from mbtune.records import DeviceInfo, Record
+from mbtune.records import DeviceInfo, MachineState, Record
 from mbtune.sweeping.records import SweepReport
 
 PASS, FAIL = "PASS", "FAIL"  # a check's status; ERROR (upper case) when it could not be measured
@@ -29,6 +29,62 @@ class Check(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Change(Record):
+    """A step in one check's series of runs: at which run (numbered from 1) and when, the mean after over
+    the mean before less one with its 95% half-interval (percent), and the t-test's p."""
+
+    check: str
+    run: int
+    started_at: str
+    change_pct: float
+    half_pct: float
+    p_value: float
+    before: float
+    after: float
+
+    @property
+    def words(self) -> str:
+        """e.g. "best throughput (samples/s) changed at run 14 (2026-12-07): -8.1% +-2.0%"."""
+        day = self.started_at[:10] or "date unknown"
+        return f"{self.check} changed at run {self.run} ({day}): {self.change_pct:+.1f}% ±{self.half_pct:.1f}%"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCheck(Record):
+    """One check of a kept run: its status, figure and spread."""
+
+    name: str
+    status: str
+    measured: float | None = None
+    spread_pct: float | None = None
+    gating: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistoryRun(Record):
+    """One qualification run as its history keeps it."""
+
+    run: int  # numbered from 1 in its history
+    started_at: str
+    status: str
+    wall_s: float = 0.0
+    tolerance: float = 0.10
+    device: str = ""
+    checks: tuple[RunCheck, ...] = ()
+    state: MachineState | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class History(Record):
+    """Every qualification run of one machine against one baseline (or spec), oldest first."""
+
+    history_version: int
+    machine: str  # the host name
+    baseline: str  # the baseline profile (or spec) the runs were judged against, as first given
+    runs: tuple[HistoryRun, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Verdict(Record):
     """The outcome of `mbtune qualify`: every check, and what was measured."""
 
@@ -42,6 +98,10 @@ class Verdict(Record):
     sweep: SweepReport | None = None
     started_at: str = ""  # when the qualification began, ISO 8601 in UTC
     wall_s: float = 0.0  # how long it took, everything included
+    state: MachineState | None = None  # the machine's state while it ran
+    history: str | None = None  # the history file this run was added to
+    run: int | None = None  # this run's number in that history
+    changes: tuple[Change, ...] = ()  # the latest step of each gating check's series, where one is found
 
     @property
     def status(self) -> str:

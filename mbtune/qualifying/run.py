@@ -19,7 +19,10 @@ from mbtune.errors import (
 from mbtune.pipeline.nodes import Nodes
 from mbtune.probing.config import ProbeConfig
 from mbtune.progress import TrialProgress
-from mbtune.qualifying.records import Verdict
+from mbtune.device.machine_state import StateSampler, run_versions
+from mbtune.qualifying.history import add_run, history_path, latest_changes, read_history
+from mbtune.qualifying.records import FAIL, PASS, Check, Verdict
+from mbtune.qualifying.state import state_check, throttle_check
 from mbtune.qualifying.spec import QualifySpec
 from mbtune.saving.profiles import Profile
 from mbtune.saving.session import run_probe, run_tune
@@ -34,7 +37,8 @@ _RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
 
 def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
                 profiles_dir: Path | None, repeats: int | None = None,
-                launch: Nodes | None = None, resume: bool = False) -> Verdict:
+                launch: Nodes | None = None, resume: bool = False, history_dir: Path | None = None,
+                against: str = "") -> Verdict:
     """Re-run a baseline's (or a spec's) probe and sweep here and judge them: PASS, FAIL, INCONCLUSIVE or
     ERROR per check (see mbtune.qualifying.judge). Each sweep point runs `repeats` times, each in fresh
     processes, or by default until the 95% interval of its throughput is a quarter of the tolerance wide
@@ -43,7 +47,9 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     Bad input (an unreadable baseline, another device model) raises; a run that cannot complete (no
     device, a crash, a trial killed) becomes an ERROR check, so CI gets a verdict either way. `launch`:
     the nodes a torchrun launch spans (SweepConfig.launch), for the sweep; `resume`: continue
-    an interrupted qualification from its runs' journals."""
+    an interrupted qualification from its runs' journals. With `history_dir`, the run is added to the
+    history of this machine against `against` (the baseline's or spec's path; qualifying/history.py), read
+    before anything is measured, and the latest step of each gating check's series is named."""
     from mbtune.device import resolve_device
     from mbtune.qualifying import judge as qualify
     from mbtune.qualifying.compare import check_same_device, device_model
@@ -56,6 +62,9 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
         raise ConfigError(f"repeats={repeats} is out of range",
                           hint="Use --repeats 1 or more, or leave it out to measure each point until known.")
     baseline = load_profile(Path(spec.baseline)) if spec.baseline else None
+    kept = history_path(history_dir, baseline, against) if history_dir is not None else None
+    if kept is not None:
+        read_history(kept)  # a damaged or newer history is refused before anything is measured
     probe_config, sweep_config = _qualify_configs(spec, baseline, repeats)
     if sweep_config is not None and repeats is None:
         # A qualification aims at a narrower interval than a sweep (a quarter of its tolerance) and runs
@@ -70,7 +79,9 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
                                            join_timeout_s=launch.join_timeout_s)
     probe = sweep = info = None
     probe_error = None
+    sampler = StateSampler(gpus=_on_cuda(probe_config, sweep_config, spec), versions=run_versions())
     try:
+        sampler.__enter__()
         info = describe(resolve_device(probe_config.device if probe_config else _serve_device(spec)))
         check_same_device(device_model(baseline) if baseline else None,
                                   f"{info.backend}: {info.name}", allow=spec.allow_different_device,
@@ -87,17 +98,43 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
             raise
         probe_error = exc.one_line()
     serve, serve_error = None, None
-    if spec.serve is not None:
-        serve, serve_error = _qualify_serve(spec, progress, profiles_dir, resume) if info else (None, probe_error)
+    try:
+        if spec.serve is not None:
+            serve, serve_error = _qualify_serve(spec, progress, profiles_dir, resume) if info else (None, probe_error)
+    finally:
+        sampler.__exit__(None, None, None)
+    state = sampler.state()
     checks = qualify.run_errors(probe_error, sweep)
     if baseline is not None:
         checks += qualify.against_baseline(baseline.probe, baseline.sweep, probe, sweep, tolerance=spec.tolerance)
     checks += qualify.against_thresholds(dict(spec.thresholds), probe, sweep)
     checks += qualify.serve_thresholds(dict(spec.thresholds), serve, serve_error)
-    return Verdict(checks=tuple(checks), device=info, baseline=spec.baseline,
-                   baseline_device=device_model(baseline) if baseline else None, tolerance=spec.tolerance,
-                   repeats=repeats if sweep_config is not None else None, probe=probe, sweep=sweep,
-                   started_at=started_at, wall_s=time.monotonic() - started)
+    checks += [c for c in (throttle_check(state),
+                           state_check(baseline.sweep.machine_state if baseline and baseline.sweep else None, state))
+               if c is not None]
+    verdict = Verdict(checks=tuple(checks), device=info, baseline=spec.baseline,
+                      baseline_device=device_model(baseline) if baseline else None, tolerance=spec.tolerance,
+                      repeats=repeats if sweep_config is not None else None, probe=probe, sweep=sweep,
+                      started_at=started_at, wall_s=time.monotonic() - started, state=state)
+    return verdict if kept is None else with_history(verdict, kept, against)
+
+
+def with_history(verdict: Verdict, path: Path, against: str) -> Verdict:
+    """The verdict added to its history, naming the latest step of each gating check's series as a check
+    shown beside the verdict (a step for the worse is FAIL, for the better PASS; neither gates)."""
+    history = add_run(path, verdict, against=against)
+    changes = latest_changes(history)
+    shown = tuple(Check(name=f"history: {c.check}", status=FAIL if c.change_pct < 0 else PASS, gating=False,
+                        detail=f"{c.words} (p {c.p_value:.1g}; {len(history.runs)} runs)") for c in changes)
+    return dataclasses.replace(verdict, checks=verdict.checks + shown, changes=changes, history=str(path),
+                               run=history.runs[-1].run)
+
+
+def _on_cuda(probe: ProbeConfig | None, sweep: SweepConfig | None, spec: QualifySpec) -> bool:
+    """Whether the run may measure a GPU (its NVML state is then sampled; on a machine without NVML, nothing
+    is). Asked of the setting alone: the parent touches no device."""
+    device = probe.device if probe else sweep.device if sweep else _serve_device(spec)
+    return device != "cpu"
 
 
 def _serve_device(spec: QualifySpec) -> str:

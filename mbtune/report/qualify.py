@@ -54,6 +54,10 @@ def verdict_table(verdict: Verdict) -> Table:
     table.caption = (f"verdict: [{_STYLE[verdict.status]}]{verdict.status}[/]{baseline}{repeats}; "
                      f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[INCONCLUSIVE]} inconclusive, "
                      f"{counts[CHECK_ERROR]} errors")
+    if verdict.history:
+        table.caption += f"\nrun {verdict.run} of the history {verdict.history}"
+        table.caption += "".join(f"\n{change.words}" for change in verdict.changes) if verdict.changes else \
+            "; no step found in it"
     return table
 
 
@@ -105,7 +109,9 @@ def junit_xml(verdict: Verdict) -> str:
     properties = ET.SubElement(suite, "properties")
     for name, value in (("device", device), ("baseline", verdict.baseline or ""),
                         ("baseline_device", verdict.baseline_device or ""), ("tolerance", f"{verdict.tolerance:g}"),
-                        ("repeats", str(verdict.repeats or "until known")), ("verdict", verdict.status)):
+                        ("repeats", str(verdict.repeats or "until known")), ("verdict", verdict.status),
+                        ("history", verdict.history or ""), ("run", str(verdict.run or "")),
+                        *((f"change: {c.check}", c.words) for c in verdict.changes)):
         ET.SubElement(properties, "property", {"name": name, "value": xml_text(value)})
     times = _check_times(verdict)
     for check in verdict.checks:

@@ -16,6 +16,7 @@ from mbtune.records import (
     DeviceInfo,
     IdleShares,
     MachineLoad,
+    MachineState,
     NvmlSummary,
     Outcome,
     TimelineAction,
@@ -215,6 +216,7 @@ class SweepReport(Record):
     ties: tuple[int, ...] = ()  # indices a 95% test cannot tell from the best (tied with it)
     decision: Decision | None = None  # how decided the answer is (throughput objective)
     predicted: tuple[PredictedPoint, ...] = ()  # grid points left out of the race on their prediction, not measured
+    machine_state: MachineState | None = None  # the machine's state while the sweep ran
     global_batches: tuple[int, ...] = ()  # held fixed, rows ranked within each; empty: the global batch varies
     global_batch_default: bool = False  # the global batch is the default rule's (config.default_global_batch)
     tradeoff: tuple[int, ...] = ()  # the best row and its neighbours in micro-batch size (grid.tradeoff)

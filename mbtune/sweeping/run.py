@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mbtune.device.describe import describe
+from mbtune.device.machine_state import StateSampler, run_versions
 from mbtune.errors import (
     Interrupted,
 )
@@ -76,7 +77,9 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     points.predictor = predictor
     interrupted, note = False, ""
     not_run: tuple[SkippedPoint, ...] = ()
+    sampler = StateSampler(gpus=device.startswith("cuda"), versions=run_versions())
     try:
+        sampler.__enter__()
         if config.strategy == "quick":
             assert quick is not None, "the quick strategy needs the planner's search"
             not_run, note = _quick(quick, grid.points, points.run, config, points.balance.block_times_s)
@@ -86,6 +89,7 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
         interrupted = True
         points.keep_unfinished()
     finally:
+        sampler.__exit__(None, None, None)
         if points.ranks is not None:
             points.ranks.close()
         if config.launcher == "torchrun" and config.nodes.nnodes == 1:  # across nodes, the command ends the session
@@ -95,7 +99,9 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
     report = sweep_report(config, info, points.results, grid.skipped + not_run + tuple(points.unmeasured),
                            len(grid.points), interrupted,
                            warnings, tuple(n for n in (note, points.screen_note) if n), points.stopped_by)
-    return replace(report, balance=points.balance, predicted=tuple(points.predicted.values()))
+    return replace(report, balance=points.balance, predicted=tuple(points.predicted.values()),
+                   machine_state=sampler.state())
+
 
 
 class _Points:
