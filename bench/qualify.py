@@ -6,7 +6,9 @@
     Nothing changed: the rule is at least 9 in 10 PASS and no FAIL.
 (b) Slowdowns: the same baseline with `-O slowdown=S` added to its workload (workloads/slowdown.py: every
     block's throughput cut by S), qualified --slow-runs times per S against the unchanged figures. The rule
-    at 15% is at least 9 in 10 FAIL; 10% and 5% give the detection rate. A shortfall measured while other
+    at 15% is at least 9 in 10 FAIL, at 12% no PASS; others give the detection rate. Every run is kept in
+    a history per kind (as qualify keeps one per machine and baseline); the unchanged runs' history should
+    name no step, and --keep-history keeps them for bench/history.py. A shortfall measured while other
     work keeps the machine busy is INCONCLUSIVE by design; the "busy points" column says whether it was.
 
 Prints every run's verdict, exit code and wall time, the gating figures (best throughput now / baseline,
@@ -83,11 +85,11 @@ def slowed_baseline(baseline: Path, share: float, scratch: Path) -> Path:
     return path
 
 
-def qualify_once(baseline: Path, args: argparse.Namespace, scratch: Path, label: str) -> dict:
-    """One `mbtune qualify` run; its verdict, exit code, wall time and gating figures (the verdict's json
-    kept as LABEL.json under --keep)."""
+def qualify_once(baseline: Path, args: argparse.Namespace, scratch: Path, label: str, kind: str) -> dict:
+    """One `mbtune qualify` run, kept in the history of its kind (scratch/runs-KIND); its verdict, exit code,
+    wall time and gating figures (the verdict's json kept as LABEL.json under --keep)."""
     repeats = ["--repeats", str(args.repeats)] if args.repeats else []
-    command = ["qualify", "--baseline", str(baseline), *repeats, "--no-save",
+    command = ["qualify", "--baseline", str(baseline), *repeats, "--profiles-dir", str(scratch / f"runs-{kind}"),
                "--format", "json", *(["--tolerance", args.tolerance] if args.tolerance else [])]
     done, wall_s = mbtune(command, cwd=scratch)
     try:
@@ -115,6 +117,7 @@ def qualify_once(baseline: Path, args: argparse.Namespace, scratch: Path, label:
         "points": len(results),
         "load_avg": max(((r.get("load") or {}).get("load_avg_1m") or 0.0 for r in results), default=None),
         "stopped": sorted({r.get("stopped", "") for r in results}),
+        "changes": [c["check"] + ": run " + str(c["run"]) + f" {c['change_pct']:+.1f}%" for c in verdict.get("changes", [])],
     }
 
 
@@ -130,6 +133,8 @@ def print_run(label: str, run: dict) -> None:
           f"{run.get('per_point_fails', 0):>5}/{run.get('per_point', 0):<5}"
           f"{run.get('busy_points', 0):>5}/{run.get('points', 0):<5}{_fmt(run.get('load_avg'), '.2f'):>6}  "
           f"{','.join(run.get('stopped') or [])}", flush=True)
+    for line in run.get("changes", []):
+        print(f"{'':7}  step named in the history: {line}")
     for line in run.get("not_passed", []):
         print(f"{'':7}  {line}")
     if run.get("error"):
@@ -170,6 +175,10 @@ def summarize(runs: list[dict], slowed: dict[float, list[dict]]) -> None:
         if abs(share - 0.15) < 1e-9:
             need = len(slow_runs) - len(slow_runs) // 10
             print(f"  rule: at least {need} FAIL: {'held' if counts['FAIL'] >= need else 'DID NOT HOLD'}")
+        if abs(share - 0.12) < 1e-9:
+            print(f"  rule: no PASS: {'held' if counts['PASS'] == 0 else 'DID NOT HOLD'}")
+    named = sum(1 for r in runs if r.get("changes"))
+    print(f"unchanged runs whose history named a step: {named} of {len(runs)}")
 
 
 def main() -> None:
@@ -177,10 +186,13 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="Reuse this baseline profile instead of making one.")
     parser.add_argument("--runs", type=int, default=10, help="Self-qualifications to make (default 10).")
     parser.add_argument("--slow-runs", type=int, default=10, help="Qualifications per slowdown (default 10).")
-    parser.add_argument("--slowdowns", default="0.15,0.10,0.05",
+    parser.add_argument("--slowdowns", default="0.15,0.12",
                         help="Shares of -O slowdown to qualify, each S or S:RUNS (RUNS instead of --slow-runs).")
     parser.add_argument("--keep-baseline", type=Path, help="Copy the baseline made here to this path.")
     parser.add_argument("--keep", type=Path, help="Keep each run's verdict (json) in this folder.")
+    parser.add_argument("--keep-history", type=Path,
+                        help="Copy the runs' histories (one per kind: self, slow0.15, ...) into this folder "
+                             "(bench/history.py replays them).")
     parser.add_argument("--repeats", type=int, default=None, help="qualify --repeats (default: until known).")
     parser.add_argument("--tolerance", default=None, help="qualify --tolerance (default: qualify's, 10%%).")
     parser.add_argument("--workload", default="mlp", help="Workload of the baseline tune (default mlp).")
@@ -200,7 +212,7 @@ def main() -> None:
     header()
     runs = []
     for i in range(args.runs):
-        runs.append(qualify_once(baseline, args, scratch, f"self-{i + 1}"))
+        runs.append(qualify_once(baseline, args, scratch, f"self-{i + 1}", "self"))
         print_run(f"{i + 1}", runs[-1])
     slowed: dict[float, list[dict]] = {}
     for item in (s for s in args.slowdowns.split(",") if s):
@@ -209,9 +221,15 @@ def main() -> None:
         path = slowed_baseline(baseline, share, scratch)
         slowed[share] = []
         for i in range(int(count) if count else args.slow_runs):
-            slowed[share].append(qualify_once(path, args, scratch, f"slow{share:g}-{i + 1}"))
+            slowed[share].append(qualify_once(path, args, scratch, f"slow{share:g}-{i + 1}", f"slow{share:g}"))
             print_run(f"s{share:g}.{i + 1}", slowed[share][-1])
     summarize(runs, slowed)
+    if args.keep_history:
+        for kept in scratch.glob("runs-*/history/*/*.json"):
+            target = args.keep_history / f"{kept.parents[2].name}.json"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(kept, target)
+            print(f"history kept: {target}")
     shutil.rmtree(scratch, ignore_errors=True)
 
 
