@@ -20,6 +20,7 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mbtune.atomic import write_atomic
 from mbtune.errors import ProfileError
@@ -30,6 +31,25 @@ from mbtune.saving.profiles import Profile, slug
 
 HISTORY_VERSION = 1
 FOLDER = "history"
+
+
+def history_file_name(version: int = HISTORY_VERSION) -> str:
+    return f"history-v{version}.schema.json"
+
+
+def history_schema() -> dict[str, Any]:
+    """The JSON Schema of a history of this mbtune's history version, derived from its records."""
+    from mbtune.saving.profile_schema import record_schema
+
+    return record_schema(History, version_field="history_version", version=HISTORY_VERSION,
+                         file_name=history_file_name(), title=f"mbtune qualification history, version {HISTORY_VERSION}")
+
+
+def shipped_history_schema() -> dict[str, Any]:
+    """The history schema file shipped in the package."""
+    from mbtune.saving.profile_schema import shipped_file
+
+    return shipped_file(history_file_name())
 
 
 def history_path(profiles_dir: Path, baseline: Profile | None, against: str, host: str | None = None) -> Path:

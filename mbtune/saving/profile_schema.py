@@ -5,7 +5,8 @@ every record an object whose fields without a default are required and whose unk
 newer mbtune's additions); `X | None` accepts null; tuples are arrays (of one type, or of fixed length);
 dicts are objects; floats are finite numbers; a field with fixed choices is an enum. The file ships as
 mbtune/schemas/profile-v<schema_version>.schema.json, so a profile's `schema_version` names its schema;
-`python docs/generate_profile_schema.py` writes it (the tests hold the shipped file to it).
+`python docs/generate_profile_schema.py` writes it (the tests hold the shipped file to it). A qualification
+history's schema (history-v<N>.schema.json) is derived the same way from its records.
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ def profile_schema() -> dict[str, Any]:
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "$id": f"https://mbtune.dev/schemas/{schema_file_name(SCHEMA_VERSION)}",
             "title": f"mbtune profile, schema version {SCHEMA_VERSION}", **root, "$defs": defs}
+
+
+def record_schema(root: Any, *, version_field: str, version: int, file_name: str, title: str) -> dict[str, Any]:
+    """The JSON Schema of a versioned document whose root is the record class `root` (a qualification
+    history's, qualifying/history.py), derived as the profile's is."""
+    defs: dict[str, Any] = {}
+    out = _record(root, defs)
+    out["properties"][version_field] = {"const": version}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": f"https://mbtune.dev/schemas/{file_name}",
+            "title": title, **out, "$defs": defs}
+
+
+def shipped_file(file_name: str) -> dict[str, Any]:
+    """A schema file shipped in the package."""
+    return json.loads(resources.files("mbtune").joinpath("schemas", file_name).read_text())
 
 
 def shipped_schema(version: int | None = None) -> dict[str, Any]:
@@ -90,6 +106,6 @@ def _type(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
     return dict(scalars.get(hint, {}))
 
 
-def schema_text() -> str:
-    """The schema as the shipped file holds it."""
-    return json.dumps(profile_schema(), indent=1) + "\n"
+def schema_text(schema: dict[str, Any] | None = None) -> str:
+    """A schema (the profile's by default) as the shipped file holds it."""
+    return json.dumps(profile_schema() if schema is None else schema, indent=1) + "\n"
