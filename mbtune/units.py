@@ -72,11 +72,12 @@ def parse_options(pairs: list[str] | tuple[str, ...]) -> tuple[tuple[str, int | 
 
 
 def parse_duration(text: str, *, name: str) -> float:
-    """'5us', '0.2ms', '1s' or plain seconds -> seconds."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|µs|ms|s|)\s*", str(text))
+    """'5us', '0.2ms', '1s', '3m' (minutes), '2h' or plain seconds -> seconds."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|µs|ms|s|m|min|h|)\s*", str(text))
     if not match:
-        raise ConfigError(f"{name} {text!r} is not a duration", hint=f"Write it like {name} 5us, 0.2ms or 1e-6.")
-    scale = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}[match.group(2)]
+        raise ConfigError(f"{name} {text!r} is not a duration",
+                          hint=f"Write it like {name} 5us, 0.2ms, 90s, 3m or 2h (plain numbers are seconds).")
+    scale = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[match.group(2)]
     return float(match.group(1)) * scale
 
 

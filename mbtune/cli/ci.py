@@ -80,6 +80,8 @@ def qualify(
     profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where this run's measurements are saved (kept apart from baselines).")] = PROFILES / "qualify-runs",
     save: Save = True,
     history: Annotated[bool, typer.Option(help="Add this run to the history of this machine against this baseline (or spec) in --profiles-dir/history, and name the latest step of each gating check's series (see mbtune history).")] = True,
+    until_decided: Annotated[bool, typer.Option("--until-decided", help="While the verdict is INCONCLUSIVE, measure again, each round twice as precisely, until it is decided or --max-time would pass.")] = False,
+    max_time: Annotated[str, typer.Option("--max-time", help="With --until-decided: the time every round together may take, e.g. 30m or 2h.")] = "30m",
     resume: Resume = False,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
     launcher: Launcher = S.launcher,
@@ -98,7 +100,7 @@ def qualify(
     from mbtune.report.qualify import print_verdict, write_junit
     from mbtune.saving.profiles import command_line
     from mbtune.saving.session import lead_or_follow
-    from mbtune.units import parse_fraction
+    from mbtune.units import parse_duration, parse_fraction
 
     fmt = check_format(format, allowed=("table", "json"))
     check_resume(resume, save)
@@ -110,6 +112,7 @@ def qualify(
     if (followed := lead_or_follow(launch, say_on_stderr)) is not None:
         raise typer.Exit(followed)
     share = parse_fraction(tolerance, name="--tolerance") if tolerance is not None else None
+    until_s = parse_duration(max_time, name="--max-time") if until_decided else None
     path = str(baseline) if baseline else None
     plan, repeats = read_spec(spec, baseline=path, tolerance=share, repeats=repeats,
                               allow_different_device=allow_different_device, command_line=command_line(),
@@ -117,7 +120,7 @@ def qualify(
     verdict = with_progress("qualify", lambda p: run_qualify(plan, p, profiles_dir=target_folder(profiles_dir, save),
                                                                repeats=repeats, launch=launch, resume=resume,
                                                                history_dir=profiles_dir if history and save else None,
-                                                               against=str(baseline or spec)))
+                                                               against=str(baseline or spec), until_decided_s=until_s))
     if junit is not None:
         write_junit(verdict, junit)
     print_verdict(make_console(), verdict, fmt)

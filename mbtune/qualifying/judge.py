@@ -104,13 +104,22 @@ def judge(name: str, measured: float | None, bound: float, *, rule: str, spread:
     else:
         status = INCONCLUSIVE
         reason = f"short of the bound by less than the {figures}{_decider(ratio, share, tolerance)}"
+    more = more_measurements(ratio, share, tolerance) if status == INCONCLUSIVE else None
     if spread is None:
         reason = figures
     if status == FAIL and busy is not None and ratio * (1 + share) >= 1 - busy.other_share:
         status, reason = INCONCLUSIVE, f"measured while the machine was busy ({busy.reason}): the load may explain it"
+        more = None
     detail = "; ".join(part for part in (note, reason) if part)
     return Check(name=name, status=status, measured=measured, expected=bound, rule=rule, detail=detail,
-                 spread_pct=100.0 * spread.share if spread else None, gating=gating)
+                 spread_pct=100.0 * spread.share if spread else None, gating=gating, more_measurements=more)
+
+
+def more_measurements(ratio: float, share: float, tolerance: float) -> float | None:
+    """How many times the measurements an INCONCLUSIVE figure needs for its spread to decide it (an interval
+    narrows as one over the square root of them); None where it sits at the bound."""
+    needed = max(tolerance, 1 - 1 / ratio) if ratio >= 1 else 1 / ratio - 1
+    return None if needed < 0.001 else (share / needed) ** 2
 
 
 def _decider(ratio: float, share: float, tolerance: float) -> str:

@@ -26,6 +26,7 @@ class Check(Record):
     detail: str = ""
     spread_pct: float | None = None  # the measurement's own spread (max-min over median), where known
     gating: bool = True  # False: shown and kept, but it cannot fail the verdict (per-point rows)
+    more_measurements: float | None = None  # INCONCLUSIVE: how many times the measurements would decide it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +103,8 @@ class Verdict(Record):
     history: str | None = None  # the history file this run was added to
     run: int | None = None  # this run's number in that history
     changes: tuple[Change, ...] = ()  # the latest step of each gating check's series, where one is found
+    rounds: int = 1  # rounds measured, each twice as precise as the one before (--until-decided)
+    until_decided_s: float | None = None  # the time --until-decided allowed
 
     @property
     def status(self) -> str:

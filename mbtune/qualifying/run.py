@@ -21,7 +21,7 @@ from mbtune.probing.config import ProbeConfig
 from mbtune.progress import TrialProgress
 from mbtune.device.machine_state import StateSampler, run_versions
 from mbtune.qualifying.history import add_run, history_path, latest_changes, read_history
-from mbtune.qualifying.records import FAIL, PASS, Check, Verdict
+from mbtune.qualifying.records import FAIL, INCONCLUSIVE, PASS, Check, Verdict
 from mbtune.qualifying.state import state_check, throttle_check
 from mbtune.qualifying.spec import QualifySpec
 from mbtune.saving.profiles import Profile
@@ -38,7 +38,7 @@ _RUN_FAILURES = (DeviceError, BudgetTooSmallError, WorkloadBrokenError)
 def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
                 profiles_dir: Path | None, repeats: int | None = None,
                 launch: Nodes | None = None, resume: bool = False, history_dir: Path | None = None,
-                against: str = "") -> Verdict:
+                against: str = "", until_decided_s: float | None = None) -> Verdict:
     """Re-run a baseline's (or a spec's) probe and sweep here and judge them: PASS, FAIL, INCONCLUSIVE or
     ERROR per check (see mbtune.qualifying.judge). Each sweep point runs `repeats` times, each in fresh
     processes, or by default until the 95% interval of its throughput is a quarter of the tolerance wide
@@ -49,14 +49,14 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     the nodes a torchrun launch spans (SweepConfig.launch), for the sweep; `resume`: continue
     an interrupted qualification from its runs' journals. With `history_dir`, the run is added to the
     history of this machine against `against` (the baseline's or spec's path; qualifying/history.py), read
-    before anything is measured, and the latest step of each gating check's series is named."""
-    from mbtune.device import resolve_device
-    from mbtune.qualifying import judge as qualify
-    from mbtune.qualifying.compare import check_same_device, device_model
+    before anything is measured, and the latest step of each gating check's series is named.
+    `until_decided_s`: while the verdict is INCONCLUSIVE and four times the last round's time is left of
+    these seconds, measure again twice as precisely (half the interval, up to twice the time a point; or
+    twice the repeats); the last round's verdict is the answer, and only it is kept."""
     from mbtune.saving.profiles import load_profile
-    from mbtune.sweeping.stopping import QUALIFY_MAX_TIME_PER_POINT_S, default_repeats, qualify_target_ci
+    from mbtune.sweeping.stopping import default_repeats
 
-    started, started_at = time.monotonic(), datetime.now(UTC).replace(microsecond=0, tzinfo=None).isoformat()
+    started = time.monotonic()
     repeats = default_repeats() if repeats is None else repeats
     if repeats is not None and repeats < 1:
         raise ConfigError(f"repeats={repeats} is out of range",
@@ -65,18 +65,70 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     kept = history_path(history_dir, baseline, against) if history_dir is not None else None
     if kept is not None:
         read_history(kept)  # a damaged or newer history is refused before anything is measured
+    rounds = 1
+    while True:
+        round_started = time.monotonic()
+        verdict = _measure(spec, baseline, _round_configs(spec, baseline, repeats, launch, rounds), progress,
+                           profiles_dir=profiles_dir, resume=resume and rounds == 1, repeats=repeats, rounds=rounds)
+        spent, left = time.monotonic() - round_started, (until_decided_s or 0) - (time.monotonic() - started)
+        if verdict.status != INCONCLUSIVE or until_decided_s is None or left < 2 * 2 * spent:
+            break
+        rounds += 1
+        repeats = 2 * repeats if repeats is not None else None
+    verdict = dataclasses.replace(verdict, wall_s=time.monotonic() - started, rounds=rounds,
+                                  until_decided_s=until_decided_s, checks=_with_time_to_decide(verdict))
+    return verdict if kept is None else with_history(verdict, kept, against)
+
+
+def _with_time_to_decide(verdict: Verdict) -> tuple[Check, ...]:
+    """The checks, each INCONCLUSIVE gating one with the time more measurement would take at this run's pace
+    (its round's wall time over again, as many times as its figures need, less the one already made)."""
+    out = []
+    for check in verdict.checks:
+        if check.gating and check.status == INCONCLUSIVE and check.more_measurements and check.more_measurements > 1:
+            more_s = (check.more_measurements - 1) * verdict.wall_s
+            check = dataclasses.replace(check, detail=f"{check.detail}; about {_minutes(more_s)} more at this run's "
+                                                      f"pace (qualify --until-decided --max-time)")
+        out.append(check)
+    return tuple(out)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _round_configs(spec: QualifySpec, baseline: Profile | None, repeats: int | None, launch: Nodes | None,
+                   rounds: int) -> tuple[ProbeConfig | None, SweepConfig | None]:
+    """The probe and sweep to run in a round: the qualification's precision (a quarter of the tolerance,
+    QUALIFY_MAX_TIME_PER_POINT_S a point), twice as fine in each round after the first."""
+    from mbtune.sweeping.stopping import QUALIFY_MAX_TIME_PER_POINT_S, qualify_target_ci
+
     probe_config, sweep_config = _qualify_configs(spec, baseline, repeats)
+    finer = 2 ** (rounds - 1)
     if sweep_config is not None and repeats is None:
         # A qualification aims at a narrower interval than a sweep (a quarter of its tolerance) and runs
         # unattended: each point may take longer than a sweep's own cap, and no point is raced.
-        sweep_config = dataclasses.replace(sweep_config, target_ci=qualify_target_ci(spec.tolerance), time_budget_s=None,
-                                           race=False,
-                                           max_time_per_point_s=max(sweep_config.max_time_per_point_s,
-                                                                    QUALIFY_MAX_TIME_PER_POINT_S))
+        sweep_config = dataclasses.replace(sweep_config, target_ci=qualify_target_ci(spec.tolerance) / finer,
+                                           time_budget_s=None, race=False,
+                                           max_time_per_point_s=finer * max(sweep_config.max_time_per_point_s,
+                                                                            QUALIFY_MAX_TIME_PER_POINT_S))
     if sweep_config is not None and launch is not None:
         sweep_config = dataclasses.replace(sweep_config, launcher="torchrun", nnodes=launch.nnodes,
                                            node_rank=launch.node_rank, rdzv_endpoint=launch.endpoint,
                                            join_timeout_s=launch.join_timeout_s)
+    return probe_config, sweep_config
+
+
+def _measure(spec: QualifySpec, baseline: Profile | None,
+             configs: tuple[ProbeConfig | None, SweepConfig | None], progress: TrialProgress | None, *,
+             profiles_dir: Path | None, resume: bool, repeats: int | None, rounds: int) -> Verdict:
+    """One round: the probe, sweep and serve run here, in the state sampled while they ran, and judged."""
+    from mbtune.device import resolve_device
+    from mbtune.qualifying import judge as qualify
+    from mbtune.qualifying.compare import check_same_device, device_model
+
+    started, started_at = time.monotonic(), datetime.now(UTC).replace(microsecond=0, tzinfo=None).isoformat()
+    probe_config, sweep_config = configs
     probe = sweep = info = None
     probe_error = None
     sampler = StateSampler(gpus=_on_cuda(probe_config, sweep_config, spec), versions=run_versions())
@@ -112,11 +164,10 @@ def run_qualify(spec: QualifySpec, progress: TrialProgress | None = None, *,
     checks += [c for c in (throttle_check(state),
                            state_check(baseline.sweep.machine_state if baseline and baseline.sweep else None, state))
                if c is not None]
-    verdict = Verdict(checks=tuple(checks), device=info, baseline=spec.baseline,
-                      baseline_device=device_model(baseline) if baseline else None, tolerance=spec.tolerance,
-                      repeats=repeats if sweep_config is not None else None, probe=probe, sweep=sweep,
-                      started_at=started_at, wall_s=time.monotonic() - started, state=state)
-    return verdict if kept is None else with_history(verdict, kept, against)
+    return Verdict(checks=tuple(checks), device=info, baseline=spec.baseline,
+                   baseline_device=device_model(baseline) if baseline else None, tolerance=spec.tolerance,
+                   repeats=repeats if sweep_config is not None else None, probe=probe, sweep=sweep,
+                   started_at=started_at, wall_s=time.monotonic() - started, state=state)
 
 
 def with_history(verdict: Verdict, path: Path, against: str) -> Verdict:

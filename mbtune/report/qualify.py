@@ -54,6 +54,9 @@ def verdict_table(verdict: Verdict) -> Table:
     table.caption = (f"verdict: [{_STYLE[verdict.status]}]{verdict.status}[/]{baseline}{repeats}; "
                      f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[INCONCLUSIVE]} inconclusive, "
                      f"{counts[CHECK_ERROR]} errors")
+    if verdict.until_decided_s is not None:
+        decided = "decided" if verdict.status != INCONCLUSIVE else "still INCONCLUSIVE, --max-time left no room for another"
+        table.caption += f"\n{verdict.rounds} round(s) measured, each twice as precise as the last: {decided}"
     if verdict.history:
         table.caption += f"\nrun {verdict.run} of the history {verdict.history}"
         table.caption += "".join(f"\n{change.words}" for change in verdict.changes) if verdict.changes else \
@@ -111,6 +114,7 @@ def junit_xml(verdict: Verdict) -> str:
                         ("baseline_device", verdict.baseline_device or ""), ("tolerance", f"{verdict.tolerance:g}"),
                         ("repeats", str(verdict.repeats or "until known")), ("verdict", verdict.status),
                         ("history", verdict.history or ""), ("run", str(verdict.run or "")),
+                        ("rounds", str(verdict.rounds)),
                         *((f"change: {c.check}", c.words) for c in verdict.changes)):
         ET.SubElement(properties, "property", {"name": name, "value": xml_text(value)})
     times = _check_times(verdict)

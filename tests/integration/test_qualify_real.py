@@ -42,9 +42,18 @@ def test_requalifying_the_same_machine_gives_a_verdict_its_exit_code_and_junit(b
     checks = {c["name"]: c for c in verdict["checks"]}
     assert list(checks) == ["probe ran", "ceiling", "safe batch", "best throughput (samples/s)",
                             "throughput, all common points (geometric mean of now/baseline ratios)",
-                            "throughput gpipe p=2 m=2 accum=1 mbs=16"]  # global batch 32 (the default rule at safe batch 27)
+                            "throughput gpipe p=2 m=2 accum=1 mbs=16",  # global batch 32 (the default rule at safe batch 27)
+                            "machine state against the baseline"]
     assert checks["ceiling"]["status"] == "PASS" and checks["ceiling"]["spread_pct"] == 0.0
-    assert [c["gating"] for c in checks.values()] == [True] * 5 + [False]
+    assert [c["gating"] for c in checks.values()] == [True] * 5 + [False, False]
+    # The state it ran in, recorded by the baseline's tune and by this run, read from this machine's /proc.
+    assert verdict["state"]["num_samples"] >= 2 and verdict["state"]["versions"]["torch"]
+    assert verdict["state"]["gpus"] == []
+    # The run is the first of its history, beside the measurements; too few runs to name a step.
+    assert verdict["run"] == 1 and verdict["changes"] == []
+    [kept] = (tmp_path / "runs" / "history").glob("*/mlp-*.json")
+    assert verdict["history"] == str(kept)
+    assert [r["status"] for r in json.loads(kept.read_text())["runs"]] == [verdict["status"]]
     tests, failures, errors = junit(tmp_path / "q.xml")
     assert (tests, failures, errors) == (len(checks), 0, 0)
     assert list((tmp_path / "runs").glob("cpu-*/mlp.json"))  # measured results saved apart from the baseline
@@ -116,3 +125,19 @@ def test_corrupt_baseline_is_bad_input(tmp_path):
     bad.write_text("{not json")
     result = mbtune("qualify", "--baseline", str(bad), "--no-save")
     assert result.returncode == 2 and "not readable JSON" in result.stderr
+
+
+def test_a_damaged_history_is_refused_before_anything_is_measured(baseline, tmp_path):
+    from mbtune.qualifying.history import history_path
+    from mbtune.saving.profiles import load_profile
+
+    kept = history_path(tmp_path / "runs", load_profile(baseline), str(baseline))
+    kept.parent.mkdir(parents=True)
+    kept.write_text("{ half a file")
+    result = mbtune("qualify", "--baseline", str(baseline), "--repeats", "1", "--profiles-dir", str(tmp_path / "runs"))
+    assert result.returncode == 2 and "is not readable JSON" in result.stderr and "Traceback" not in result.stderr
+    assert kept.read_text() == "{ half a file"
+    assert not list((tmp_path / "runs").glob("cpu-*"))  # nothing was measured
+    skipped = mbtune("qualify", "--baseline", str(baseline), "--repeats", "1", "--tolerance", "90%",
+                     "--profiles-dir", str(tmp_path / "runs"), "--no-history", "--format", "json")
+    assert skipped.returncode in (0, 4) and json.loads(skipped.stdout)["history"] is None

@@ -295,3 +295,42 @@ def test_history_command_refuses_a_folder_without_one(tmp_path):
     result = mbtune("history", "--profiles-dir", str(tmp_path))
     assert result.returncode == 2 and "no qualification history under" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# Until decided
+
+
+def test_until_decided_measures_twice_as_precisely_until_the_verdict_is_decided(tmp_path, monkeypatch):
+    from mbtune.qualifying import run as qualifying_run
+    from mbtune.qualifying.specfile import load_spec
+
+    spec_path = tmp_path / "q.toml"
+    spec_path.write_text('workload = "mlp"\ndevice = "cpu"\nmemory_budget = "512MiB"\n'
+                         '[sweep]\nstages = 2\nschedules = ["gpipe"]\nmicro_batches = [2]\naccum = [1]\n'
+                         '[thresholds]\nmin_best_samples_per_s = 100\n')
+    spec = load_spec(spec_path)
+    monkeypatch.delenv("MBTUNE_REPEATS", raising=False)  # each point until known
+    asked = []
+    answers = iter([INCONCLUSIVE, INCONCLUSIVE, PASS])
+
+    def measure(spec, baseline, configs, progress, **kwargs):
+        asked.append((configs[1].target_ci, configs[1].repeats))
+        status = next(answers)
+        return Verdict(checks=(Check(name=BEST, status=status, measured=100.0, more_measurements=4.0),),
+                       started_at="2026-12-07T02:00:00", wall_s=0.01)
+
+    monkeypatch.setattr(qualifying_run, "_measure", measure)
+    verdict = qualifying_run.run_qualify(spec, profiles_dir=None, until_decided_s=3600.0)
+    assert verdict.status == PASS and verdict.rounds == 3
+    # A quarter of the 10% tolerance, then half as wide each round.
+    assert asked == [(0.025, None), (0.0125, None), (0.00625, None)]
+
+    asked.clear()
+    answers = iter([INCONCLUSIVE, PASS])
+    assert qualifying_run.run_qualify(spec, profiles_dir=None, repeats=3, until_decided_s=3600.0).rounds == 2
+    assert [repeats for _, repeats in asked] == [3, 6]  # fixed repeats: twice as many
+
+    answers = iter([INCONCLUSIVE])
+    once = qualifying_run.run_qualify(spec, profiles_dir=None)  # without --until-decided, one round
+    assert once.rounds == 1 and once.status == INCONCLUSIVE
+    assert once.checks[0].detail.endswith("more at this run's pace (qualify --until-decided --max-time)")
