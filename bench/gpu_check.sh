@@ -7,7 +7,8 @@
 #   pytest          python -m pytest -q tests/gpu
 #   probe-device    bf16 probe of a GPT of realistic size (~400M parameters, seq_len 1024), whole device
 #   probe-budget    the same under --memory-budget 16GiB
-#   sweep           a one-GPU sweep (gpipe and 1f1b, one stage) with NVML sampling
+#   sweep           a one-GPU sweep (gpipe and 1f1b, one stage) with NVML sampling, and the machine state it
+#                   ran in (SM and memory clocks, clock-event reasons, temperature, power and limit, ECC, PCIe)
 #   warm-ranks      bench/warm_ranks.py: a repeat's overhead on rank processes kept between points (their CUDA
 #                   context and NCCL group made once) against fresh ones, and the two modes' throughput and
 #                   peak memory side by side
@@ -18,6 +19,7 @@
 #                   any trial, throughput, MFU, NVML kernel-active share, peak memory, CUDA-event against
 #                   wall-clock step time
 # tests/gpu holds the CUDA checks of memory (kept rank processes included: tests/gpu/test_cuda_warm_ranks.py): a trial's predicted peak against its allocated peak,
+# the machine state sampled through NVML as qualify records and judges it (tests/gpu/test_cuda_state.py),
 # `mbtune confirm` holding a CUDA script to the per-process memory fraction, and `mbtune probe -- COMMAND`
 # probing a CUDA training script under it (tests/gpu/test_cuda_command_probe.py); an hf: trial's peak against
 # the plain transformers loop's, and `mbtune sweep -- COMMAND` of a pipelined script on NCCL
@@ -257,7 +259,9 @@ summary = {
     "steps": steps, "pytest": pytest_counts(), **probes,
     "sweep": {"points": [point_figures(r) for r in sweep.results],
               "best": sweep.best.point.label if sweep.best else None,
-              "warnings": list(sweep.warnings)} if sweep else None,
+              "warnings": list(sweep.warnings),
+              # The state the sweep ran in (NVML: clocks, clock-event reasons, temperature, power, ECC, PCIe).
+              "machine_state": sweep.machine_state.to_dict() if sweep.machine_state else None} if sweep else None,
     "warm_ranks": warm,
     "plan_memory": {"workload": plan.workload, "seconds": plan.seconds, "cpus": len(os.sched_getaffinity(0)),
                     "rows": [{"label": f"{r.schedule} m{r.num_micro_batches} {r.recompute}",
