@@ -9,7 +9,7 @@ from typing import Any
 from mbtune.recordio import (
     Record,
 )
-from mbtune.records import OK, DeviceInfo, Outcome, frame
+from mbtune.records import OK, DeviceInfo, MachineState, Outcome, frame
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +141,7 @@ class ProbeResult(Record):
     predicted: CeilingPrediction | None = None  # where the trial's steps on fake tensors put the ceiling
     command: tuple[str, ...] = ()  # the user's own training command that was probed (with {batch}), if one was
     steps_from_output: str | None = None  # the line that counted its steps, where it was not torch's optimizer
+    machine_state: MachineState | None = None  # the machine's state while the trials ran
 
     @property
     def stopped_at_max_batch(self) -> bool:

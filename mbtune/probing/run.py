@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mbtune.device.describe import describe
+from mbtune.device.machine_state import StateSampler, run_versions
 from mbtune.errors import (
     ConfigError,
 )
@@ -58,8 +59,10 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
     confirm = config.confirm if config.confirm is not None else 1 if device == "cpu" else 2
     config = replace(config, memory_budget_bytes=memory_budget_bytes, confirm=confirm)
     trials = _Trials(config, device, progress, store, on_trial, fits_in_bytes)
-    predicted = {mode: _predicted(config, device, mode, fits_in_bytes, warnings, progress) for mode in config.recompute}
-    found, *others = [trials.search(mode, fits_in_bytes, predicted[mode]) for mode in config.recompute]
+    with StateSampler(gpus=device.startswith("cuda"), versions=run_versions()) as sampler:
+        predicted = {mode: _predicted(config, device, mode, fits_in_bytes, warnings, progress)
+                     for mode in config.recompute}
+        found, *others = [trials.search(mode, fits_in_bytes, predicted[mode]) for mode in config.recompute]
     for mode, other in zip(config.recompute[1:], others):
         warnings += [f"recompute {mode}: {w}" for w in other.warnings]
     return ProbeResult(
@@ -77,6 +80,7 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         recompute=config.recompute[0], mode=config.mode, predicted=predicted[config.recompute[0]],
         command=config.command, steps_from_output=config.steps_from_output,
         recompute_ceilings=tuple(_recompute_ceiling(mode, other) for mode, other in zip(config.recompute[1:], others)),
+        machine_state=sampler.state(),
     )
 
 
