@@ -66,7 +66,7 @@ def history_path(profiles_dir: Path, baseline: Profile | None, against: str, hos
 
 def read_history(path: Path) -> History | None:
     """The history at `path`, None where there is none yet; a damaged or newer file is refused in one line."""
-    hint = f"Move {path} aside (its runs stay readable as JSON) or pass --no-history."
+    hint = f"Move {path} aside (what it holds stays readable); qualify --no-history runs without a history."
     try:
         data = json.loads(Path(path).read_bytes().decode("utf-8"))
     except FileNotFoundError:

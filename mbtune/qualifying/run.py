@@ -170,12 +170,18 @@ def _measure(spec: QualifySpec, baseline: Profile | None,
                    started_at=started_at, wall_s=time.monotonic() - started, state=state)
 
 
+# A step for the worse is shown as FAIL for this many runs after it, then as history (PASS).
+RECENT_RUNS = 10
+
+
 def with_history(verdict: Verdict, path: Path, against: str) -> Verdict:
     """The verdict added to its history, naming the latest step of each gating check's series as a check
-    shown beside the verdict (a step for the worse is FAIL, for the better PASS; neither gates)."""
+    shown beside the verdict (a step for the worse within RECENT_RUNS runs is FAIL, else PASS; none gates)."""
     history = add_run(path, verdict, against=against)
     changes = latest_changes(history)
-    shown = tuple(Check(name=f"history: {c.check}", status=FAIL if c.change_pct < 0 else PASS, gating=False,
+    last = history.runs[-1].run
+    shown = tuple(Check(name=f"history: {c.check}", gating=False,
+                        status=FAIL if c.change_pct < 0 and last - c.run < RECENT_RUNS else PASS,
                         detail=f"{c.words} (p {c.p_value:.1g}; {len(history.runs)} runs)") for c in changes)
     return dataclasses.replace(verdict, checks=verdict.checks + shown, changes=changes, history=str(path),
                                run=history.runs[-1].run)
