@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mbtune.device.describe import describe
+from mbtune.device.machine_state import StateSampler, run_versions
 from mbtune.errors import (
     EXIT_COULD_NOT_RUN,
     BudgetTooSmallError,
@@ -19,11 +20,10 @@ from mbtune.errors import (
 from mbtune.pipeline.nodes import Nodes
 from mbtune.probing.config import ProbeConfig
 from mbtune.progress import TrialProgress
-from mbtune.device.machine_state import StateSampler, run_versions
 from mbtune.qualifying.history import add_run, history_path, latest_changes, read_history
 from mbtune.qualifying.records import FAIL, INCONCLUSIVE, PASS, Check, Verdict
-from mbtune.qualifying.state import state_check, throttle_check
 from mbtune.qualifying.spec import QualifySpec
+from mbtune.qualifying.state import state_check, throttle_check
 from mbtune.saving.profiles import Profile
 from mbtune.saving.session import run_probe, run_tune
 from mbtune.serving.records import ServeReport
