@@ -66,7 +66,7 @@ def history_path(profiles_dir: Path, baseline: Profile | None, against: str, hos
 
 def read_history(path: Path) -> History | None:
     """The history at `path`, None where there is none yet; a damaged or newer file is refused in one line."""
-    hint = f"Move {path} aside (what it holds stays readable); qualify --no-history runs without a history."
+    hint = "Move it aside; qualify --no-history runs without one."
     try:
         data = json.loads(Path(path).read_bytes().decode("utf-8"))
     except FileNotFoundError:
