@@ -103,7 +103,6 @@ def sweep_workload(config: SweepConfig, progress: TrialProgress | None = None,
                    machine_state=sampler.state())
 
 
-
 class _Points:
     """The sweep's points, each run for real (its repeats in fresh processes, journaled), or taken from an
     interrupted run's journal; and the split of blocks over stages every point runs with."""
