@@ -161,9 +161,8 @@ def _measure(spec: QualifySpec, baseline: Profile | None,
         checks += qualify.against_baseline(baseline.probe, baseline.sweep, probe, sweep, tolerance=spec.tolerance)
     checks += qualify.against_thresholds(dict(spec.thresholds), probe, sweep)
     checks += qualify.serve_thresholds(dict(spec.thresholds), serve, serve_error)
-    checks += [c for c in (throttle_check(state),
-                           state_check(baseline.sweep.machine_state if baseline and baseline.sweep else None, state))
-               if c is not None]
+    compared = state_check(baseline.sweep.machine_state if baseline.sweep else None, state) if baseline else None
+    checks += [c for c in (throttle_check(state), compared) if c is not None]
     return Verdict(checks=tuple(checks), device=info, baseline=spec.baseline,
                    baseline_device=device_model(baseline) if baseline else None, tolerance=spec.tolerance,
                    repeats=repeats if sweep_config is not None else None, probe=probe, sweep=sweep,

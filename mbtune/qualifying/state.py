@@ -32,8 +32,9 @@ def throttle_check(now: MachineState | None) -> Check | None:
 
 
 def state_check(baseline: MachineState | None, now: MachineState | None) -> Check | None:
-    """Shown, not gating: PASS where nothing named differs from the baseline's state, INCONCLUSIVE with the
-    differences otherwise (a reason a figure may have moved); None where this run has no state."""
+    """Shown, not gating, where there is a baseline: PASS where nothing named differs from its state,
+    INCONCLUSIVE with the differences otherwise (a reason a figure may have moved); None where this run has
+    no state."""
     if now is None:
         return None
     if baseline is None:
