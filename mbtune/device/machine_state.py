@@ -151,12 +151,9 @@ class StateSampler:
             nvml = self._nvml
             nvml.nvmlInit()
             self._initialised = True
-            from mbtune.device.nvml import cuda_visible_uuids
+            from mbtune.device.nvml import cuda_visible_uuids, device_handles
 
-            handles = {}
-            for index in range(nvml.nvmlDeviceGetCount()):
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                handles[_text(nvml.nvmlDeviceGetUUID(handle))] = handle
+            handles = dict(device_handles(nvml))
             visible = cuda_visible_uuids(list(handles), os.environ.get("CUDA_VISIBLE_DEVICES"))
             self._handles = [(uuid, _text(nvml.nvmlDeviceGetName(handles[uuid])), handles[uuid]) for uuid in visible]
             driver = _try(nvml.nvmlSystemGetDriverVersion)

@@ -59,6 +59,15 @@ def cuda_visible_uuids(nvml_uuids: Sequence[str], visible_devices: str | None) -
     return chosen
 
 
+def device_handles(nvml: Any) -> list[tuple[str, Any]]:
+    """Every GPU's (UUID, handle), in NVML's order."""
+    devices = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        devices.append((_text(nvml.nvmlDeviceGetUUID(handle)), handle))
+    return devices
+
+
 def samples_in_window(samples: Sequence[Sample], window_unix_s: Window | None) -> list[Sample]:
     """The samples taken inside [start, end] (time.time() seconds); all of them without a window."""
     if window_unix_s is None:
@@ -122,10 +131,7 @@ class NvmlSampler:
 
     def _select_handles(self) -> list[tuple[str, str, Any]]:
         nvml = self._nvml
-        devices = []
-        for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            devices.append((_text(nvml.nvmlDeviceGetUUID(handle)), handle))
+        devices = device_handles(nvml)
         if self._cuda_indices is not None:
             by_cuda = cuda_visible_uuids([uuid for uuid, _ in devices], self._visible)
             wanted = {by_cuda[i] for i in self._cuda_indices if 0 <= i < len(by_cuda)}
