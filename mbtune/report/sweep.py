@@ -66,7 +66,9 @@ def results_table(report: SweepReport, *, console: Console | None = None) -> Tab
         spread = "ranges: the 95% interval and min-max over one run's measured steps (narrower than between runs)"
     predicted = ["~ predicted, not measured: the simulator calibrated on the measured rows (status says why it "
                  "was left out; --measure-all measures every point)"] if report.predicted else []
-    table.caption = "  ".join(["bubble: measured / theoretical", spread, "* Pareto front (throughput vs peak memory)",
+    unmeasured = next((r.bubble_unmeasured for r in report.results if r.bubble_unmeasured), "")
+    bubble = f"bubble: measured / theoretical{f' (measured: {unmeasured})' if unmeasured else ''}"
+    table.caption = "  ".join([bubble, spread, "* Pareto front (throughput vs peak memory)",
                                "= equivalent to the best (within the declared size, 95% equivalence test)",
                                "? not yet told apart from the best nor shown equivalent",
                                "! see warnings", *predicted, *_global_batch_note(report),
@@ -263,9 +265,10 @@ def best_panel(report: SweepReport) -> Panel:
                 else _range(best.samples_per_s_min, best.samples_per_s_max, fmt_rate))
     grid.add_row("throughput", f"{fmt_rate(best.samples_per_s)} samples/s" + interval
                  + (f", {fmt_rate(best.tokens_per_s)} tokens/s" if best.tokens_per_s else ""))
-    grid.add_row("bubble", f"measured {fmt_pct(best.bubble_measured)}"
-                 + _range(best.bubble_measured_min, best.bubble_measured_max, _bare_pct)
-                 + f", theory {fmt_pct(best.bubble_theoretical)}")
+    measured = (best.bubble_unmeasured if best.bubble_measured is None and best.bubble_unmeasured else
+                f"measured {fmt_pct(best.bubble_measured)}"
+                + _range(best.bubble_measured_min, best.bubble_measured_max, _bare_pct))
+    grid.add_row("bubble", f"{measured}, theory {fmt_pct(best.bubble_theoretical)}")
     if report.decision is not None and report.decision.group:
         equal = ", ".join(report.results[i].point.label for i in report.decision.group)
         grid.add_row("equivalent", f"{equal}: within {report.decision.size:.0%} of this one (95% equivalence "

@@ -8,8 +8,8 @@ the ranking, the ties and the profile are the workload sweep's (sweeping/run.py)
 
 from __future__ import annotations
 
+import dataclasses
 import re
-import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ from mbtune.records import OK
 
 if TYPE_CHECKING:
     from mbtune.pipeline.point import SweepPoint
+    from mbtune.pipeline.timeline import StageReport
     from mbtune.sweeping.config import SweepConfig
     from mbtune.sweeping.records import PointResult
 
@@ -104,10 +105,16 @@ def command_for(command: Sequence[str], point: SweepPoint) -> list[str]:
 
 
 def run_command_point(point: SweepPoint, config: SweepConfig, device: str) -> PointResult:
-    """One repeat of the point: the command run once, its steps after warm-up measured."""
+    """One repeat of the point: the command run once, its steps after warm-up measured; where it ran
+    torch.distributed.pipelining's schedules, its bubble, idle shares and timeline from the actions the cap
+    timed, summarised as a workload's point is (sweeping/measured.py)."""
+    from dataclasses import replace
+
     from mbtune.pipeline.theory import theoretical_bubble
+    from mbtune.pipeline.timeline import PipelineOutcome
     from mbtune.probing.command import classify, run_steps
     from mbtune.settings import MAX_BUDGET_BYTES
+    from mbtune.sweeping.measured import summarize_point
     from mbtune.sweeping.records import PointResult
 
     warmup = max(1, config.warmup_steps)  # the first step holds the command's start-up
@@ -116,23 +123,85 @@ def run_command_point(point: SweepPoint, config: SweepConfig, device: str) -> Po
     capped = run_steps(command, MAX_BUDGET_BYTES, "cpu" if device == "cpu" else "cuda", config.point_timeout_s,
                        steps, config.steps_from_output)
     trial = classify(capped, point.global_batch, steps, printed=bool(config.steps_from_output))
-    theory = theoretical_bubble(point.schedule, num_ranks=point.num_ranks, num_micro_batches=point.num_micro_batches,
-                                stages_per_rank=point.stages_per_rank)
-    peaks = _peaks_by_rank(capped.reported, point.num_ranks)
     ran_as = f"your command: {len(capped.reported)} process(es)"
     if trial.status != OK:
+        theory = theoretical_bubble(point.schedule, num_ranks=point.num_ranks,
+                                    num_micro_batches=point.num_micro_batches, stages_per_rank=point.stages_per_rank)
         return PointResult(point=point, status=trial.status, error=trial.error, bubble_theoretical=theory,
                            wall_s=capped.wall_s, error_kind=trial.error_kind, error_tail=trial.error_tail,
-                           peak_memory_bytes=peaks, ran_as=ran_as)
-    measured = trial.step_times_s[warmup:]
-    median = statistics.median(measured)
-    cv = 100.0 * statistics.pstdev(measured) / statistics.mean(measured) if len(measured) > 1 else 0.0
-    rate = point.global_batch / median
-    return PointResult(
-        point=point, status=OK, step_times_s=measured, step_time_median_s=median, step_time_cv_pct=cv,
-        samples_per_s=rate, repeat_step_time_medians_s=(median,),
-        samples_per_s_min=point.global_batch / max(measured), samples_per_s_max=point.global_batch / min(measured),
-        bubble_theoretical=theory, peak_memory_bytes=peaks, wall_s=capped.wall_s, ran_as=ran_as)
+                           peak_memory_bytes=_peaks_by_rank(capped.reported, point.num_ranks), ran_as=ran_as)
+    measured = tuple(trial.step_times_s[warmup:])
+    reports = stage_reports(capped.reported, warmup, measured, device)
+    unmeasured = "" if reports else NO_SCHEDULE
+    if not reports:  # no schedule ran: each rank's memory, the command's steps, no timeline
+        reports = tuple(_untimed(rank, peak, measured, device)
+                        for rank, peak in enumerate(_peaks_by_rank(capped.reported, point.num_ranks)))
+    outcome = PipelineOutcome(status=OK, reports=reports, wall_s=capped.wall_s)
+    result = summarize_point(point, outcome, tokens_per_sample=None, flops_per_sample=None, peak_flops_total=None)
+    return replace(result, ran_as=ran_as, bubble_unmeasured=unmeasured, stage_blocks=())  # its blocks: unknown
+
+
+NO_SCHEDULE = "not measured (no torch.distributed.pipelining schedule ran)"
+
+
+def stage_reports(reported: Sequence[dict], warmup: int, step_times_s: Sequence[float],
+                  device: str) -> tuple[StageReport, ...]:
+    """The command's processes that ran torch.distributed.pipelining's schedules as mbtune's ranks report
+    (pipeline/timeline.py), from what the cap timed (probing/cap): per optimizer step after `warmup`, the
+    schedule steps' span from the first one's start (the pipeline time) and their actions from there. A
+    process is the pipeline rank of the stages it ran; a second process with the same stages is another
+    data-parallel replica. `step_times_s`: the command's measured optimizer steps (the slowest process's).
+    Empty where no process ran a schedule past its warm-up."""
+    from mbtune.pipeline.timeline import ActionRecord, StageReport
+
+    piped = [r for r in reported if r.get("pipeline") and r["pipeline"].get("stages")]
+    if not piped:
+        return ()
+    printed = not any(r.get("step_times_s") for r in piped)  # no optimizer step: a schedule step is a step
+    holdings = sorted({tuple(r["pipeline"]["stages"]) for r in piped})
+    seen: dict[tuple[int, ...], int] = {}
+    reports = []
+    for report in sorted(piped, key=lambda r: (r.get("rank") if isinstance(r.get("rank"), int) else 0,
+                                               r.get("started", 0))):
+        pipe = report["pipeline"]
+        stages = tuple(pipe["stages"])
+        by_step: dict[int, list[list]] = {}
+        for index, schedule_step in enumerate(pipe["steps"]):
+            optimizer_step, start, end, actions = schedule_step
+            key = index if printed else optimizer_step
+            if key >= warmup and end is not None:
+                by_step.setdefault(key - warmup, []).append([start, end, actions])
+        count = min(len(step_times_s), len(by_step))
+        if not count:
+            return ()
+        records, walls = [], []
+        for step in range(count):
+            spans = by_step.get(step, [])
+            origin = spans[0][0] if spans else 0.0
+            walls.append(max((end for _, end, _ in spans), default=origin) - origin)
+            for accum, (_, _, actions) in enumerate(spans):
+                records += [ActionRecord(step=step, accum=accum, stage=stage, kind=kind, microbatch=microbatch,
+                                         start_s=begun - origin, end_s=ended - origin)
+                            for stage, kind, microbatch, begun, ended in actions
+                            if stage is not None and begun is not None and ended is not None]
+        replica = seen.get(stages, 0)
+        seen[stages] = replica + 1
+        reports.append(StageReport(
+            rank=holdings.index(stages), num_ranks=len(holdings), device=device, stage_indices=stages,
+            block_indices=tuple(() for _ in stages), num_parameters=0, step_times_s=tuple(step_times_s[:count]),
+            pipeline_times_s=tuple(walls), actions=tuple(records), peak_memory_bytes=report.get("peak_bytes"),
+            replica=replica))
+    count = min(len(r.step_times_s) for r in reports)
+    return tuple(dataclasses.replace(r, step_times_s=r.step_times_s[:count],
+                                     pipeline_times_s=r.pipeline_times_s[:count],
+                                     actions=tuple(a for a in r.actions if a.step < count)) for r in reports)
+
+
+def _untimed(rank: int, peak: int | None, step_times_s: tuple[float, ...], device: str) -> StageReport:
+    from mbtune.pipeline.timeline import StageReport
+
+    return StageReport(rank=rank, num_ranks=1, device=device, stage_indices=(rank,), block_indices=((),),
+                       num_parameters=0, step_times_s=step_times_s, pipeline_times_s=(), peak_memory_bytes=peak)
 
 
 def _peaks_by_rank(reported: list[dict], num_ranks: int) -> tuple[int | None, ...]:

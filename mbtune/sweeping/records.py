@@ -72,6 +72,7 @@ class PointResult(Outcome):
     bubble_measured: float | None = None
     bubble_theoretical: float | None = None
     excess_idle_pct: float | None = None  # measured minus theoretical bubble: communication and imbalance
+    bubble_unmeasured: str = ""  # why a point that ran has no measured bubble (the user's command)
     idle: IdleShares | None = None  # the measured bubble split into schedule, transfer and overhead
     peak_memory_bytes: tuple[int | None, ...] = ()  # per pipeline rank (the highest over data-parallel replicas)
     loss: float | None = None

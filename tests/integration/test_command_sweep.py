@@ -37,7 +37,9 @@ def test_mbtune_sweep_of_a_pipelined_command_measures_each_point_as_its_own_job(
         assert r["status"] == "ok", r["error"]
         assert len(r["step_times_s"]) == 2 and r["samples_per_s"] > 0  # the warm-up step left out
         assert len(r["peak_memory_bytes"]) == 2 and all(r["peak_memory_bytes"])  # each stage's own process
-        assert r["bubble_theoretical"] == pytest.approx(1 / 3) and r["bubble_measured"] is None
+        # The cap timed its schedule's actions: the bubble is measured, as a workload's, never below nothing.
+        assert r["bubble_theoretical"] == pytest.approx(1 / 3) and 0.0 < r["bubble_measured"] <= 1.0
+        assert r["bubble_unmeasured"] == ""
     assert len(printed["ranking"]) == 2
     # The command's own setting reached it: 16x the weights (and 4x the activations) hold more on every rank.
     peaks = {(r["point"]["schedule"], dict(r["point"]["grid"])["width"]): r["peak_memory_bytes"] for r in results}
@@ -55,3 +57,52 @@ def test_a_sweep_command_with_a_placeholder_it_does_not_fill_is_one_line_exit_2(
     err = capsys.readouterr().err
     assert ended.value.code == 2 and "placeholder {bs}, which a sweep does not fill" in err
     assert len(err.strip().splitlines()) == 1
+
+
+MLP = str(Path(__file__).parents[1] / "fixtures" / "train_scripts" / "pipe_mlp.py")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_pipelined_commands_bubble_and_memory_are_those_of_the_same_point_as_a_workload(schedule: str,
+                                                                                         capsys) -> None:
+    """The user's hand-cut pipelined MLP and the built-in mlp (the same model, split at the same block) at the
+    same point: each rank's actions, counted per optimizer step, are the schedule's; its bubble is the
+    workload's within what two runs of one point differ by here; each rank's peak within a few percent (the
+    same tensors, counted by the same counter)."""
+    from mbtune.cli import main
+
+    grid = ["-d", "cpu", "--stages", "2", "--schedules", schedule, "--micro-batches", "4", "--accum", "2",
+            "--micro-batch-size", "32", "--repeats", "1", "--steps", "3", "--no-save", "-f", "json"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "{stages}", MLP,
+               "--micro-batch-size", "{micro_batch_size}", "--micro-batches", "{micro_batches}", "--accum", "{accum}",
+               "--schedule", "{schedule}", "--width", "512"]
+    rows = []
+    for args in ([*grid, "--", *command], ["-w", "mlp", "-O", "width=512", *grid]):
+        with pytest.raises(SystemExit) as ended:
+            main(["-q", "sweep", *args])
+        assert ended.value.code == 0
+        (row,) = json.loads(capsys.readouterr().out)["results"]
+        assert row["status"] == "ok", row["error"]
+        rows.append(row)
+    mine, builtin = rows
+    forwards = sorted((a["stage"], a["accum"], a["microbatch"]) for a in mine["timeline"] if a["kind"] == "forward")
+    assert forwards == sorted((s, k, m) for s in range(2) for k in range(2) for m in range(4))
+    assert len([a for a in mine["timeline"] if a["kind"] == "loss"]) == 8
+    assert mine["bubble_theoretical"] == builtin["bubble_theoretical"] == pytest.approx(0.2)
+    assert abs(mine["bubble_measured"] - builtin["bubble_measured"]) < 0.15
+    for own, theirs in zip(mine["peak_memory_bytes"], builtin["peak_memory_bytes"], strict=True):
+        assert own == pytest.approx(theirs, rel=0.05)
+
+
+def test_a_command_that_runs_no_pipelining_schedule_says_its_bubble_was_not_measured(capsys) -> None:
+    from mbtune.cli import main
+
+    script = str(Path(__file__).parents[1] / "fixtures" / "train_scripts" / "plain_loop.py")
+    with pytest.raises(SystemExit) as ended:
+        main(["-q", "sweep", "-d", "cpu", "--stages", "1", "--schedules", "gpipe", "--micro-batches", "1",
+              "--accum", "1", "--micro-batch-size", "8", "--repeats", "1", "--steps", "2", "--no-save", "-f", "json",
+              "--", sys.executable, script, "--batch-size", "{batch}", "--width", "64"])
+    assert ended.value.code == 0
+    (row,) = json.loads(capsys.readouterr().out)["results"]
+    assert row["status"] == "ok" and row["bubble_measured"] is None
+    assert row["bubble_unmeasured"] == "not measured (no torch.distributed.pipelining schedule ran)"
