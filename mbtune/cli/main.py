@@ -36,6 +36,7 @@ def _run(argv: list[str] | None) -> None:
     quiet_resource_tracker()
     quiet_library_logs()
     try:
+        refuse_empty_command(args)
         with stdout_for_documents() if asks_for_document(args) else contextlib.nullcontext():
             # Not standalone: a value the command line cannot parse comes here, to be told in mbtune's one line.
             code = app(args=argv, prog_name="mbtune", standalone_mode=False)
@@ -68,6 +69,17 @@ def _run(argv: list[str] | None) -> None:
         print_error(f"internal error: {type(exc).__name__}: {text}. The traceback is in "
                     f"{save_traceback()}; please report it.")
         sys.exit(EXIT_COULD_NOT_RUN)
+
+
+def refuse_empty_command(args: list[str]) -> None:
+    """A `--` with nothing after it is refused: the parser would drop it, and a probe, sweep or tune would run
+    the built-in workload instead of the command the user meant to give."""
+    if "--" in args and args.index("--") == len(args) - 1:
+        from mbtune.errors import ConfigError
+
+        raise ConfigError("nothing after --: the training command goes there",
+                          hint="Give it as you run it (mbtune probe -- python train.py --batch-size {batch}), or "
+                          "leave -- out to run a built-in workload.")
 
 
 def asks_for_document(args: list[str]) -> bool:
