@@ -25,7 +25,7 @@ from mbtune.qualifying.records import FAIL, INCONCLUSIVE, PASS, Check, Verdict
 from mbtune.qualifying.spec import QualifySpec
 from mbtune.qualifying.state import state_check, throttle_check
 from mbtune.saving.profiles import Profile
-from mbtune.saving.session import run_probe, run_tune
+from mbtune.saving.session import run_probe, run_sweep, run_tune
 from mbtune.serving.records import ServeReport
 from mbtune.settings import build, settings_of
 from mbtune.sweeping.config import SweepConfig
@@ -134,11 +134,14 @@ def _measure(spec: QualifySpec, baseline: Profile | None,
     sampler = StateSampler(gpus=_on_cuda(probe_config, sweep_config, spec), versions=run_versions())
     try:
         sampler.__enter__()
-        info = describe(resolve_device(probe_config.device if probe_config else _serve_device(spec)))
+        info = describe(resolve_device(probe_config.device if probe_config else sweep_config.device if sweep_config
+                                       else _serve_device(spec)))
         check_same_device(device_model(baseline) if baseline else None,
                                   f"{info.backend}: {info.name}", allow=spec.allow_different_device,
                                   what="the baseline and this machine")
-        if probe_config is None:
+        if probe_config is None and sweep_config is not None:  # a sweep of the user's command alone
+            sweep = run_sweep(sweep_config, progress, profiles_dir=profiles_dir, resume=resume).sweep
+        elif probe_config is None:
             pass  # a serving spec alone
         elif sweep_config is None:
             probe = run_probe(probe_config, progress, profiles_dir=profiles_dir, resume=resume).probe
@@ -222,17 +225,22 @@ def _qualify_configs(spec: QualifySpec, baseline: Profile | None,
         return None, None
     if spec.probe is not None:
         return spec.probe, dataclasses.replace(spec.sweep, repeats=repeats) if spec.sweep else None
-    if baseline is None or baseline.probe is None:
+    if baseline is None or (baseline.probe is None and (baseline.sweep is None or not baseline.sweep.command)):
         raise ProfileError(f"baseline {spec.baseline} holds no probe to re-run",
-                           hint="Qualify against a profile written by mbtune probe or tune.")
+                           hint="Qualify against a profile written by mbtune probe or tune (or a sweep of your "
+                                "command).")
     was = baseline.probe
-    device = was.device.label if was.device.backend == "cuda" else "cpu"
-    probe = build(ProbeConfig, {**settings_of(ProbeConfig, was), "device": device,
-                                "name": was.workload if was.command else None,
-                                "recompute": (was.recompute, *(c.recompute for c in was.recompute_ceilings))},
-                  command_line=baseline.metadata.command_line)
+    probe = None
+    if was is not None:  # a sweep of the user's command may stand alone: its sweep checks are qualified
+        device = was.device.label if was.device.backend == "cuda" else "cpu"
+        probe = build(ProbeConfig, {**settings_of(ProbeConfig, was), "device": device,
+                                    "name": was.workload if was.command else None,
+                                    "recompute": (was.recompute, *(c.recompute for c in was.recompute_ceilings))},
+                      command_line=baseline.metadata.command_line)
     if baseline.sweep is None:
         return probe, None
+    if was is None:
+        device = baseline.sweep.device.label if baseline.sweep.device.backend == "cuda" else "cpu"
     points = tuple(r.point for r in baseline.sweep.results if r.ok)
     # How the baseline searched (its limits, strategy, precision target and repeats) is decided afresh: the
     # re-run measures the baseline's own points.

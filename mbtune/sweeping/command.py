@@ -104,6 +104,53 @@ def command_for(command: Sequence[str], point: SweepPoint) -> list[str]:
     return [ANY_PLACEHOLDER.sub(value, arg) for arg in command]
 
 
+# Schedules by the micro-batches they keep in flight, most first: GPipe holds every one, the interleaved and
+# zero-bubble ones more than 1F1B's (at most the stages).
+HUNGRIEST_SCHEDULES = ("gpipe", "interleaved-1f1b", "zero-bubble", "1f1b")
+
+
+def hungriest_point(config: SweepConfig) -> SweepPoint:
+    """The point of the grid whose ranks hold the most, where `tune -- COMMAND` probes the command: the schedule
+    that keeps the most micro-batches in flight, the most micro-batches, accumulation steps and replicas, no
+    recompute, and the last value of each --grid setting (list a setting's values in the order of the memory
+    they take). Its micro-batch size is the probe's to find."""
+    from mbtune.pipeline.point import SweepPoint
+    from mbtune.pipeline.theory import stages_per_rank_of
+
+    schedule = min(config.schedules, key=lambda s: HUNGRIEST_SCHEDULES.index(s) if s in HUNGRIEST_SCHEDULES else 0)
+    return SweepPoint(schedule=schedule, num_ranks=config.num_ranks, num_micro_batches=max(config.micro_batch_counts),
+                      grad_accum_steps=max(config.grad_accum_steps), micro_batch_size=1,
+                      stages_per_rank=stages_per_rank_of(schedule, config.stages_per_rank),
+                      data_parallel_size=max(config.data_parallel_size), recompute="none",
+                      grid=tuple((name, values[-1]) for name, values in config.grid))
+
+
+def probe_command(config: SweepConfig) -> tuple[tuple[str, ...], int]:
+    """What `tune -- COMMAND` probes: the command at the grid's hungriest point (hungriest_point) with its batch
+    placeholder left for the probe to step, {micro_batch_size} where it has one, else {batch} (micro-batch size
+    x micro-batches); and how many micro-batches the probed size spans (1, or the point's micro-batches), so
+    the probed safe size over it is the largest micro-batch size every point of the grid fits."""
+    from mbtune.probing.command import PLACEHOLDER
+
+    used = placeholders_in(config.command)
+    stepped = next((name for name in ("micro_batch_size", "batch") if name in used), None)
+    if stepped is None:
+        raise ConfigError("tune -- COMMAND probes the command's batch, and it has neither {micro_batch_size} nor "
+                          "{batch}", hint="Write {micro_batch_size} where the command takes its micro-batch size.")
+    if stepped == "micro_batch_size" and "batch" in used:
+        raise ConfigError("the command has both {micro_batch_size} and {batch}: a tune probes one of them",
+                          hint="Write the micro-batch size and the micro-batches ({micro_batches}) instead of {batch}.")
+    point = hungriest_point(config)
+    own = dict(point.grid)
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return PLACEHOLDER if name == stepped else own[name] if name in own else str(PLACEHOLDERS[name](point))
+
+    spans = 1 if stepped == "micro_batch_size" else point.num_micro_batches
+    return tuple(ANY_PLACEHOLDER.sub(value, arg) for arg in config.command), spans
+
+
 def run_command_point(point: SweepPoint, config: SweepConfig, device: str) -> PointResult:
     """One repeat of the point: the command run once, its steps after warm-up measured; where it ran
     torch.distributed.pipelining's schedules, its bubble, idle shares and timeline from the actions the cap
@@ -120,8 +167,8 @@ def run_command_point(point: SweepPoint, config: SweepConfig, device: str) -> Po
     warmup = max(1, config.warmup_steps)  # the first step holds the command's start-up
     steps = warmup + config.measured_steps
     command = command_for(config.command, point)
-    capped = run_steps(command, MAX_BUDGET_BYTES, "cpu" if device == "cpu" else "cuda", config.point_timeout_s,
-                       steps, config.steps_from_output)
+    capped = run_steps(command, config.memory_budget_bytes or MAX_BUDGET_BYTES, "cpu" if device == "cpu" else "cuda",
+                       config.point_timeout_s, steps, config.steps_from_output)
     trial = classify(capped, point.global_batch, steps, printed=bool(config.steps_from_output))
     ran_as = f"your command: {len(capped.reported)} process(es)"
     if trial.status != OK:

@@ -11,6 +11,7 @@ from mbtune.pipeline.theory import DEFAULT_STAGES_PER_RANK
 from mbtune.settings import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
+    MAX_BUDGET_BYTES,
     MAX_COUNT,
     MAX_PROCESSES,
     MAX_SAMPLES,
@@ -119,6 +120,9 @@ class SweepConfig:
     steps_from_output: str | None = None  # a line the command prints once a step (probing/command.py)
     # More of the command's own settings to sweep (--grid NAME=v1,v2): each fills the command's {NAME}.
     grid: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # A command's points run under this cap (a tune's probed budget: a point past it is an out-of-memory row);
+    # None: the whole device, where the cap only counts what each process held.
+    memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         from mbtune.pipeline.theory import SCHEDULE_NAMES
@@ -175,6 +179,9 @@ class SweepConfig:
         _require(self.threads is None or self.threads >= 1, "threads", self.threads, ">= 1")
         check_at_most(self, MAX_SAMPLES, "micro_batch_size", "global_batch", "safe_batch", "recompute_safe_batch",
                       "ceiling", "reference_batch")
+        _require(self.memory_budget_bytes is None or self.memory_budget_bytes > 0, "memory_budget_bytes",
+                 self.memory_budget_bytes, "a size above zero")
+        check_at_most(self, MAX_BUDGET_BYTES, "memory_budget_bytes")
         check_at_most(self, MAX_COUNT, "micro_batches", "grad_accum_steps", "warmup_steps", "measured_steps", "repeats")
         check_at_most(self, MAX_PROCESSES, "num_ranks", "data_parallel_size", "stages_per_rank", "threads")
         check_seed(self.seed)

@@ -29,11 +29,26 @@ def tune_workload(probe_config: ProbeConfig, sweep_config: SweepConfig, progress
     """Probe, then sweep around the probed safe batch, then (with `check`) check the best row's update
     against the plain model's."""
     probe = probe_workload(probe_config, progress, store)
-    sweep_config = replace(sweep_config, **sweep_limits(probe))
+    sweep_config = replace(sweep_config, **_command_limits(probe, sweep_config) if sweep_config.command
+                           else sweep_limits(probe))
     sweep = sweep_workload(sweep_config, progress, store, quick=quick, predictor=predictor)
-    if check and sweep.best is not None and not sweep.interrupted:
+    if check and not sweep_config.command and sweep.best is not None and not sweep.interrupted:
         sweep = _checked(sweep, sweep_config, progress)
     return probe, sweep
+
+
+def _command_limits(probe: ProbeResult, config: SweepConfig) -> dict[str, Any]:
+    """A command's probe (at the grid's hungriest point, sweeping/command.py probe_command) as the sweep's limits:
+    its safe size and ceiling over the micro-batches they spanned, as micro-batch sizes, and its budget, which
+    every point runs under (a point past it is an out-of-memory row)."""
+    from mbtune.sweeping.command import probe_command
+
+    _, spans = probe_command(config)
+    limits = dict(sweep_limits(probe))
+    for name in ("safe_batch", "ceiling"):
+        if limits[name] is not None:
+            limits[name] = max(1, limits[name] // spans)
+    return {**limits, "memory_budget_bytes": probe.memory_budget_bytes}
 
 
 def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | None) -> SweepReport:
@@ -91,8 +106,14 @@ def tune_configs(given: Mapping[str, Any], *, spelled: Callable[[str], str] = pa
     if PROBE_STEPS in keys.values():
         probe["steps"] = next(given[key] for key, name in keys.items() if name == PROBE_STEPS)
     sweep = {key: given[key] for key, name in keys.items() if name in sweep_names}  # former names noted there
+    sweep_config = build(SweepConfig, sweep, spelled=spelled, what="tune", said=said, command_line=command_line)
+    if sweep_config.command:  # the probe's is the command at the grid's hungriest point, its batch stepped
+        from mbtune.sweeping.command import probe_command
+
+        probe.update(command=probe_command(sweep_config)[0], name=sweep_config.workload)
+        probe.pop("grid", None)
     return (build(ProbeConfig, probe, spelled=lambda f: _probe_spelled(f, spelled), what="tune", command_line=command_line),
-            build(SweepConfig, sweep, spelled=spelled, what="tune", said=said, command_line=command_line))
+            sweep_config)
 
 
 def _probe_spelled(field_name: str, spelled: Callable[[str], str]) -> str:

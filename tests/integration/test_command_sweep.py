@@ -106,3 +106,53 @@ def test_a_command_that_runs_no_pipelining_schedule_says_its_bubble_was_not_meas
     (row,) = json.loads(capsys.readouterr().out)["results"]
     assert row["status"] == "ok" and row["bubble_measured"] is None
     assert row["bubble_unmeasured"] == "not measured (no torch.distributed.pipelining schedule ran)"
+
+
+def test_mbtune_tune_of_a_pipelined_command_probes_its_hungriest_point_sweeps_under_the_budget_and_qualifies(
+        tmp_path: Path, capsys) -> None:
+    """tune -- COMMAND: the probe steps the command's {micro_batch_size} at the grid's hungriest point (GPipe,
+    the most micro-batches); the sweep holds the global batch the safe size gives, each point's micro-batch
+    size within it, under the probe's budget; one profile, which qualify --baseline re-runs; a profile of the
+    command's sweep alone qualifies its sweep checks."""
+    from mbtune.cli import main
+    from mbtune.saving.profiles import load_profile
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "{stages}", MLP,
+               "--micro-batch-size", "{micro_batch_size}", "--micro-batches", "{micro_batches}", "--schedule",
+               "{schedule}", "--width", "64"]
+    with pytest.raises(SystemExit) as ended:
+        main(["-q", "tune", "-d", "cpu", "--memory-budget", "12MiB", "--resolution", "64", "--probe-steps", "2",
+              "--stages", "2", "--schedules", "1f1b,gpipe", "--micro-batches", "2,4", "--accum", "1", "--repeats", "1",
+              "--steps", "2", "--profiles-dir", str(tmp_path), "-f", "json", "--", *command])
+    assert ended.value.code == 0
+    printed = json.loads(capsys.readouterr().out)
+    probe, sweep = printed["probe"], printed["sweep"]
+    at = probe["command"]
+    assert at[at.index("--schedule") + 1] == "gpipe" and at[at.index("--micro-batches") + 1] == "4"
+    assert at[at.index("--micro-batch-size") + 1] == "{batch}" and at[at.index("--nproc-per-node") + 1] == "2"
+    assert probe["first_failing"] is not None  # the budget drew the line
+    safe = probe["safe_batch"]
+    points = [r["point"] for r in sweep["results"]]
+    assert len({p["micro_batch_size"] * p["num_micro_batches"] for p in points}) == 1  # the global batch held
+    assert all(p["micro_batch_size"] <= safe for p in points)
+    assert all(r["status"] == "ok" and r["bubble_measured"] is not None for r in sweep["results"])
+    (saved,) = tmp_path.glob("*/pipe-mlp.json")
+    profile = load_profile(saved)
+    assert profile.probe is not None and profile.sweep is not None and profile.sweep.command == tuple(command)
+
+    # The command's sweep alone, saved, then qualified against: its sweep checks, no probe.
+    alone = tmp_path / "alone"
+    with pytest.raises(SystemExit) as ended:
+        main(["-q", "sweep", "-d", "cpu", "--stages", "2", "--schedules", "1f1b", "--micro-batches", "2", "--accum",
+              "1", "--micro-batch-size", "16", "--repeats", "1", "--steps", "2", "--profiles-dir", str(alone), "--",
+              *command])
+    assert ended.value.code == 0
+    capsys.readouterr()
+    (baseline,) = alone.glob("*/pipe-mlp.json")
+    with pytest.raises(SystemExit) as ended:
+        main(["-q", "qualify", "--baseline", str(baseline), "--no-history", "--repeats", "1", "-f", "json"])
+    verdict = json.loads(capsys.readouterr().out)
+    names = {c["name"] for c in verdict["checks"]}
+    assert "best throughput (samples/s)" in names and not any(n.startswith("ceiling") for n in names)
+    assert verdict["sweep"]["results"][0]["point"]["micro_batch_size"] == 16
+    assert ended.value.code in (0, 1, 4)
