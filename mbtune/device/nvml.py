@@ -175,6 +175,11 @@ class NvmlSampler:
             _usage(uuid, name, samples_in_window(self._samples.get(uuid, []), window_unix_s))
             for uuid, name, _ in handles))
 
+    def gpus_running(self, pids: Sequence[int], window_unix_s: Window | None = None) -> list[str]:
+        """The sampled GPUs on which NVML saw any of these processes compute (inside the window where given)."""
+        return [uuid for uuid, _, _ in self._handles
+                if (seen := self.compute_pids([uuid], window_unix_s)) is not None and seen & set(pids)]
+
     def compute_pids(self, uuids: Sequence[str] | None = None,
                      window_unix_s: Window | None = None) -> frozenset[int] | None:
         """Every pid NVML saw computing on these GPUs (all sampled ones without `uuids`) inside the window;

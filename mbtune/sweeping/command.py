@@ -18,7 +18,9 @@ from mbtune.probing.command import ANY_PLACEHOLDER, NAME, placeholders_in
 from mbtune.records import OK
 
 if TYPE_CHECKING:
+    from mbtune.device.nvml import NvmlSampler
     from mbtune.pipeline.point import SweepPoint
+    from mbtune.records import NvmlSummary
     from mbtune.pipeline.timeline import StageReport
     from mbtune.sweeping.config import SweepConfig
     from mbtune.sweeping.records import PointResult
@@ -157,6 +159,7 @@ def run_command_point(point: SweepPoint, config: SweepConfig, device: str) -> Po
     timed, summarised as a workload's point is (sweeping/measured.py)."""
     from dataclasses import replace
 
+    from mbtune.device.nvml import NvmlSampler
     from mbtune.pipeline.theory import theoretical_bubble
     from mbtune.pipeline.timeline import PipelineOutcome
     from mbtune.probing.command import classify, run_steps
@@ -167,8 +170,11 @@ def run_command_point(point: SweepPoint, config: SweepConfig, device: str) -> Po
     warmup = max(1, config.warmup_steps)  # the first step holds the command's start-up
     steps = warmup + config.measured_steps
     command = command_for(config.command, point)
-    capped = run_steps(command, config.memory_budget_bytes or MAX_BUDGET_BYTES, "cpu" if device == "cpu" else "cuda",
-                       config.point_timeout_s, steps, config.steps_from_output)
+    # Its processes pick their own GPUs: every GPU is sampled, and those the processes used are kept.
+    with NvmlSampler(cuda_indices=() if device == "cpu" else None) as sampler:
+        capped = run_steps(command, config.memory_budget_bytes or MAX_BUDGET_BYTES,
+                           "cpu" if device == "cpu" else "cuda", config.point_timeout_s, steps,
+                           config.steps_from_output)
     trial = classify(capped, point.global_batch, steps, printed=bool(config.steps_from_output))
     ran_as = f"your command: {len(capped.reported)} process(es)"
     if trial.status != OK:
@@ -185,7 +191,32 @@ def run_command_point(point: SweepPoint, config: SweepConfig, device: str) -> Po
                         for rank, peak in enumerate(_peaks_by_rank(capped.reported, point.num_ranks)))
     outcome = PipelineOutcome(status=OK, reports=reports, wall_s=capped.wall_s)
     result = summarize_point(point, outcome, tokens_per_sample=None, flops_per_sample=None, peak_flops_total=None)
-    return replace(result, ran_as=ran_as, bubble_unmeasured=unmeasured, stage_blocks=())  # its blocks: unknown
+    return replace(result, ran_as=ran_as, bubble_unmeasured=unmeasured, stage_blocks=(),  # its blocks: unknown
+                   nvml=command_nvml(sampler, capped.reported, warmup) if device != "cpu" else None)
+
+
+def command_nvml(sampler: NvmlSampler, reported: Sequence[dict], warmup: int) -> NvmlSummary:
+    """What NVML sampled of the GPUs the command's processes used (each names its own; else those NVML saw
+    its processes compute on), over its measured steps (from the end of each process's warm-up to the last
+    step's end)."""
+    window = measured_window(reported, warmup)
+    uuids = sorted({uuid for r in reported for uuid in r.get("device_uuids") or ()})
+    if not uuids:
+        uuids = sampler.gpus_running([r["pid"] for r in reported if "pid" in r], window)
+    if not uuids:
+        from mbtune.records import NvmlSummary
+
+        return NvmlSummary(available=False, reason="NVML saw none of the command's processes on a GPU")
+    return sampler.summary(uuids, window)
+
+
+def measured_window(reported: Sequence[dict], warmup: int) -> tuple[float, float] | None:
+    """time.time() from the first process's end of its warm-up steps to the last one's last step; None where
+    no process stepped past its warm-up."""
+    ends = [r["step_ends_unix_s"] for r in reported if len(r.get("step_ends_unix_s") or ()) > warmup]
+    if not ends:
+        return None
+    return min(e[warmup - 1] if warmup else e[0] for e in ends), max(e[-1] for e in ends)
 
 
 NO_SCHEDULE = "not measured (no torch.distributed.pipelining schedule ran)"

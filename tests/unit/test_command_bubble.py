@@ -61,3 +61,29 @@ def test_no_schedule_or_nothing_past_the_warm_up_is_no_report() -> None:
     plain = [{"pid": 1, "rank": None, "peak_bytes": 5, "step_times_s": [1.0, 1.0]}]
     assert stage_reports(plain, warmup=1, step_times_s=(1.0,), device="cpu") == ()
     assert stage_reports(_two_ranks(), warmup=2, step_times_s=(6.5,), device="cpu") == ()
+
+
+def test_the_commands_gpus_are_those_its_processes_name_or_nvml_saw_them_on() -> None:
+    """On CUDA a command's processes pick their own GPUs: NVML samples every one, and the point keeps those its
+    processes allocated on (the cap names them), else those NVML saw its pids compute on."""
+    import time
+
+    from mbtune.device.nvml import NvmlSampler
+    from mbtune.sweeping.command import command_nvml, measured_window
+    from tests.unit.test_nvml import FakeNvml
+
+    started = time.time()
+    with NvmlSampler(interval_s=0.01, nvml=FakeNvml(processes={0: [111], 1: [222]})) as sampler:
+        time.sleep(0.1)
+    ends = [started + 0.02, started + 0.04, started + 0.09]
+    named = [{"pid": 999, "device_uuids": ["GPU-1"], "step_ends_unix_s": ends}]
+    assert measured_window(named, warmup=1) == (ends[0], ends[-1])
+    summary = command_nvml(sampler, named, warmup=1)
+    assert summary.available and [g.uuid for g in summary.gpus] == ["GPU-1"]
+    assert summary.gpus[0].num_samples >= 1 and summary.gpus[0].kernel_active_pct_median == 50
+
+    by_pid = [{"pid": 111, "step_ends_unix_s": ends}]  # it named none: the GPU its pid computed on
+    assert [g.uuid for g in command_nvml(sampler, by_pid, warmup=1).gpus] == ["GPU-0"]
+
+    nowhere = command_nvml(sampler, [{"pid": 333}], warmup=1)
+    assert not nowhere.available and "none of the command's processes" in nowhere.reason
