@@ -12,6 +12,9 @@
 #   warm-ranks      bench/warm_ranks.py: a repeat's overhead on rank processes kept between points (their CUDA
 #                   context and NCCL group made once) against fresh ones, and the two modes' throughput and
 #                   peak memory side by side
+#   confirm-memory  `confirm --duration` of a plain loop whose evaluation pass (every few steps, at its own larger
+#                   batch) raises the high-water mark: the peak over time, the rise named, and on CUDA the
+#                   caching allocator's retries and fragmentation (reserved but unallocated, inactive split)
 #   plan-memory     `plan` of an 8B-parameter Llama on 8 stages of 141 GB, no profile: every stage's peak on
 #                   fake tensors, timed on this machine's cores (the built-in GPT at the same sizes where
 #                   transformers is missing or torch is older than 2.13)
@@ -20,7 +23,8 @@
 #                   wall-clock step time
 # tests/gpu holds the CUDA checks of memory (kept rank processes included: tests/gpu/test_cuda_warm_ranks.py): a trial's predicted peak against its allocated peak,
 # the machine state sampled through NVML as qualify records and judges it (tests/gpu/test_cuda_state.py),
-# `mbtune confirm` holding a CUDA script to the per-process memory fraction, and `mbtune probe -- COMMAND`
+# `mbtune confirm` holding a CUDA script to the per-process memory fraction (and its allocator's retries and
+# fragmentation over a run: tests/gpu/test_cuda_confirm_memory.py), and `mbtune probe -- COMMAND`
 # probing a CUDA training script under it (tests/gpu/test_cuda_command_probe.py); an hf: trial's peak against
 # the plain transformers loop's, and `mbtune sweep -- COMMAND` of a pipelined script on NCCL
 # (tests/gpu/test_cuda_whole_model.py).
@@ -46,7 +50,7 @@ MODE=auto
 for arg in "$@"; do
   case "$arg" in
     --cpu-dry-run) MODE=cpu ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -82,9 +86,10 @@ if [ "$MODE" = gpu ]; then
   PROBE_DEVICE=(--granularity 8 --max-batch 512)
   PROBE_BUDGET=(--granularity 2 --max-batch 128)  # ~7 samples fit in 16 GiB: a granule of 8 would say 0
   SWEEP=(--schedules gpipe,1f1b -m 4 --accum 1 --micro-batch-size 4 --warmup 2 --steps 10)
-  LIMIT_PYTEST=150 LIMIT_DEVICE=130 LIMIT_BUDGET=70 LIMIT_SWEEP=70
+  LIMIT_PYTEST=180 LIMIT_DEVICE=130 LIMIT_BUDGET=70 LIMIT_SWEEP=70
   TRIAL_TIMEOUT=60 POINT_TIMEOUT=50
   WARM=(--device cuda --stages 1 --rounds 2) LIMIT_WARM=90
+  CONFIRM=(--duration 20s) CONFIRM_SCRIPT=(--batch-size 64 --eval-batch-size 65536 --width 256 --eval-every 20) LIMIT_CONFIRM=60
 else
   DEVICE=cpu
   MODEL=(-O layers=2 -O d_model=32 -O heads=2 -O seq_len=16 -O vocab=128)
@@ -94,6 +99,7 @@ else
   LIMIT_PYTEST=60 LIMIT_DEVICE=60 LIMIT_BUDGET=60 LIMIT_SWEEP=60
   TRIAL_TIMEOUT=60 POINT_TIMEOUT=50
   WARM=(--device cpu --stages 1 --rounds 1 --points 1 "${MODEL[@]}") LIMIT_WARM=60
+  CONFIRM=(--duration 15s) CONFIRM_SCRIPT=(--batch-size 8 --eval-batch-size 2048 --width 64 --eval-every 3) LIMIT_CONFIRM=60
 fi
 
 STEPS_FILE="$OUT_DIR/steps.tsv"
@@ -132,6 +138,20 @@ run_step sweep "$LIMIT_SWEEP" "$OUT_DIR/sweep.json" \
 run_step warm-ranks "$LIMIT_WARM" "$OUT_DIR/warm-ranks.txt" \
   "$PY" bench/warm_ranks.py "${WARM[@]}" --json "$OUT_DIR/warm-ranks.json"
 
+run_step confirm-memory "$LIMIT_CONFIRM" "$OUT_DIR/confirm-memory.json" \
+  "${MBTUNE[@]}" confirm --memory-budget 2GiB -d "$DEVICE" "${CONFIRM[@]}" -f json -- \
+  "$PY" tests/fixtures/train_scripts/eval_loop.py "${CONFIRM_SCRIPT[@]}" --device "$DEVICE"
+
+# The user's own pipelined command (torch.distributed.pipelining under torchrun, one stage: one GPU): its bubble
+# timed by the cap, its GPU found and sampled by NVML.
+if [ "$MODE" = gpu ]; then CMD_SWEEP=(--micro-batch-size 64 --steps 10) CMD_WIDTH=1024
+else CMD_SWEEP=(--micro-batch-size 8 --steps 2) CMD_WIDTH=64; fi
+run_step sweep-command "$LIMIT_SWEEP" "$OUT_DIR/sweep-command.json" \
+  "${MBTUNE[@]}" sweep -d "$DEVICE" --stages 1 --schedules gpipe -m 4 --accum 1 "${CMD_SWEEP[@]}" --repeats 1 \
+  --no-save -f json --point-timeout "$POINT_TIMEOUT" -- "$PY" -m torch.distributed.run --nproc-per-node 1 \
+  tests/fixtures/train_scripts/pipe_mlp.py --micro-batch-size '{micro_batch_size}' \
+  --micro-batches '{micro_batches}' --schedule '{schedule}' --width "$CMD_WIDTH" --device "$DEVICE"
+
 # hf:llama where it pipelines (transformers installed; torch 2.13 or later, which hands its bool attention mask
 # between stages), else the built-in GPT at the same sizes.
 if "$PY" -c "import sys, torch, transformers; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 13))" \
@@ -162,6 +182,7 @@ import xml.etree.ElementTree as ElementTree
 
 from mbtune.device.peak_flops import peak_flops
 from mbtune.planning.memory_plan import MemoryPlan
+from mbtune.probing.confirm import ConfirmResult
 from mbtune.probing.records import ProbeResult
 from mbtune.sweeping.records import SweepReport
 
@@ -218,6 +239,23 @@ def point_figures(r):
     }
 
 
+def confirm_figures(result):
+    """The confirm run's memory over time: its peak, the mark after its first steps, the rises named, the
+    passes seen, and on CUDA the allocator's retries and fragmentation."""
+    run = result.runs[0]
+    memory = run.high_water
+    figures = {"outcome": run.outcome, "stopped": run.stopped, "wall_s": run.wall_s, "peak_bytes": run.peak_bytes}
+    if memory is None:
+        return {**figures, "high_water": None}
+    return {**figures, "settled_peak_bytes": memory.settled_peak_bytes, "rose": memory.rose,
+            "rises": [r.to_dict() for r in memory.rises], "num_steps": memory.num_steps,
+            "num_evaluations": memory.num_evaluations, "num_checkpoints": memory.num_checkpoints,
+            "num_samples": len(memory.samples), "num_alloc_retries": memory.num_alloc_retries,
+            "max_reserved_bytes": memory.max_reserved_bytes,
+            "max_unallocated_reserved_bytes": memory.max_unallocated_reserved_bytes,
+            "max_inactive_split_bytes": memory.max_inactive_split_bytes}
+
+
 def pytest_counts():
     try:
         suite = ElementTree.parse(os.path.join(out, "pytest.xml")).getroot()
@@ -247,6 +285,10 @@ sweep, error = load("sweep.json", SweepReport.from_dict)
 errors += [error] if error else []
 warm, error = load("warm-ranks.json", lambda figures: figures)
 errors += [error] if error else []
+confirm, error = load("confirm-memory.json", ConfirmResult.from_dict)
+errors += [error] if error else []
+command_sweep, error = load("sweep-command.json", SweepReport.from_dict)
+errors += [error] if error else []
 devices += [sweep.device] if sweep else []
 device = devices[0] if devices else None
 summary = {
@@ -263,6 +305,11 @@ summary = {
               # The state the sweep ran in (NVML: clocks, clock-event reasons, temperature, power, ECC, PCIe).
               "machine_state": sweep.machine_state.to_dict() if sweep.machine_state else None} if sweep else None,
     "warm_ranks": warm,
+    # The user's pipelined command: its bubble from the cap's timing, NVML on the GPU its processes used.
+    "sweep_command": {"points": [{**point_figures(r), "bubble_theoretical": r.bubble_theoretical,
+                                  "bubble_unmeasured": r.bubble_unmeasured} for r in command_sweep.results]}
+    if command_sweep else None,
+    "confirm_memory": confirm_figures(confirm) if confirm else None,
     "plan_memory": {"workload": plan.workload, "seconds": plan.seconds, "cpus": len(os.sched_getaffinity(0)),
                     "rows": [{"label": f"{r.schedule} m{r.num_micro_batches} {r.recompute}",
                               "micro_batch_size": r.micro_batch_size, "binding_rank": r.binding_rank,

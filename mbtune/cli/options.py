@@ -222,6 +222,9 @@ StepsFromOutput = Annotated[str | None, typer.Option("--steps-from-output", meta
 GridOption = Annotated[list[str] | None, typer.Option("--grid", metavar="NAME=v1,v2", help="With a command: one more of its own settings to sweep, filled into its {NAME} (repeat for more), e.g. --grid lr=1e-4,3e-4.")]
 
 
+ConfirmDuration = Annotated[str | None, typer.Option("--confirm-duration", metavar="DURATION", help="With a command: after the search, run it at the safe batch for this long (e.g. 30m), through its evaluation passes and checkpoints, as mbtune confirm --duration does; its peak over time is reported.")]
+
+
 CommandName = Annotated[str | None, typer.Option("--name", help="With a command: its name in the profile (default: its script's name).")]
 
 

@@ -21,6 +21,7 @@ from mbtune.cli.options import (
     WORKLOAD_OPTIONS,
     Check,
     CommandName,
+    ConfirmDuration,
     Device,
     FromProfile,
     GridOption,
@@ -61,7 +62,10 @@ def _sweep(given: dict[str, Any]) -> None:
 
 
 def _tune(given: dict[str, Any]) -> None:
-    """Probe the memory ceiling, sweep pipeline configurations around the safe batch, check the best one's update."""
+    """Probe the memory ceiling, sweep pipeline configurations around the safe batch, check the best one's update:
+    of a workload, or of your own pipelined training command (mbtune tune -- torchrun ... train.py
+    --micro-batch-size {micro_batch_size} --micro-batches {micro_batches} --schedule {schedule}), probed at the
+    grid's hungriest point and swept under the probed budget."""
     from mbtune.saving.session import run_tune
     from mbtune.sweeping.tune import tune_configs
 
@@ -75,11 +79,11 @@ def _tune(given: dict[str, Any]) -> None:
 
 COMMAND_OPTIONS = (option("command", TrainingCommand), option("name", CommandName),
                    option("steps_from_output", StepsFromOutput))
-probe = command(_probe, COMMAND_OPTIONS, WORKLOAD_OPTIONS,
+probe = command(_probe, COMMAND_OPTIONS, (option("confirm_duration", ConfirmDuration),), WORKLOAD_OPTIONS,
                 BUDGET_OPTIONS, PROBE_STEPS, TRAINING_OPTIONS, TRIAL_TIMEOUT, SAVE_OPTIONS, OUTPUT_OPTIONS)
 sweep = command(_sweep, (*COMMAND_OPTIONS, option("grid", GridOption)), WORKLOAD_OPTIONS, GRID_OPTIONS, (option("from_profile", FromProfile),), MEASURE_OPTIONS,
                 TRAINING_OPTIONS, LAUNCH_OPTIONS, SAVE_OPTIONS, PICTURE_OPTIONS, OUTPUT_OPTIONS)
-tune = command(_tune, WORKLOAD_OPTIONS, BUDGET_OPTIONS, (option("probe_steps", ProbeStepsInTune, PROBE_STEPS[0].default),),
+tune = command(_tune, (*COMMAND_OPTIONS, option("grid", GridOption)), WORKLOAD_OPTIONS, BUDGET_OPTIONS, (option("probe_steps", ProbeStepsInTune, PROBE_STEPS[0].default),),
                TRIAL_TIMEOUT, GRID_OPTIONS, MEASURE_OPTIONS, TRAINING_OPTIONS, (option("check", Check, True),),
                LAUNCH_OPTIONS, SAVE_OPTIONS, PICTURE_OPTIONS, OUTPUT_OPTIONS)
 
@@ -88,22 +92,27 @@ def confirm(
     ctx: typer.Context,
     command: Annotated[list[str], typer.Argument(help="The training command, after --, as you would run it (at the batch size to confirm).", show_default=False)],
     memory_budget: Annotated[str, typer.Option("--memory-budget", help="The budget to hold it to, e.g. 3GiB: the probe's, so the cap is a probe trial's.")],
-    runs: Annotated[int, typer.Option("--runs", help="Runs, each in fresh processes.")] = 3,
+    runs: Annotated[int | None, typer.Option("--runs", help="Runs, each in fresh processes (default: 3; 1 with --duration).")] = None,
+    duration: Annotated[str | None, typer.Option("--duration", help="Run each for this long (e.g. 30m, 2h), through its evaluation passes and checkpoints, then ask it to stop; it fits when nothing went past the budget (as does a run that ends sooner). Default: until it ends.")] = None,
     device: Device = "auto",
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds a run may take before it is stopped (counts as crashed).")] = 3600.0,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds a run may take before it is stopped (counts as crashed); with --duration, longer than it (default: 3600, or the duration and the time to stop).")] = None,
     format: Annotated[str, typer.Option("--format", "-f", help="table (people) or json (machines).")] = "table",
 ) -> None:
     """Run your own training command under the cap a probe trial runs under (CPU: live tensor bytes; CUDA:
     the per-process memory fraction), set before its first line: exit 0 when every run fits, 1 when one ran
-    out of memory, 3 when one crashed otherwise."""
+    out of memory, 3 when one crashed otherwise. Each run's peak over time is reported: a high-water mark that
+    rose after the first steps is named with when it rose, the evaluation passes and checkpoints seen, and on
+    CUDA the allocator's retries and fragmentation."""
     from mbtune.cli.support import check_format
     from mbtune.probing.confirm import ConfirmConfig, confirm_command
     from mbtune.report import make_console
-    from mbtune.report.confirm import print_confirm, print_confirm_run
+    from mbtune.report.confirm import print_confirm, print_confirm_run, print_confirm_start
 
     fmt = check_format(format, allowed=("table", "json"))
     config = settings_in(ctx.params, ConfirmConfig)
     progress = make_console(stderr=True)
+    if not support.quiet[0]:
+        print_confirm_start(progress, config)
     result = confirm_command(config, on_run=None if support.quiet[0] else
                              lambda index, run: print_confirm_run(progress, index, run))
     print_confirm(make_console(), result, fmt)

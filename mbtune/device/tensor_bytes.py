@@ -43,7 +43,9 @@ class TensorBytes(TorchDispatchMode):
     """Counts the live tensor storages of one device type (None: every device, fake tensors included).
 
     `live_bytes` and `peak_bytes` are the counts now and at most; with `memory_budget_bytes`, a storage that would
-    take the count past it raises torch.OutOfMemoryError (`over_budget` keeps the first such message). With
+    take the count past it raises torch.OutOfMemoryError (`over_budget` keeps the first such message; the bytes
+    the operator asked for and those live before it, `over_budget_requested_bytes` and `over_budget_live_bytes`,
+    its figures: their sum is a lower bound of the step's peak). With
     `timeline`, the live count after every operator is kept in `timeline` (one program counted at two batch
     sizes gives each moment's bytes as a line in the batch size)."""
 
@@ -55,6 +57,8 @@ class TensorBytes(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self.over_budget = ""
+        self.over_budget_requested_bytes: int | None = None
+        self.over_budget_live_bytes: int | None = None
         self.counting = False
         self._sizes: dict[int, tuple[int, weakref.ref]] = {}
         self._lock = threading.Lock()
@@ -76,9 +80,12 @@ class TensorBytes(TorchDispatchMode):
         else:
             grown = sum(self._track(leaf) for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor))
         if grown and self.memory_budget_bytes is not None and self.live_bytes > self.memory_budget_bytes:
-            # Worded as the CPU allocator's own message, which training tools already recognise.
+            # Worded as the CPU allocator's own message, which training tools already recognise; its figures
+            # exact, as device/oom_figures.py reads them.
+            live = self.live_bytes - grown
+            self.over_budget_requested_bytes, self.over_budget_live_bytes = grown, live
             self.over_budget = (f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {grown} bytes "
-                                f"({func}) with {_mib(self.live_bytes - grown)} of the {_mib(self.memory_budget_bytes)} "
+                                f"({func}) with {live} bytes ({_mib(live)}) of the {_mib(self.memory_budget_bytes)} "
                                 "memory budget in live tensors")
             raise torch.OutOfMemoryError(self.over_budget)
         if self.live_bytes > self.peak_bytes:

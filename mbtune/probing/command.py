@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mbtune.device.oom_figures import oom_fields
 from mbtune.errors import ConfigError
 from mbtune.probing.confirm import Capped, run_capped
 from mbtune.probing.records import TrialOutcome
@@ -124,10 +125,10 @@ def classify(capped: Capped, batch_size: int, steps: int, *, printed: bool = Fal
     what = "printed step line(s)" if printed else "optimizer step(s)"
     tail = capped.tail
     common: dict[str, Any] = {"batch_size": batch_size, "peak_memory_bytes": capped.peak_bytes,
-                              "budget_used_bytes": capped.peak_bytes, "wall_s": capped.wall_s}
+                              "budget_used_bytes": capped.peak_bytes, "wall_s": capped.wall_s, **passes_reached(capped)}
     if capped.out_of_memory:
         return TrialOutcome(status=OOM, error=capped.out_of_memory, error_kind=WORKLOAD_FAULT, error_tail=tail,
-                            **common)
+                            **{**common, **oom_figures_of(capped)})
     if capped.exit_code is None:
         made = f"{done} {what} of the {steps} a trial runs"
         hint = f": {NO_STEP_HINT}" if not done and not printed else ""
@@ -145,6 +146,28 @@ def classify(capped: Capped, batch_size: int, steps: int, *, printed: bool = Fal
     per_step = tuple(max(times[i] for times in stepping) for i in range(steps))
     return TrialOutcome(status=OK, step_times_s=per_step, startup_s=max(0.0, capped.wall_s - sum(per_step[1:])),
                         **common)
+
+
+def passes_reached(capped: Capped) -> dict[str, int]:
+    """The evaluation passes and checkpoints the run reached (the most of any of its processes), where its
+    processes' memory watches reported them."""
+    watched = [r["memory"] for r in capped.reported if isinstance(r.get("memory"), dict)]
+    if not watched:
+        return {}
+    return {"num_evaluations": max(m.get("num_evaluations", 0) for m in watched),
+            "num_checkpoints": max(m.get("num_checkpoints", 0) for m in watched)}
+
+
+def oom_figures_of(capped: Capped) -> dict[str, int]:
+    """What the run's out-of-memory errors say the budget had to hold (device/oom_figures.py): each process's
+    figures as its cap counted them, else as its error worded them (CUDA's allocator), else as the command
+    printed them; of several, the largest need (live + requested). Empty where none names them."""
+    keys = ("oom_requested_bytes", "oom_live_bytes")
+    found = [{k: int(r[k]) for k in keys} if all(r.get(k) is not None for k in keys)
+             else oom_fields(r.get("exception") or "") for r in capped.reported]
+    if not any(found):
+        found = [oom_fields(line) for line in capped.lines if "out of memory" in line or "allocate memory" in line]
+    return max(filter(None, found), key=lambda f: f["oom_requested_bytes"] + f["oom_live_bytes"], default={})
 
 
 def search_command(trial: CommandTrial, *, granularity: int = 1, max_batch: int | None = None,

@@ -102,6 +102,9 @@ class ProbeConfig:
     # A line the command prints once a step (a regular expression): steps counted from its output, for a
     # script that steps no torch optimizer.
     steps_from_output: str | None = None
+    # After the search, the command is run at the safe batch for this long (mbtune confirm --duration), through
+    # its evaluation passes and checkpoints (None: not confirmed).
+    confirm_duration_s: float | None = None
     command_line: str = ""
     extra_warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -124,6 +127,12 @@ class ProbeConfig:
             raise ConfigError("steps_from_output counts the steps of a command, and there is none",
                               field="steps_from_output", hint="Give the command after --: mbtune probe "
                               "--steps-from-output 'step \\d+' -- python train.py --batch-size {batch}")
+        if self.confirm_duration_s is not None:
+            check_timeout(self.confirm_duration_s, "confirm_duration_s")
+            if not self.command:
+                raise ConfigError("--confirm-duration runs a command at its safe batch, and there is none",
+                                  field="confirm_duration_s", hint="Give the command after --: mbtune probe "
+                                  "--confirm-duration 30m -- python train.py --batch-size {batch}")
         _require(self.mode in MODES, "mode", self.mode, " | ".join(MODES))
         check_recompute_modes(self.recompute)
         require_unique(self.recompute, "recompute")

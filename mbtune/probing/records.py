@@ -6,6 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from mbtune.probing.confirm import ConfirmResult
 from mbtune.recordio import (
     Record,
 )
@@ -31,10 +32,27 @@ class TrialOutcome(Outcome):
     # A trial of the user's own command: its wall time less the steps measured after the first (the script's
     # start-up, its first step and its end); wall_s - startup_s is the steps'.
     startup_s: float | None = None
+    # A trial of the user's own command: the evaluation passes and checkpoints its steps reached (the most of any
+    # of its processes; probing/memory_watch.py); None where they were not watched.
+    num_evaluations: int | None = None
+    num_checkpoints: int | None = None
+    # An out-of-memory trial whose error named them (device/oom_figures.py): the bytes the failing allocation
+    # asked for, and those the budget held when it did (CPU: live tensor bytes; CUDA: what the caching
+    # allocator reserved, which the per-process memory fraction caps).
+    oom_requested_bytes: int | None = None
+    oom_live_bytes: int | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    @property
+    def oom_need_bytes(self) -> int | None:
+        """What the budget would have had to hold at the failing allocation (live + requested): a lower bound
+        of this batch size's peak; None where the error did not name both."""
+        if self.ok or self.oom_requested_bytes is None or self.oom_live_bytes is None:
+            return None
+        return self.oom_requested_bytes + self.oom_live_bytes
 
     @property
     def step_time_s(self) -> float | None:
@@ -142,6 +160,9 @@ class ProbeResult(Record):
     command: tuple[str, ...] = ()  # the user's own training command that was probed (with {batch}), if one was
     steps_from_output: str | None = None  # the line that counted its steps, where it was not torch's optimizer
     machine_state: MachineState | None = None  # the machine's state while the trials ran
+    # The command run at the safe batch for --confirm-duration after the search (its memory over time, the
+    # evaluation passes and checkpoints it went through), where one was asked for.
+    confirmed: ConfirmResult | None = None
 
     @property
     def stopped_at_max_batch(self) -> bool:

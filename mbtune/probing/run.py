@@ -19,11 +19,12 @@ from mbtune.probing.config import ProbeConfig
 from mbtune.probing.records import CeilingPrediction, ProbeResult, RecomputeCeiling, TrialOutcome
 from mbtune.probing.trial import run_classified_trial
 from mbtune.progress import TrialProgress
-from mbtune.records import OK, DeviceInfo
+from mbtune.records import ERROR, OK, OOM, DeviceInfo
 from mbtune.settings import TRAIN
 
 if TYPE_CHECKING:
     from mbtune.journal import Journal
+    from mbtune.probing.confirm import ConfirmResult
     from mbtune.probing.search import SearchResult
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         predicted = {mode: _predicted(config, device, mode, fits_in_bytes, warnings, progress)
                      for mode in config.recompute}
         found, *others = [trials.search(mode, fits_in_bytes, predicted[mode]) for mode in config.recompute]
+    confirmed = (_confirm_safe_batch(config, device, found.safe_batch, fits_in_bytes, progress, warnings)
+                 if config.confirm_duration_s is not None else None)
     for mode, other in zip(config.recompute[1:], others):
         warnings += [f"recompute {mode}: {w}" for w in other.warnings]
     return ProbeResult(
@@ -80,8 +83,35 @@ def probe_workload(config: ProbeConfig, progress: TrialProgress | None = None,
         recompute=config.recompute[0], mode=config.mode, predicted=predicted[config.recompute[0]],
         command=config.command, steps_from_output=config.steps_from_output,
         recompute_ceilings=tuple(_recompute_ceiling(mode, other) for mode, other in zip(config.recompute[1:], others)),
-        machine_state=sampler.state(),
+        machine_state=sampler.state(), confirmed=confirmed,
     )
+
+
+def _confirm_safe_batch(config: ProbeConfig, device: str, safe_batch: int, budget: int,
+                        progress: TrialProgress | None, warnings: list[str]) -> ConfirmResult | None:
+    """The command run at the safe batch for --confirm-duration (mbtune confirm --duration), its high-water
+    mark compared with the one after the probe's steps; a warning where it did not fit."""
+    from mbtune.probing.command import command_at
+    from mbtune.probing.confirm import FITS, OUT_OF_MEMORY, ConfirmConfig, confirm_command
+
+    duration = config.confirm_duration_s
+    assert duration is not None
+    if safe_batch < 1:
+        warnings.append("--confirm-duration: no safe batch to confirm")
+        return None
+    if progress:
+        progress.start_trial(f"confirming batch {safe_batch} for {duration:g} s")
+    result = confirm_command(ConfirmConfig(command=tuple(command_at(config.command, safe_batch)),
+                                           memory_budget_bytes=budget, runs=1, device=device, duration_s=duration),
+                             settled_steps=config.steps)
+    run = result.runs[0]
+    if progress:
+        progress.end_trial(OK if run.outcome == FITS else OOM if run.outcome == OUT_OF_MEMORY else ERROR,
+                           run.cause or f"peak {(run.peak_bytes or 0) / 2**20:,.1f} MiB")
+    if run.outcome != FITS:
+        warnings.append(f"the safe batch {safe_batch} did not hold over the --confirm-duration run: {run.outcome} "
+                        f"after {run.wall_s:.0f} s ({run.cause})")
+    return result
 
 
 class _Trials:

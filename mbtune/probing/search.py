@@ -1,11 +1,11 @@
 """The ceiling search: pure logic over an injected run_trial(batch_size) -> TrialOutcome callable.
 
 Grow, then bisect, steered by a memory model (bytes = fixed + per_sample x batch) fitted to the peaks of
-the trials that ran, so it needs fewer trials than doubling plus bisection. The ceiling is a band, not a
-number: the same size can fit in one fresh process and fail in the next. So the search stops once the
-bracket [ceiling, first failing) is as narrow as the resolution (default 1% of the ceiling), the
-ceiling must pass `confirm` times with the next size up failing, and the safe batch must pass `confirm`
-fresh runs, stepping down until one does.
+the trials that ran and by what the failures' errors say they needed (oom_reading.py), so it needs fewer
+trials than doubling plus bisection. The ceiling is a band, not a number: the same size can fit in one
+fresh process and fail in the next. So the search stops once the bracket [ceiling, first failing) is as
+narrow as the resolution (default 1% of the ceiling), the ceiling must pass `confirm` times with the
+next size up failing, and the safe batch must pass `confirm` fresh runs, stepping down until one does.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mbtune.errors import BudgetTooSmallError, HarnessError, TrialFailedError, UnsafeBatchError, WorkloadBrokenError
+from mbtune.probing.oom_reading import next_reading
 from mbtune.probing.records import MemoryModel, TrialOutcome
 from mbtune.records import ERROR, HARNESS_FAULT, KILLED, NONFINITE, OK, OOM
 
@@ -238,22 +239,28 @@ def _grow(state: _State, guess: float | None) -> int:
 def _narrow(state: _State, guess: float | None) -> int:
     """Next size inside the bracket.
 
-    While the model puts the ceiling at or above the smallest failing size (the failures are the band,
-    not the model's error), step down from that size: one resolution, one more, then twice as far after
-    each further failure (1, 2, 4, 8 resolutions below the first failure), so the trials stay near the
-    ceiling where they decide something instead of bisecting from far below. Otherwise the model's
-    ceiling while the model is sharper than the bracket (its scatter, in samples, under a quarter of the
-    width) and each such step at least halves the bracket; else bisection, which guarantees progress."""
+    The ceiling is where the failures' errors put it (what they needed, oom_reading.py), or the model's
+    where a sharp model puts it lower. While that is at or above the smallest failing size less one
+    resolution (the failures are the band, not the model's error), step down from that size: one
+    resolution, one more, then twice as far after each further failure (1, 2, 4, 8 resolutions below the
+    first failure), so the trials stay near the ceiling where they decide something instead of bisecting
+    from far below. Otherwise that ceiling, while the errors put it or the model is sharper than the
+    bracket (its scatter, in samples, under a quarter of the width), and while each step from a size
+    that ran at least halves the bracket; else bisection, which guarantees progress."""
     g, lo, hi, r = state.granularity, state.lo, state.hi, state.stop_width()
     assert hi is not None
     width = hi - lo
     stalled = state.guided_width is not None and width > GUIDED_SHRINK * state.guided_width
     scatter = _model_scatter_samples(state)
     blurred = scatter > width / 4
+    sharp = guess is not None and not (stalled or blurred or guess <= lo + scatter)  # within its scatter: no say
+    read = next_reading(state.trials, lo=lo, hi=hi, falls=state.falls, memory_budget_bytes=state.memory_budget_bytes)
+    if read is not None and (state.falls or not stalled):
+        guess, sharp = (min(guess, read) if sharp and guess is not None else read), True
     if state.falls and (state.flipped or (guess is not None and guess >= hi - r)):
         state.flipped, state.guided_width = False, None
         candidate = _round_down(hi - r * 2 ** max(0, state.falls - 2), g)
-    elif guess is None or stalled or blurred or guess <= lo + scatter:  # within its scatter of lo: no say
+    elif guess is None or not sharp:
         state.guided_width = None
         candidate = _round_down((lo + hi) / 2, g)
     else:

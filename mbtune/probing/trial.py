@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from mbtune.device import classify_error, get_backend
+from mbtune.device.oom_figures import oom_fields
 from mbtune.errors import MbtuneError, NonFiniteLossError
 from mbtune.probing.config import TrialConfig
 from mbtune.probing.records import TrialOutcome
@@ -67,6 +68,7 @@ def run_training_trial(config: TrialConfig) -> TrialOutcome:
         status=status, batch_size=config.batch_size, step_times_s=tuple(step_times_s), loss=loss_value,
         wall_s=time.perf_counter() - started, error=error, device=backend.info(),
         error_kind=WORKLOAD_FAULT if status != OK else "", error_tail=tail, **backend.peaks(),
+        **(oom_fields(error) if status == OOM else {}),
     )
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import shlex
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from mbtune.probing.command import command_at
+from mbtune.probing.confirm import FITS
 from mbtune.probing.records import MemoryModel, ProbeResult, TrialOutcome
 from mbtune.records import HARNESS_FAULT
 from mbtune.report import document_stream, fmt_bytes, fmt_rate, fmt_seconds, key_value_grid, print_json, print_warnings
+from mbtune.report.confirm import fmt_clock, memory_lines
 from mbtune.units import size_flag
 
 _STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red", "killed": "red",
@@ -85,6 +88,10 @@ def summary_panel(result: ProbeResult) -> Panel:
         grid.add_row("your script", f"mbtune confirm --memory-budget {size_flag(result.memory_budget_bytes)} -- {yours}")
     grid.add_row("memory model", memory_model_text(result.memory_model))
     grid.add_row("trials", str(len(result.trials)))
+    if covers := coverage_text(result):
+        grid.add_row("covers", covers)
+    if result.confirmed is not None:
+        grid.add_row("confirmed", confirmed_text(result))
     if result.recompute != "none" or result.recompute_ceilings:
         grid.add_row("recompute", f"{result.recompute} (the figures above)")
     for other in result.recompute_ceilings:
@@ -94,6 +101,38 @@ def summary_panel(result: ProbeResult) -> Panel:
                      f"[bold green]{other.safe_batch}[/]{verified}, peak {fmt_bytes(other.peak_memory_bytes)} at "
                      f"the ceiling ({other.trials} trials)")
     return Panel(grid, title="Probe result", title_align="left", expand=False)
+
+
+def coverage_text(result: ProbeResult) -> str:
+    """What a command's ceiling covers: whether its trials' steps reached an evaluation pass or a checkpoint
+    ("" where they were not watched)."""
+    watched = [t for t in result.trials if t.ok and t.num_evaluations is not None]
+    trials = [t for t in watched if t.batch_size == result.ceiling] or watched
+    if not trials:
+        return ""
+    evaluations = max(t.num_evaluations or 0 for t in trials)
+    checkpoints = max(t.num_checkpoints or 0 for t in trials)
+    steps = f"the trials' {result.steps} {'printed steps' if result.steps_from_output else 'steps'}"
+    if evaluations == 0 and checkpoints == 0:
+        confirm = "" if result.confirmed is not None else "; confirm it over a run with --confirm-duration"
+        return (f"{steps} reached no evaluation pass and no checkpoint: the ceiling covers training steps "
+                f"only{confirm}")
+    reached = [f"{n} evaluation pass{'es' if n > 1 else ''}" for n in (evaluations,) if n]
+    reached += [f"{n} checkpoint{'s' if n > 1 else ''}" for n in (checkpoints,) if n]
+    missing = "no checkpoint" if not checkpoints else "no evaluation pass" if not evaluations else ""
+    return f"{steps} reached {' and '.join(reached)}" + (f", {missing}" if missing else "")
+
+
+def confirmed_text(result: ProbeResult) -> str:
+    """The --confirm-duration run at the safe batch: how it ended and its memory over time."""
+    assert result.confirmed is not None
+    run = result.confirmed.runs[0]
+    style = "green" if run.outcome == FITS else "bold red"
+    ended = "then asked to stop" if run.stopped else "ended by itself"
+    head = (f"[{style}]{run.outcome}[/] at batch {result.safe_batch} over {fmt_clock(run.wall_s)}, {ended}"
+            + (f" ({escape(run.cause)})" if run.cause else ""))
+    lines = memory_lines(run.high_water) if run.high_water is not None else []
+    return "\n".join([head, *(escape(line) for line in lines)])
 
 
 def predicted_text(result: ProbeResult) -> str:

@@ -20,8 +20,8 @@ from mbtune.records import OK
 if TYPE_CHECKING:
     from mbtune.device.nvml import NvmlSampler
     from mbtune.pipeline.point import SweepPoint
-    from mbtune.records import NvmlSummary
     from mbtune.pipeline.timeline import StageReport
+    from mbtune.records import NvmlSummary
     from mbtune.sweeping.config import SweepConfig
     from mbtune.sweeping.records import PointResult
 

@@ -44,11 +44,11 @@ def _command_limits(probe: ProbeResult, config: SweepConfig) -> dict[str, Any]:
     from mbtune.sweeping.command import probe_command
 
     _, spans = probe_command(config)
-    limits = dict(sweep_limits(probe))
-    for name in ("safe_batch", "ceiling"):
-        if limits[name] is not None:
-            limits[name] = max(1, limits[name] // spans)
-    return {**limits, "memory_budget_bytes": probe.memory_budget_bytes}
+    limits = sweep_limits(probe)
+    safe, ceiling = limits["safe_batch"], limits["ceiling"]
+    return {**limits, "safe_batch": max(1, safe // spans) if safe is not None else None,
+            "ceiling": max(1, ceiling // spans) if ceiling is not None else None,
+            "memory_budget_bytes": probe.memory_budget_bytes}
 
 
 def _checked(sweep: SweepReport, config: SweepConfig, progress: TrialProgress | None) -> SweepReport:

@@ -66,6 +66,21 @@ def test_the_safe_batch_of_the_users_script_fits_it_and_above_the_ceiling_does_n
     assert above.runs[0].outcome == OUT_OF_MEMORY
 
 
+def test_the_search_reads_the_scripts_errors_and_still_brackets_its_ceiling_to_one_granule() -> None:
+    # The line through the sizes that ran first puts the ceiling too high (the loop's peak moves from its
+    # optimizer step to its forward as the batch grows): stepping down from the failures one granule at a time
+    # took 10 trials after the first failure. Each error names what it asked for and what was live, and the
+    # next size comes from them.
+    trial = CommandTrial(command=check_template(COMMAND), memory_budget_bytes=BUDGET, steps=3)
+    found = search_command(trial, granularity=32, margin=0.15, confirm=1, resolution=32)
+    sizes = [t.batch_size for t in found.trials]
+    assert found.ceiling and found.first_failing == found.ceiling + 32, sizes  # bracketed to one granule
+    failed = [t for t in found.trials if not t.ok]
+    assert failed and all(t.status == OOM and t.oom_need_bytes > BUDGET for t in failed)
+    first = found.trials.index(failed[0])
+    assert len(found.trials) - first <= 5, sizes  # the first failure, the bracket, the safe batch
+
+
 def test_mbtune_probe_of_a_command_saves_a_profile_named_for_it_and_qualify_re_runs_it(tmp_path: Path, capsys) -> None:
     import json
 

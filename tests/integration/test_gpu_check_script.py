@@ -33,7 +33,8 @@ def test_cpu_dry_run_writes_every_figure(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert json.loads(result.stdout) == summary
     assert summary["mode"] == "cpu-dry-run" and summary["device"] == "cpu" and summary["ok"]
-    assert set(summary["steps"]) == {"pytest", "probe-device", "probe-budget", "sweep", "warm-ranks", "plan-memory"}
+    assert set(summary["steps"]) == {"pytest", "probe-device", "probe-budget", "sweep", "warm-ranks", "confirm-memory",
+                                     "sweep-command", "plan-memory"}
     # The 8B plan's line on a tiny model (a Llama where transformers and torch pipeline it, else the GPT): every
     # stage's peak, the size that fits.
     [row] = summary["plan_memory"]["rows"]
@@ -54,7 +55,15 @@ def test_cpu_dry_run_writes_every_figure(tmp_path):
     assert set(warm["overhead_s"]) == {"fresh", "kept"} and warm["sets_started"] == 1
     [kept] = warm["points"]
     assert kept["peak_memory_bytes"]["fresh"] == kept["peak_memory_bytes"]["kept"]
-    for name in ("probe-device.json", "probe-budget.json", "sweep.json"):
+    # The confirm run's memory over time: the evaluation pass raised the mark; no allocator to retry on the CPU.
+    confirm = summary["confirm_memory"]
+    assert confirm["outcome"] == "fits" and confirm["stopped"] and confirm["num_evaluations"] >= 1
+    assert confirm["rose"] and confirm["rises"] and confirm["num_alloc_retries"] is None
+    # The user's pipelined command: its bubble timed by the cap; no GPU to sample in a CPU run.
+    [mine] = summary["sweep_command"]["points"]
+    assert mine["status"] == "ok" and mine["bubble_measured"] is not None and mine["bubble_unmeasured"] == ""
+    assert not mine["nvml"]["available"]
+    for name in ("probe-device.json", "probe-budget.json", "sweep.json", "confirm-memory.json", "sweep-command.json"):
         json.loads((out / name).read_text())
 
 

@@ -39,6 +39,8 @@ def test_real_cpu_oom_is_classified_by_the_allocator_error():
                         timeout_s=60)
     assert outcome.status == "oom"
     assert "can't allocate memory" in outcome.error or "MemoryError" in outcome.error
+    # The budget's count raised it, naming what it asked for and what was live: more than the budget together.
+    assert outcome.oom_requested_bytes and outcome.oom_need_bytes > 64 * 2**20
 
 
 def test_out_of_memory_type_is_oom_and_other_errors_are_not():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from mbtune.probing.confirm import (
     CAP_FOLDER,
     COUNTER_FILE,
@@ -59,3 +61,28 @@ def test_the_cap_goes_first_on_the_commands_path_before_the_users_own(monkeypatc
     assert env["PYTHONPATH"].split(os.pathsep) == [str(CAP_FOLDER), "/users/own"]
     assert (CAP_FOLDER / "sitecustomize.py").is_file() and COUNTER_FILE.is_file()
     assert env["MBTUNE_CAP_BUDGET"] == "512" and env["MBTUNE_CAP_REPORT"] == "/reports"
+
+
+def test_a_run_stopped_at_its_duration_fits_unless_a_process_went_past_the_budget():
+    stopped = _classify(Capped(None, [_report(100)], "", 10.0, 60, stopped=True))
+    assert (stopped.outcome, stopped.stopped) == (FITS, True)
+    over = _classify(Capped(0, [_report(100, over="DefaultCPUAllocator: can't allocate")], "", 10.0, 60, stopped=True))
+    assert over.outcome == OUT_OF_MEMORY
+
+
+def test_runs_and_timeout_default_by_the_duration_and_a_timeout_must_outlast_it():
+    from mbtune.errors import ConfigError
+    from mbtune.probing.confirm import DEFAULT_RUNS, DEFAULT_TIMEOUT_S, ConfirmConfig
+
+    plain = ConfirmConfig(command=("python",), memory_budget_bytes=1)
+    timed = ConfirmConfig(command=("python",), memory_budget_bytes=1, duration_s=1800.0)
+    assert (plain.num_runs, plain.run_timeout_s) == (DEFAULT_RUNS, DEFAULT_TIMEOUT_S)
+    assert timed.num_runs == 1 and timed.run_timeout_s > 1800.0
+    with pytest.raises(ConfigError, match="timeout"):
+        ConfirmConfig(command=("python",), memory_budget_bytes=1, duration_s=1800.0, timeout_s=600.0)
+
+
+def test_the_cap_watches_memory_from_its_own_file():
+    from mbtune.probing.confirm import WATCH_FILE
+
+    assert cap_environment(512, "cpu", "/reports")["MBTUNE_CAP_WATCH"] == str(WATCH_FILE) and WATCH_FILE.is_file()

@@ -28,7 +28,8 @@ COMMANDS = {ProbeConfig: ("probe",), SweepConfig: ("sweep",), CheckConfig: ("che
 # Fields that no flag sets: what mbtune decides itself (a trial's mode, the limits a saved probe gives, the
 # plan's timeline kept for pictures) or that only the Python API and settings files reach.
 NOT_ON_THE_COMMAND_LINE = {
-    ProbeConfig: {"mode", "command"}, SweepConfig: {"command", "safe_batch", "recompute_safe_batch", "ceiling", "ceiling_peak_memory_bytes"},
+    ProbeConfig: {"mode", "command"}, SweepConfig: {"command", "safe_batch", "recompute_safe_batch", "ceiling", "ceiling_peak_memory_bytes",
+                  "memory_budget_bytes"},
     ServeConfig: {"granularity", "recheck", "resolution"}, PlanConfig: {"keep_timeline"},
     MemoryPlanConfig: {"timeout_s", "workers"}, CheckConfig: set(), ConfirmConfig: {"command"}}
 

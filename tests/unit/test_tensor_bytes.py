@@ -54,6 +54,20 @@ def test_past_the_budget_an_operator_raises_torchs_out_of_memory_error_forward_o
     assert count.peak_bytes <= count.memory_budget_bytes  # the failed allocation is not a peak it held
 
 
+def test_the_out_of_memory_error_names_the_bytes_asked_for_and_those_live_and_keeps_them_as_numbers():
+    from mbtune.device.oom_figures import oom_figures
+
+    with TensorBytes(memory_budget_bytes=4 * BLOCK_BYTES) as count:
+        kept = torch.empty(3 * 128)  # 3 blocks live
+        with pytest.raises(torch.OutOfMemoryError) as raised:
+            torch.empty(2 * 128)  # 2 more: past 4
+    assert kept.numel() == 384
+    assert (count.over_budget_requested_bytes, count.over_budget_live_bytes) == (2 * BLOCK_BYTES, 3 * BLOCK_BYTES)
+    figures = oom_figures(str(raised.value))
+    assert figures is not None and (figures.requested_bytes, figures.live_bytes) == (2 * BLOCK_BYTES, 3 * BLOCK_BYTES)
+    assert figures.need_bytes > count.memory_budget_bytes
+
+
 def test_a_budget_of_exactly_what_is_needed_fits():
     with TensorBytes(memory_budget_bytes=2 * BLOCK_BYTES) as count:
         a = torch.empty(128)

@@ -80,8 +80,10 @@ def _cap():
             pipeline.resolve(wait=True)
         if count is not None:
             report["peak_bytes"], report["over_budget"] = count.peak_bytes, count.over_budget
+            report.update(_oom_figures(count))
         elif torch.cuda.is_initialized():
             report["peak_bytes"] = int(torch.cuda.max_memory_allocated(index))
+            report["device_uuids"] = _used_gpus(torch)
             if torch.cuda.memory_stats(index).get("num_ooms", 0):
                 report["over_budget"] = "CUDA out of memory under the per-process memory fraction"
         path = os.path.join(os.environ["MBTUNE_CAP_REPORT"], f"{os.getpid()}.json")
@@ -95,6 +97,24 @@ def _cap():
     steps = int(os.environ.get("MBTUNE_CAP_STEPS") or 0)
     _count_steps(steps, report, write, pipeline)
     _end_when_asked(write)
+
+
+def _oom_figures(count):
+    """The bytes the operator that went past the budget asked for and those live before it, as numbers."""
+    if count.over_budget_requested_bytes is None:
+        return {}
+    return {"oom_requested_bytes": count.over_budget_requested_bytes, "oom_live_bytes": count.over_budget_live_bytes}
+
+
+def _used_gpus(torch):
+    """The GPUs this process allocated on, as NVML names them ("GPU-..."): what its NVML samples are of."""
+    used = []
+    for i in range(torch.cuda.device_count()):
+        if torch.cuda.max_memory_allocated(i) > 0:
+            raw = str(getattr(torch.cuda.get_device_properties(i), "uuid", "") or "")
+            if raw:
+                used.append(raw if raw.startswith(("GPU-", "MIG-")) else "GPU-" + raw)
+    return used
 
 
 def _end(write):
@@ -127,6 +147,7 @@ def _count_steps(steps, report, write, pipeline):
     def stepped(optimizer, args, kwargs):
         now = time.perf_counter()
         report["step_times_s"].append(now - last[0])
+        report.setdefault("step_ends_unix_s", []).append(time.time())
         last[0] = now
         if pipeline is not None:
             pipeline.optimizer_steps = len(report["step_times_s"])
@@ -150,7 +171,8 @@ class _PipelineTimer:
         self.report, self.cuda = report, cuda
         self.optimizer_steps = 0
         self.depth = 0
-        self.step = None  # the schedule step being timed: [index, start, end, actions]
+        self.step: list = []  # the schedule step being timed, [index, start, end, actions]; [] between steps
+        self.events: tuple = ()  # CUDA, within a step: (its perf_counter start, start event, [(action, events)])
         self.pending = []  # CUDA: (step, start event, [(action, start event, end event)], end event)
         self.loss_of = None  # (stage, micro-batch) of the last stage's latest forward: its loss comes next
 
@@ -170,12 +192,12 @@ class _PipelineTimer:
         self.resolve(wait=False)
         start, event = self.now()
         self.step = [self.optimizer_steps, start, None, []]
-        self.events = (time.perf_counter(), event, []) if event is not None else None
+        self.events = (time.perf_counter(), event, []) if event is not None else ()
 
     def end(self):
-        step, self.step = self.step, None
+        step, self.step = self.step, []
         pipe = self.report["pipeline"]
-        if self.events is not None:
+        if self.events:
             cpu_start, start_event, spans = self.events
             _, end_event = self.now()
             step[1] = cpu_start
@@ -201,7 +223,7 @@ class _PipelineTimer:
             self.pending.pop(0)
 
     def timed(self, stage, kind, microbatch, run):
-        if self.step is None:
+        if not self.step:
             return run()
         pipe = self.report["pipeline"]
         if stage is not None:
