@@ -150,7 +150,8 @@ def test_mbtune_tune_of_a_pipelined_command_probes_its_hungriest_point_sweeps_un
     capsys.readouterr()
     (baseline,) = alone.glob("*/pipe-mlp.json")
     with pytest.raises(SystemExit) as ended:
-        main(["-q", "qualify", "--baseline", str(baseline), "--no-history", "--repeats", "1", "-f", "json"])
+        main(["-q", "qualify", "--baseline", str(baseline), "--no-history", "--repeats", "1", "-f", "json",
+              "--profiles-dir", str(tmp_path / "runs")])
     verdict = json.loads(capsys.readouterr().out)
     names = {c["name"] for c in verdict["checks"]}
     assert "best throughput (samples/s)" in names and not any(n.startswith("ceiling") for n in names)
