@@ -134,8 +134,7 @@ def _measure(spec: QualifySpec, baseline: Profile | None,
     sampler = StateSampler(gpus=_on_cuda(probe_config, sweep_config, spec), versions=run_versions())
     try:
         sampler.__enter__()
-        info = describe(resolve_device(probe_config.device if probe_config else sweep_config.device if sweep_config
-                                       else _serve_device(spec)))
+        info = describe(resolve_device(_device_setting(probe_config, sweep_config, spec)))
         check_same_device(device_model(baseline) if baseline else None,
                                   f"{info.backend}: {info.name}", allow=spec.allow_different_device,
                                   what="the baseline and this machine")
@@ -192,8 +191,12 @@ def with_history(verdict: Verdict, path: Path, against: str) -> Verdict:
 def _on_cuda(probe: ProbeConfig | None, sweep: SweepConfig | None, spec: QualifySpec) -> bool:
     """Whether the run may measure a GPU (its NVML state is then sampled; on a machine without NVML, nothing
     is). Asked of the setting alone: the parent touches no device."""
-    device = probe.device if probe else sweep.device if sweep else _serve_device(spec)
-    return device != "cpu"
+    return _device_setting(probe, sweep, spec) != "cpu"
+
+
+def _device_setting(probe: ProbeConfig | None, sweep: SweepConfig | None, spec: QualifySpec) -> str:
+    """The device the run is set to: its probe's, else its sweep's (a command's sweep alone), else its serve's."""
+    return probe.device if probe else sweep.device if sweep else _serve_device(spec)
 
 
 def _serve_device(spec: QualifySpec) -> str:
